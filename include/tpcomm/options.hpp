@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every knob of tpcomm, read once from the environment into one struct.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tpcomm {
+
+/// Log verbosity, from `TPCOMM_LOG`.
+enum class LogLevel : int { kOff, kError, kWarn, kInfo, kDebug, kTrace };
+
+/// Which all-reduce algorithm to use, from `TPCOMM_ALGO` (or `tpcomm bench --algo`).
+enum class AlgoChoice : int {
+  /// The tuned table (or built-in defaults) decides; NCCL serves what the table does not.
+  kAuto,
+  /// Always NCCL.
+  kNccl,
+  /// The custom one-shot kernel wherever it can serve (size limits still apply).
+  kOneShot,
+  /// The custom two-shot kernel wherever it can serve.
+  kTwoShot,
+};
+
+std::string_view to_string(AlgoChoice a) noexcept;
+std::optional<AlgoChoice> parse_algo_choice(std::string_view s) noexcept;
+std::string_view to_string(LogLevel l) noexcept;
+std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
+
+/// All run-time knobs. `from_env()` reads each `TPCOMM_*` variable once; a field left at its
+/// default means the variable was unset. `NCCL_*` variables are never read here: they pass
+/// through to NCCL untouched.
+///
+/// | variable | field | default |
+/// |---|---|---|
+/// | `TPCOMM_LOG` | `log_level` | `warn` |
+/// | `TPCOMM_NCCL_PATH` | `nccl_path` | `libnccl.so.2` |
+/// | `TPCOMM_TIMEOUT_MS` | `timeout_ms` | 30000 |
+/// | `TPCOMM_ALGO` | `algo` | `auto` |
+/// | `TPCOMM_TUNE_FILE` | `tune_file` | `$XDG_CACHE_HOME/tpcomm/tune.txt` |
+/// | `TPCOMM_CUSTOM_AR_MAX_BYTES` | `custom_ar_max_bytes` | 8 MiB |
+/// | `TPCOMM_DISABLE_CUSTOM_AR` | `disable_custom_ar` | 0 |
+/// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
+/// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication) |
+/// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
+struct Options {
+  LogLevel log_level = LogLevel::kWarn;
+  /// Path or soname handed to dlopen for NCCL.
+  std::string nccl_path = "libnccl.so.2";
+  /// Deadline for every wait: store operations, kernel spin-waits, NCCL completion polling.
+  std::int64_t timeout_ms = 30000;
+  AlgoChoice algo = AlgoChoice::kAuto;
+  /// Where the tuned table is cached; empty means the default location.
+  std::string tune_file;
+  /// Largest all-reduce, in bytes, that the custom kernels serve; larger ones go to NCCL.
+  std::int64_t custom_ar_max_bytes = std::int64_t{8} << 20;
+  bool disable_custom_ar = false;
+  bool disable_nccl = false;
+  /// Shared secret every store client must present; empty disables the check.
+  std::string store_token;
+  /// Address the store server binds to; empty means the default rule above.
+  std::string store_bind;
+
+  /// Reads the environment. Throws `Error(kInvalidArgument)` naming the variable when a value
+  /// cannot be parsed (a typo in a knob is an error, not a silent default).
+  static Options from_env();
+  /// Same, with a custom lookup (for tests): `getenv(name)` returns nullopt when unset.
+  static Options from_lookup(const std::function<std::optional<std::string>(const char*)>& getenv);
+};
+
+}  // namespace tpcomm

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+// Key-value stores: the side channel that NCCL ids, IPC handles and tuning tables travel on.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tpcomm {
+
+using Bytes = std::vector<std::byte>;
+using Milliseconds = std::chrono::milliseconds;
+
+/// A key-value store shared by all ranks of a job. Values are raw bytes with a length, never
+/// serialised objects. Every operation is bounded by a timeout; on expiry it throws
+/// `Error(kTimeout)` naming the key. A lost connection throws `Error(kSystemError)`.
+///
+/// Thread-safe: one instance may be used from several threads.
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  /// Stores `value` under `key`, replacing any previous value, and wakes waiters.
+  virtual void set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) = 0;
+  /// Returns the value of `key`, waiting up to `timeout` for it to be set.
+  virtual Bytes get(std::string_view key, Milliseconds timeout) = 0;
+  /// Adds `delta` to the 64-bit counter at `key` (created as 0) and returns the new value.
+  /// A key holding a value that is not a counter gives `Error(kInvalidArgument)`.
+  virtual std::int64_t add(std::string_view key, std::int64_t delta, Milliseconds timeout) = 0;
+  /// Waits up to `timeout` (in total) until every key exists.
+  virtual void wait(std::span<const std::string> keys, Milliseconds timeout) = 0;
+  /// True when every key exists; does not wait.
+  virtual bool check(std::span<const std::string> keys, Milliseconds timeout) = 0;
+  /// Removes `key`; true when it existed.
+  virtual bool erase(std::string_view key, Milliseconds timeout) = 0;
+
+  /// The timeout the convenience overloads use.
+  [[nodiscard]] Milliseconds default_timeout() const noexcept { return default_timeout_; }
+  void set_default_timeout(Milliseconds t) noexcept { default_timeout_ = t; }
+
+  void set(std::string_view key, std::span<const std::byte> value) {
+    set(key, value, default_timeout_);
+  }
+  void set(std::string_view key, std::string_view value) {
+    set(key, std::as_bytes(std::span(value.data(), value.size())), default_timeout_);
+  }
+  Bytes get(std::string_view key) { return get(key, default_timeout_); }
+  std::int64_t add(std::string_view key, std::int64_t delta) {
+    return add(key, delta, default_timeout_);
+  }
+  void wait(std::span<const std::string> keys) { wait(keys, default_timeout_); }
+  bool check(std::span<const std::string> keys) { return check(keys, default_timeout_); }
+  bool erase(std::string_view key) { return erase(key, default_timeout_); }
+
+ protected:
+  Milliseconds default_timeout_{30000};
+};
+
+/// A store for ranks that are threads of one process. Share one instance (`shared_ptr`).
+class InProcessStore final : public Store {
+ public:
+  InProcessStore();
+  ~InProcessStore() override;
+  InProcessStore(const InProcessStore&) = delete;
+  InProcessStore& operator=(const InProcessStore&) = delete;
+
+  void set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) override;
+  Bytes get(std::string_view key, Milliseconds timeout) override;
+  std::int64_t add(std::string_view key, std::int64_t delta, Milliseconds timeout) override;
+  void wait(std::span<const std::string> keys, Milliseconds timeout) override;
+  bool check(std::span<const std::string> keys, Milliseconds timeout) override;
+  bool erase(std::string_view key, Milliseconds timeout) override;
+  using Store::add;
+  using Store::check;
+  using Store::erase;
+  using Store::get;
+  using Store::set;
+  using Store::wait;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Limits and security settings of a TCP store server.
+struct TcpStoreServerConfig {
+  /// Address to bind; "127.0.0.1" keeps the store off the network.
+  std::string bind = "127.0.0.1";
+  /// 0 picks a free port (read it back with `port()`).
+  int port = 0;
+  /// When non-empty, every connection must present this token first or is closed.
+  std::string token;
+  /// Largest key, in bytes.
+  std::size_t max_key_bytes = 4096;
+  /// Largest value, in bytes; a frame announcing more is rejected before anything is read.
+  std::size_t max_value_bytes = std::size_t{64} << 20;
+  /// Most connections served at once; more are refused.
+  int max_connections = 1024;
+  /// A frame that starts arriving must be complete within this time, or the connection is
+  /// dropped (a stalled client cannot pin a server thread).
+  Milliseconds frame_timeout{10000};
+};
+
+/// The TCP store server: hosted by rank 0 inside a `TcpStore`, or standalone (`tpcomm store`).
+///
+/// Wire format: length-prefixed binary frames (see `src/bootstrap/wire.hpp`). Malformed,
+/// oversized or unauthenticated frames close that one connection with an error reply; the
+/// server keeps serving every other client.
+class TcpStoreServer {
+ public:
+  /// Binds and starts serving on background threads. Throws `Error(kSystemError)` when the
+  /// address cannot be bound.
+  explicit TcpStoreServer(TcpStoreServerConfig config);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  /// The bound port.
+  [[nodiscard]] int port() const noexcept;
+  /// Number of frames rejected so far (malformed, oversized, unauthenticated).
+  [[nodiscard]] std::int64_t rejected_frames() const noexcept;
+  /// Stops accepting, closes every connection and joins the threads. Idempotent.
+  void stop() noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Client of a TCP store server; optionally hosts the server itself (rank 0).
+class TcpStore final : public Store {
+ public:
+  struct Config {
+    std::string host = "127.0.0.1";
+    int port = 0;
+    /// Host a server in this process, bound to `server.bind`:`port` (port 0 = any free one).
+    bool host_server = false;
+    TcpStoreServerConfig server{};
+    /// Token presented to the server.
+    std::string token;
+    /// Default timeout of operations, and the time allowed to connect (the server may start
+    /// later than its clients).
+    Milliseconds timeout{30000};
+  };
+
+  explicit TcpStore(Config config);
+  ~TcpStore() override;
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  /// The port of the server this client talks to.
+  [[nodiscard]] int port() const noexcept;
+
+  void set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) override;
+  Bytes get(std::string_view key, Milliseconds timeout) override;
+  std::int64_t add(std::string_view key, std::int64_t delta, Milliseconds timeout) override;
+  void wait(std::span<const std::string> keys, Milliseconds timeout) override;
+  bool check(std::span<const std::string> keys, Milliseconds timeout) override;
+  bool erase(std::string_view key, Milliseconds timeout) override;
+  using Store::add;
+  using Store::check;
+  using Store::erase;
+  using Store::get;
+  using Store::set;
+  using Store::wait;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tpcomm

@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+// Options::from_env and the strict parsers behind it.
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <limits>
+#include <utility>
+
+#include "core/check.hpp"
+#include "core/parse.hpp"
+#include "tpcomm/options.hpp"
+
+namespace tpcomm {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+constexpr std::array<std::pair<AlgoChoice, std::string_view>, 4> kAlgoNames{{
+    {AlgoChoice::kAuto, "auto"},
+    {AlgoChoice::kNccl, "nccl"},
+    {AlgoChoice::kOneShot, "one_shot"},
+    {AlgoChoice::kTwoShot, "two_shot"},
+}};
+
+constexpr std::array<std::pair<LogLevel, std::string_view>, 6> kLevelNames{{
+    {LogLevel::kOff, "off"},
+    {LogLevel::kError, "error"},
+    {LogLevel::kWarn, "warn"},
+    {LogLevel::kInfo, "info"},
+    {LogLevel::kDebug, "debug"},
+    {LogLevel::kTrace, "trace"},
+}};
+
+}  // namespace
+
+std::optional<std::int64_t> parse_int(std::string_view s) noexcept {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+std::optional<std::int64_t> parse_bytes(std::string_view s) noexcept {
+  std::size_t digits = 0;
+  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+  if (digits == 0) return std::nullopt;
+  auto base = parse_int(s.substr(0, digits));
+  if (!base) return std::nullopt;
+  std::string suffix = lower(s.substr(digits));
+  int shift = 0;
+  if (suffix.empty() || suffix == "b") {
+    shift = 0;
+  } else if (suffix == "k" || suffix == "kb" || suffix == "kib") {
+    shift = 10;
+  } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
+    shift = 20;
+  } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
+    shift = 30;
+  } else {
+    return std::nullopt;
+  }
+  if (*base > (std::numeric_limits<std::int64_t>::max() >> shift)) return std::nullopt;
+  return *base << shift;
+}
+
+std::optional<bool> parse_bool(std::string_view s) noexcept {
+  std::string v = lower(s);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  return std::nullopt;
+}
+
+std::string format_bytes(std::int64_t bytes) {
+  static constexpr std::array<std::string_view, 4> kUnits{"B", "KiB", "MiB", "GiB"};
+  std::size_t u = 0;
+  while (u + 1 < kUnits.size() && bytes != 0 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++u;
+  }
+  return detail::concat(bytes, " ", kUnits[u]);
+}
+
+std::string_view to_string(AlgoChoice a) noexcept {
+  for (const auto& [k, n] : kAlgoNames)
+    if (k == a) return n;
+  return "unknown";
+}
+
+std::optional<AlgoChoice> parse_algo_choice(std::string_view s) noexcept {
+  std::string v = lower(s);
+  std::replace(v.begin(), v.end(), '-', '_');
+  if (v == "oneshot" || v == "1stage") v = "one_shot";
+  if (v == "twoshot" || v == "2stage") v = "two_shot";
+  for (const auto& [k, n] : kAlgoNames)
+    if (n == v) return k;
+  return std::nullopt;
+}
+
+std::string_view to_string(LogLevel l) noexcept {
+  for (const auto& [k, n] : kLevelNames)
+    if (k == l) return n;
+  return "unknown";
+}
+
+std::optional<LogLevel> parse_log_level(std::string_view s) noexcept {
+  std::string v = lower(s);
+  if (v == "warning") v = "warn";
+  if (v == "none") v = "off";
+  for (const auto& [k, n] : kLevelNames)
+    if (n == v) return k;
+  return std::nullopt;
+}
+
+Options Options::from_lookup(
+    const std::function<std::optional<std::string>(const char*)>& getenv) {
+  Options o;
+  auto bad = [](const char* name, const std::string& value, std::string_view expected) {
+    TPCOMM_THROW(Status::kInvalidArgument, name, "=\"", value, "\" is not valid: expected ",
+                 expected);
+  };
+  if (auto v = getenv("TPCOMM_LOG")) {
+    auto l = parse_log_level(*v);
+    if (!l) bad("TPCOMM_LOG", *v, "off, error, warn, info, debug or trace");
+    o.log_level = *l;
+  }
+  if (auto v = getenv("TPCOMM_NCCL_PATH"); v && !v->empty()) o.nccl_path = *v;
+  if (auto v = getenv("TPCOMM_TIMEOUT_MS")) {
+    auto t = parse_int(*v);
+    if (!t || *t <= 0) bad("TPCOMM_TIMEOUT_MS", *v, "a positive number of milliseconds");
+    o.timeout_ms = *t;
+  }
+  if (auto v = getenv("TPCOMM_ALGO")) {
+    auto a = parse_algo_choice(*v);
+    if (!a) bad("TPCOMM_ALGO", *v, "auto, nccl, one_shot or two_shot");
+    o.algo = *a;
+  }
+  if (auto v = getenv("TPCOMM_TUNE_FILE")) o.tune_file = *v;
+  if (auto v = getenv("TPCOMM_CUSTOM_AR_MAX_BYTES")) {
+    auto b = parse_bytes(*v);
+    if (!b || *b <= 0 || *b % 16 != 0)
+      bad("TPCOMM_CUSTOM_AR_MAX_BYTES", *v, "a positive multiple of 16 bytes such as 8M");
+    o.custom_ar_max_bytes = *b;
+  }
+  auto flag = [&](const char* name, bool& field) {
+    if (auto v = getenv(name)) {
+      auto b = parse_bool(*v);
+      if (!b) bad(name, *v, "0 or 1");
+      field = *b;
+    }
+  };
+  flag("TPCOMM_DISABLE_CUSTOM_AR", o.disable_custom_ar);
+  flag("TPCOMM_DISABLE_NCCL", o.disable_nccl);
+  if (auto v = getenv("TPCOMM_STORE_TOKEN")) o.store_token = *v;
+  if (auto v = getenv("TPCOMM_STORE_BIND")) o.store_bind = *v;
+  return o;
+}
+
+Options Options::from_env() {
+  return from_lookup([](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  });
+}
+
+}  // namespace tpcomm

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "core/parse.hpp"
+#include "tpcomm/options.hpp"
+#include "tpcomm/status.hpp"
+
+namespace tpcomm {
+namespace {
+
+Options from(const std::map<std::string, std::string>& env) {
+  return Options::from_lookup([&](const char* name) -> std::optional<std::string> {
+    auto it = env.find(name);
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+TEST(Options, Defaults) {
+  Options o = from({});
+  EXPECT_EQ(o.log_level, LogLevel::kWarn);
+  EXPECT_EQ(o.nccl_path, "libnccl.so.2");
+  EXPECT_EQ(o.timeout_ms, 30000);
+  EXPECT_EQ(o.algo, AlgoChoice::kAuto);
+  EXPECT_EQ(o.custom_ar_max_bytes, 8 << 20);
+  EXPECT_FALSE(o.disable_custom_ar);
+  EXPECT_FALSE(o.disable_nccl);
+  EXPECT_TRUE(o.store_token.empty());
+}
+
+TEST(Options, ReadsEveryKnob) {
+  Options o = from({{"TPCOMM_LOG", "debug"},
+                    {"TPCOMM_NCCL_PATH", "/opt/nccl/libnccl.so.2"},
+                    {"TPCOMM_TIMEOUT_MS", "1500"},
+                    {"TPCOMM_ALGO", "two-shot"},
+                    {"TPCOMM_TUNE_FILE", "/tmp/t.txt"},
+                    {"TPCOMM_CUSTOM_AR_MAX_BYTES", "16M"},
+                    {"TPCOMM_DISABLE_CUSTOM_AR", "1"},
+                    {"TPCOMM_DISABLE_NCCL", "yes"},
+                    {"TPCOMM_STORE_TOKEN", "s3cret"},
+                    {"TPCOMM_STORE_BIND", "0.0.0.0"}});
+  EXPECT_EQ(o.log_level, LogLevel::kDebug);
+  EXPECT_EQ(o.nccl_path, "/opt/nccl/libnccl.so.2");
+  EXPECT_EQ(o.timeout_ms, 1500);
+  EXPECT_EQ(o.algo, AlgoChoice::kTwoShot);
+  EXPECT_EQ(o.tune_file, "/tmp/t.txt");
+  EXPECT_EQ(o.custom_ar_max_bytes, 16 << 20);
+  EXPECT_TRUE(o.disable_custom_ar);
+  EXPECT_TRUE(o.disable_nccl);
+  EXPECT_EQ(o.store_token, "s3cret");
+  EXPECT_EQ(o.store_bind, "0.0.0.0");
+}
+
+TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
+  for (auto [name, value] : std::map<std::string, std::string>{
+           {"TPCOMM_LOG", "loud"},
+           {"TPCOMM_TIMEOUT_MS", "-5"},
+           {"TPCOMM_TIMEOUT_MS", "10s"},
+           {"TPCOMM_ALGO", "fastest"},
+           {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
+           {"TPCOMM_DISABLE_NCCL", "maybe"}}) {
+    try {
+      from({{name, value}});
+      FAIL() << name << "=" << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Parse, Bytes) {
+  EXPECT_EQ(parse_bytes("512"), 512);
+  EXPECT_EQ(parse_bytes("1K"), 1024);
+  EXPECT_EQ(parse_bytes("8KiB"), 8192);
+  EXPECT_EQ(parse_bytes("64m"), 64 << 20);
+  EXPECT_EQ(parse_bytes("2G"), std::int64_t{2} << 30);
+  EXPECT_FALSE(parse_bytes("").has_value());
+  EXPECT_FALSE(parse_bytes("K").has_value());
+  EXPECT_FALSE(parse_bytes("-1").has_value());
+  EXPECT_FALSE(parse_bytes("1T").has_value());
+  EXPECT_FALSE(parse_bytes("99999999999999999999").has_value());
+  EXPECT_FALSE(parse_bytes("9999999999999G").has_value());
+  EXPECT_EQ(format_bytes(8 << 20), "8 MiB");
+  EXPECT_EQ(format_bytes(1536), "1536 B");
+  EXPECT_EQ(format_bytes(0), "0 B");
+}
+
+TEST(Parse, IntAndBool) {
+  EXPECT_EQ(parse_int("42"), 42);
+  EXPECT_EQ(parse_int("-7"), -7);
+  EXPECT_FALSE(parse_int("4 2").has_value());
+  EXPECT_FALSE(parse_int("").has_value());
+  EXPECT_EQ(parse_bool("ON"), true);
+  EXPECT_EQ(parse_bool("false"), false);
+  EXPECT_FALSE(parse_bool("2").has_value());
+}
+
+}  // namespace
+}  // namespace tpcomm

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+// The `tpcomm` program: info, launch, store (and bench/tune once they exist).
+#include <cstdio>
+#include <exception>
+
+#include "tools/commands.hpp"
+#include "tpcomm/status.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tpcomm: collectives for tensor-parallel LLM inference"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", TPCOMM_VERSION);
+  tpcomm::tools::Command run;
+  tpcomm::tools::add_info_command(app, run);
+  tpcomm::tools::add_launch_command(app, run);
+  tpcomm::tools::add_store_command(app, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return run ? run() : 0;
+  } catch (const tpcomm::Error& e) {
+    std::fprintf(stderr, "tpcomm: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tpcomm: unexpected error: %s\n", e.what());
+    return 1;
+  }
+}
