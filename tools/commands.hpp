@@ -15,5 +15,7 @@ using Command = std::function<int()>;
 void add_info_command(CLI::App& app, Command& run);
 void add_launch_command(CLI::App& app, Command& run);
 void add_store_command(CLI::App& app, Command& run);
+void add_bench_command(CLI::App& app, Command& run);
+void add_tune_command(CLI::App& app, Command& run);
 
 }  // namespace tpcomm::tools

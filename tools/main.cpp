@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The `tpcomm` program: info, launch, store (and bench/tune once they exist).
+// The `tpcomm` program: info, bench, tune, launch, store.
 #include <cstdio>
 #include <exception>
 
@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   tpcomm::tools::add_info_command(app, run);
   tpcomm::tools::add_launch_command(app, run);
   tpcomm::tools::add_store_command(app, run);
+  tpcomm::tools::add_bench_command(app, run);
+  tpcomm::tools::add_tune_command(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -42,6 +42,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// | `TPCOMM_ALGO` | `algo` | `auto` |
 /// | `TPCOMM_TUNE_FILE` | `tune_file` | `$XDG_CACHE_HOME/tpcomm/tune.txt` |
 /// | `TPCOMM_CUSTOM_AR_MAX_BYTES` | `custom_ar_max_bytes` | 8 MiB |
+/// | `TPCOMM_CUSTOM_AR_REGISTER_BYTES` | `custom_ar_register_min_bytes` | 2 MiB |
 /// | `TPCOMM_DISABLE_CUSTOM_AR` | `disable_custom_ar` | 0 |
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication) |
@@ -57,6 +58,10 @@ struct Options {
   std::string tune_file;
   /// Largest all-reduce, in bytes, that the custom kernels serve; larger ones go to NCCL.
   std::int64_t custom_ar_max_bytes = std::int64_t{8} << 20;
+  /// Inside a capture scope, custom all-reduces of at least this many bytes read the caller's
+  /// buffers in place (registered when the scope closes, plus an end barrier); smaller ones copy
+  /// into the workspace inside the kernel, which costs less than the extra barrier.
+  std::int64_t custom_ar_register_min_bytes = std::int64_t{2} << 20;
   bool disable_custom_ar = false;
   bool disable_nccl = false;
   /// Shared secret every store client must present; empty disables the check.

@@ -148,6 +148,11 @@ Options Options::from_lookup(
       bad("TPCOMM_CUSTOM_AR_MAX_BYTES", *v, "a positive multiple of 16 bytes such as 8M");
     o.custom_ar_max_bytes = *b;
   }
+  if (auto v = getenv("TPCOMM_CUSTOM_AR_REGISTER_BYTES")) {
+    auto b = parse_bytes(*v);
+    if (!b) bad("TPCOMM_CUSTOM_AR_REGISTER_BYTES", *v, "a byte count such as 2M (0: always)");
+    o.custom_ar_register_min_bytes = *b;
+  }
   auto flag = [&](const char* name, bool& field) {
     if (auto v = getenv(name)) {
       auto b = parse_bool(*v);

@@ -26,6 +26,7 @@ TEST(Options, Defaults) {
   EXPECT_EQ(o.timeout_ms, 30000);
   EXPECT_EQ(o.algo, AlgoChoice::kAuto);
   EXPECT_EQ(o.custom_ar_max_bytes, 8 << 20);
+  EXPECT_EQ(o.custom_ar_register_min_bytes, 2 << 20);
   EXPECT_FALSE(o.disable_custom_ar);
   EXPECT_FALSE(o.disable_nccl);
   EXPECT_TRUE(o.store_token.empty());
@@ -38,6 +39,7 @@ TEST(Options, ReadsEveryKnob) {
                     {"TPCOMM_ALGO", "two-shot"},
                     {"TPCOMM_TUNE_FILE", "/tmp/t.txt"},
                     {"TPCOMM_CUSTOM_AR_MAX_BYTES", "16M"},
+                    {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", "0"},
                     {"TPCOMM_DISABLE_CUSTOM_AR", "1"},
                     {"TPCOMM_DISABLE_NCCL", "yes"},
                     {"TPCOMM_STORE_TOKEN", "s3cret"},
@@ -48,6 +50,7 @@ TEST(Options, ReadsEveryKnob) {
   EXPECT_EQ(o.algo, AlgoChoice::kTwoShot);
   EXPECT_EQ(o.tune_file, "/tmp/t.txt");
   EXPECT_EQ(o.custom_ar_max_bytes, 16 << 20);
+  EXPECT_EQ(o.custom_ar_register_min_bytes, 0);
   EXPECT_TRUE(o.disable_custom_ar);
   EXPECT_TRUE(o.disable_nccl);
   EXPECT_EQ(o.store_token, "s3cret");

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// The group coordinator: one communicator per process group, picking the fastest path.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "tpcomm/bootstrap.hpp"
+#include "tpcomm/options.hpp"
+#include "tpcomm/status.hpp"
+#include "tpcomm/tensor.hpp"
+#include "tpcomm/types.hpp"
+
+namespace tpcomm {
+
+class TuneTable;
+
+/// Which communicators a group may build. `Options` say what the user allows; this says what
+/// the group is for (SGLang gives MoE groups NCCL only, for example).
+struct GroupConfig {
+  bool custom_all_reduce = true;
+  bool nccl = true;
+};
+
+/// A communicator for the ranks of one `Bootstrap`: the ordered backend chain of DESIGN.md §3
+/// (world size 1, then the custom all-reduce, then NCCL last), CUDA-graph capture, and health.
+///
+/// Collective calls must be made by every rank of the group in the same order with the same
+/// sizes, dtypes and shapes; each then takes the same path on every rank. Operations are
+/// enqueued on the caller's stream and are CUDA-graph capturable. A group serves one
+/// operation at a time: calls made from several streams are ordered one after another (the
+/// group makes each new stream wait for the previous one), so use one group per concurrent
+/// stream. Not thread-safe: one thread per rank.
+///
+/// Errors: hot-path calls return a `Status` and never throw. kInvalidArgument leaves the group
+/// usable. kTimeout/kAborted/kNcclError make the group unusable: every later call returns that
+/// status, `last_error()` says what happened (who waited for whom), and the caller can build a
+/// new group. kUnsupported means no backend could serve the request.
+class Group {
+ public:
+  /// Builds the communicators. Collective over `boot`, which must outlive the group. `device`
+  /// is the CUDA device ordinal of this rank. Throws `Error` when the group cannot be built at
+  /// all; a backend that cannot be built (no NCCL, no peer access) is left out, on every rank
+  /// alike, with a log line.
+  Group(Bootstrap& boot, int device, Options options = Options::from_env(), GroupConfig config = {});
+  ~Group();
+  Group(Group&&) noexcept;
+  Group& operator=(Group&&) noexcept;
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  [[nodiscard]] int rank() const noexcept;
+  [[nodiscard]] int world_size() const noexcept;
+  [[nodiscard]] int device() const noexcept;
+  [[nodiscard]] const Options& options() const noexcept;
+
+  /// out = reduction of `in` over all ranks. `in` and `out` have the same dtype and number of
+  /// elements and are contiguous; `out == in` (in place) is allowed. Any alignment.
+  [[nodiscard]] Status all_reduce(const TensorView& in, const TensorView& out, Stream stream,
+                                  ReduceOp op = ReduceOp::kSum) noexcept;
+  /// out = the concatenation of every rank's `in` (rank order); out has world_size() times
+  /// the elements of `in`.
+  [[nodiscard]] Status all_gather(const TensorView& in, const TensorView& out, Stream stream) noexcept;
+  /// out = rank r's slice of the reduction of `in` (`in` has world_size() times the elements of
+  /// `out`).
+  [[nodiscard]] Status reduce_scatter(const TensorView& in, const TensorView& out, Stream stream,
+                                      ReduceOp op = ReduceOp::kSum) noexcept;
+  /// Equal-split all-to-all over the flattened tensors: chunk j of `in` (numel / world_size
+  /// elements) goes to rank j, and chunk i of `out` comes from rank i.
+  [[nodiscard]] Status all_to_all(const TensorView& in, const TensorView& out, Stream stream) noexcept;
+  /// out = root's `in` on every rank (`in` is only read on the root; may be empty elsewhere).
+  [[nodiscard]] Status broadcast(const TensorView& in, const TensorView& out, int root,
+                                 Stream stream) noexcept;
+  /// Point to point: pairs with `recv` on `peer`.
+  [[nodiscard]] Status send(const TensorView& buf, int peer, Stream stream) noexcept;
+  [[nodiscard]] Status recv(const TensorView& buf, int peer, Stream stream) noexcept;
+
+  /// An open capture scope (see `capture`). Closing it is collective.
+  class CaptureScope {
+   public:
+    CaptureScope(CaptureScope&&) noexcept;
+    CaptureScope& operator=(CaptureScope&&) = delete;
+    CaptureScope(const CaptureScope&) = delete;
+    CaptureScope& operator=(const CaptureScope&) = delete;
+    /// Closes the scope if `close()` was not called; a failure is logged and makes the group
+    /// unusable.
+    ~CaptureScope();
+    /// Registers the buffers the captured calls use, exchanging them with every rank.
+    /// Collective: every rank must have captured the same calls. Call it after
+    /// `cudaStreamEndCapture`. Idempotent.
+    [[nodiscard]] Status close() noexcept;
+
+   private:
+    friend class Group;
+    explicit CaptureScope(Group* group) noexcept : group_(group) {}
+    Group* group_;
+  };
+
+  /// Opens a capture scope for CUDA-graph capture on `stream`: inside it NCCL is enabled and
+  /// large custom all-reduces read the caller's buffers in place; `close()` (or the destructor)
+  /// registers those buffers with every rank. Open the scope before `cudaStreamBeginCapture`.
+  /// Calls on a stream that is not capturing behave as outside the scope. Collective on close.
+  [[nodiscard]] CaptureScope capture(Stream stream);
+
+  /// The backend that would serve this all-reduce ("local", "custom_ar:one_shot",
+  /// "custom_ar:two_shot", "nccl"), or "none". Pure: enqueues nothing.
+  [[nodiscard]] std::string backend_for_all_reduce(const TensorView& in, const TensorView& out,
+                                                   bool capturing = false) const noexcept;
+
+  /// kOk while usable; otherwise the sticky failure.
+  [[nodiscard]] Status health() noexcept;
+  /// What went wrong last (an invalid argument, a timeout naming the rank that did not arrive).
+  [[nodiscard]] const std::string& last_error() const noexcept;
+  /// Makes every waiting kernel of this group give up and every later call return kAborted.
+  void abort() noexcept;
+
+  /// Measures every custom all-reduce candidate per size bucket (inside CUDA graphs, on a
+  /// private stream), takes rank 0's timings as the decision, installs the table on every rank
+  /// and, on rank 0, stores it in the tune file. Collective. No-op without the custom backend.
+  void tune();
+  /// The table in use, or nullptr when the built-in defaults decide.
+  [[nodiscard]] const TuneTable* tune_table() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tpcomm

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// Run-time values to template parameters, in one place.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "tpcomm/status.hpp"
+#include "tpcomm/types.hpp"
+
+namespace tpcomm::kernels {
+
+/// Calls `f.template operator()<T>()` with the element type of `dtype` (f32, f16, bf16), or
+/// returns kInvalidArgument.
+template <class F>
+Status dispatch_float_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32: return f.template operator()<float>();
+    case DType::kF16: return f.template operator()<__half>();
+    case DType::kBF16: return f.template operator()<__nv_bfloat16>();
+    default: return Status::kInvalidArgument;
+  }
+}
+
+/// Calls `f.template operator()<R>()` for a world size 2..8, or returns kInvalidArgument.
+template <class F>
+Status dispatch_world_size(int world_size, F&& f) {
+  switch (world_size) {
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    case 6: return f.template operator()<6>();
+    case 7: return f.template operator()<7>();
+    case 8: return f.template operator()<8>();
+    default: return Status::kInvalidArgument;
+  }
+}
+
+}  // namespace tpcomm::kernels

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+// Cross-rank synchronisation primitives and the memory-ordering contract of every kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "ipc/layout.hpp"
+
+namespace tpcomm::kernels {
+
+// NOTE [memory ordering]
+// Ranks communicate through peer-mapped memory (NVLink, or one GPU's memory for virtual
+// ranks). Kernels use exactly these patterns:
+//
+//  (1) Publish-then-signal. A block writes data that peers will read (its staging copy, its
+//      reduced slice), then `barrier_block`: `__syncthreads()` orders the whole block's writes
+//      before thread t's `st.release.sys` of the flag in peer t's signal pad (release is
+//      cumulative over what the block wrote before the CTA barrier).
+//  (2) Wait-then-read. Thread t spins with `ld.acquire.sys` on its own pad until peer t's flag
+//      reaches the expected value; the closing `__syncthreads_and` extends that acquire to every
+//      thread of the block before any of them reads the peer's data.
+//  (3) Reuse after barrier. A buffer that peers read is overwritten only after a later barrier
+//      proves they are done with it (NOTE [staging] in ipc/layout.hpp).
+//
+// All of it at system scope: peers may be other GPUs, and flags are one 32-bit word per
+// (block, peer) with one writer each (NOTE [signal pad]).
+
+// NOTE [bounded waits]
+// No wait spins forever. Every spin polls a deadline (`%globaltimer`, checked every 64 spins)
+// and a host-mapped abort flag (every 1024 spins). On either it records what happened in the
+// host-mapped ErrorWord and the whole block returns early, leaving the output incomplete; the
+// host reads the word before the group's next call and from then on answers kTimeout/kAborted.
+// It never traps, so the CUDA context survives and the process can build a new group.
+
+__device__ __forceinline__ std::uint64_t globaltimer_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ std::uint32_t ld_acquire_sys(const std::uint32_t* p) {
+  std::uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_sys(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/// True once a flag that only grows has reached `target`, across 32-bit wrap-around.
+__device__ __forceinline__ bool reached(std::uint32_t value, std::uint32_t target) {
+  return static_cast<std::int32_t>(value - target) >= 0;
+}
+
+/// Where a wait gives up: deadline, abort flag and the report to fill.
+struct WaitContext {
+  std::uint64_t timeout_ns;  // 0 = no deadline
+  const std::uint32_t* abort_flag;
+  ErrorWord* error;
+  int rank;
+};
+
+__device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer) {
+  volatile ErrorWord* e = w.error;
+  e->rank = static_cast<std::uint32_t>(w.rank);
+  e->peer = static_cast<std::uint32_t>(peer);
+  e->block = blockIdx.x;
+  __threadfence_system();
+  e->code = code;
+}
+
+/// Spins until `*flag` reaches `target` (pattern 2). False when it gave up (NOTE [bounded waits]).
+__device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target,
+                                 const WaitContext& w, int peer) {
+  if (reached(ld_acquire_sys(flag), target)) return true;
+  const std::uint64_t start = globaltimer_ns();
+  for (std::uint32_t spins = 1;; ++spins) {
+    if (reached(ld_acquire_sys(flag), target)) return true;
+    if ((spins & 63u) == 0) {
+      if (w.timeout_ns != 0 && globaltimer_ns() - start > w.timeout_ns) {
+        report(w, ErrorWord::kTimeout, peer);
+        return false;
+      }
+      if ((spins & 1023u) == 0 && *reinterpret_cast<const volatile std::uint32_t*>(w.abort_flag) != 0) {
+        report(w, ErrorWord::kAborted, peer);
+        return false;
+      }
+    }
+  }
+}
+
+/// Barrier of this block with block `blockIdx.x` of every peer (patterns 1 and 2). `pads[r]`
+/// is rank r's signal pad as mapped here. Every thread of the block must call it; returns false
+/// in every thread when any wait gave up.
+template <int R>
+__device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, std::uint32_t value,
+                                              const WaitContext& w) {
+  __syncthreads();
+  bool ok = true;
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < R && t != rank) {
+    st_release_sys(&pads[t]->flags[blockIdx.x][rank], value);
+    ok = wait_flag(&pads[rank]->flags[blockIdx.x][t], value, w, t);
+  }
+  return __syncthreads_and(ok) != 0;
+}
+
+/// Ends a launch: the last block to finish advances the operation count (NOTE [signal pad]).
+/// Blocks that gave up skip this, so a failed launch leaves the count behind: the group is
+/// unusable after a failure anyway.
+__device__ __forceinline__ void finish_launch(SignalPad* self, std::uint32_t seq) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned done = atomicAdd(&self->blocks_done, 1u);
+    if (done == gridDim.x - 1) {
+      self->blocks_done = 0;
+      self->op_seq = seq;
+    }
+  }
+}
+
+}  // namespace tpcomm::kernels

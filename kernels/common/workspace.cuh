@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// Finding things in the ranks' workspaces: the prologue every all-reduce kernel shares.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/sync.cuh"
+#include "kernels/common/vec.cuh"
+#include "kernels/kernels.hpp"
+
+namespace tpcomm::kernels {
+
+/// What one launch of an all-reduce kernel resolved at its start.
+template <class T, int R>
+struct AllReduceFrame {
+  SignalPad* pads[R];   // every rank's signal pad, as mapped here
+  const T* src[R];      // where rank r's input is read from (registered buffer or staging)
+  T* staging_self;      // this rank's staging half of this operation
+  std::uint32_t seq;    // this operation's number (NOTE [signal pad])
+  bool stage_self;      // this rank copies its input into `staging_self` first
+  WaitContext wait;
+
+  __device__ std::uint32_t barrier_value(std::uint32_t phase) const {
+    return seq * SignalPad::kPhases + phase;
+  }
+};
+
+template <class T>
+__device__ __forceinline__ T* staging_half(const AllReduceParams& p, int rank, std::uint32_t seq) {
+  return reinterpret_cast<T*>(p.workspaces[rank] + p.layout.staging +
+                              static_cast<std::int64_t>(seq & 1u) * p.layout.half_bytes);
+}
+
+template <class T>
+__device__ __forceinline__ T* scratch_of(const AllReduceParams& p, int rank) {
+  return reinterpret_cast<T*>(p.workspaces[rank] + p.layout.scratch);
+}
+
+/// Reads the operation number and the input pointers. Every thread calls it.
+template <class T, int R>
+__device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams& p) {
+  __shared__ std::uint32_t seq_shared;
+  AllReduceFrame<T, R> f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) f.pads[r] = reinterpret_cast<SignalPad*>(p.workspaces[r] + p.layout.signal);
+  if (threadIdx.x == 0) seq_shared = f.pads[p.rank]->op_seq + 1u;
+  __syncthreads();
+  f.seq = seq_shared;
+  const RankPtrs in = p.registered != nullptr ? *p.registered : p.inputs;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    f.src[r] = in.ptr[r] != nullptr ? static_cast<const T*>(in.ptr[r]) : staging_half<T>(p, r, f.seq);
+  }
+  f.staging_self = staging_half<T>(p, p.rank, f.seq);
+  f.stage_self = in.ptr[p.rank] == nullptr;
+  f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank};
+  return f;
+}
+
+/// Sum of pack `v` over ranks 0..R-1 in that order, accumulated in fp32. The same order on
+/// every rank and in every algorithm, so all outputs are bitwise identical.
+template <class T, int R>
+__device__ __forceinline__ Pack<T> reduce_pack(const T* const* src, std::int64_t v,
+                                               std::int64_t count, bool src_aligned) {
+  constexpr int W = Pack<T>::kElems;
+  Pack<T> in[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) in[r] = load_pack(src[r], v, count, src_aligned);
+  float acc[W];
+#pragma unroll
+  for (int i = 0; i < W; ++i) acc[i] = to_float(in[0][i]);
+#pragma unroll
+  for (int r = 1; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < W; ++i) acc[i] += to_float(in[r][i]);
+  Pack<T> out;
+#pragma unroll
+  for (int i = 0; i < W; ++i) out[i] = from_float<T>(acc[i]);
+  return out;
+}
+
+template <class T, int R>
+__device__ __forceinline__ bool all_aligned(const T* const* src) {
+  bool ok = true;
+#pragma unroll
+  for (int r = 0; r < R; ++r) ok = ok && is_aligned16(src[r]);
+  return ok;
+}
+
+}  // namespace tpcomm::kernels

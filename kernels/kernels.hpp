@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+// Host-visible declarations of every kernel launcher. No CUDA syntax: host code includes this.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "ipc/layout.hpp"
+#include "tpcomm/status.hpp"
+#include "tpcomm/types.hpp"
+#include "tune/algo.hpp"
+
+namespace tpcomm::kernels {
+
+/// Everything one rank's all-reduce kernel needs; passed by value.
+struct AllReduceParams {
+  /// Inputs of every rank as mapped here; a null entry reads that rank's staging half. Used
+  /// when `registered` is null (eager calls: all null).
+  RankPtrs inputs;
+  /// Device copy of the inputs, filled when a capture scope closes (NOTE [staging]); null for
+  /// eager calls.
+  const RankPtrs* registered;
+  /// This rank's own input, copied into its staging half when its entry is null.
+  const void* input;
+  /// This rank's output; any alignment.
+  void* output;
+  /// Every rank's workspace base (a `WorkspaceLayout`) as mapped here.
+  char* workspaces[kMaxRanks];
+  WorkspaceLayout layout;
+  /// Elements to reduce.
+  std::int64_t count;
+  DType dtype;
+  int rank;
+  int world_size;
+  /// Run the end barrier (registered inputs must stay untouched until every peer has read).
+  bool end_barrier;
+  /// Give up waiting for a peer after this many nanoseconds (0 = never).
+  std::uint64_t timeout_ns;
+  /// Host-mapped error report and abort flag (NOTE [bounded waits], kernels/common/sync.cuh).
+  ErrorWord* error;
+  const std::uint32_t* abort_flag;
+};
+static_assert(std::is_trivially_copyable_v<AllReduceParams>);
+
+/// Launches `choice.algo` with `choice.blocks` x `choice.threads` on `stream`.
+/// kInvalidArgument for an unsupported dtype/world size/launch shape; kCudaError when the
+/// launch fails. Sum only; f32, f16, bf16; world sizes 2..8.
+Status launch_all_reduce(const AllReduceParams& params, Choice choice, Stream stream) noexcept;
+
+/// Most blocks of `threads` threads of `algo` that one SM can hold at once (occupancy).
+int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexcept;
+
+// ---- exact test data (tests and `tpcomm bench --check`) ----------------------------------
+
+/// What the checked collective was, for `check_data`.
+enum class Collective : std::uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
+
+/// Fills `count` elements with rank `rank`'s exact test values for `op` (small integers whose
+/// every partial result is representable in `dtype`), starting at element index `first`.
+Status fill_data(void* data, DType dtype, std::int64_t count, std::uint64_t seed, int rank,
+                 ReduceOp op, std::int64_t first, Stream stream) noexcept;
+
+/// Sets every byte of `bytes` bytes to 0xFF (NaN in every float type) so that an element the
+/// collective did not write cannot pass a check.
+Status poison(void* data, std::int64_t bytes, Stream stream) noexcept;
+
+/// Counts the elements of `out` that differ bitwise from what `collective` must produce on
+/// rank `rank` of `world_size` from `fill_data` inputs (`count` = elements of `out`; `root` for
+/// broadcast), adding the count to `*wrong` (device memory).
+Status check_data(const void* out, DType dtype, std::int64_t count, std::uint64_t seed, int rank,
+                  int world_size, ReduceOp op, Collective collective, int root,
+                  unsigned long long* wrong, Stream stream) noexcept;
+
+}  // namespace tpcomm::kernels

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Runs the gpu and mgpu test tiers and the benchmarks on a GPU machine, writing every log under
+# the folder given as the first argument. Uses the build in ./build (configure and build it
+# first, or carry it from a machine with the same CUDA toolkit).
+#
+#   scripts/gpu-run.sh OUTDIR [all|tests|bench]
+#
+# The summary is printed last; each step's log is OUTDIR/<step>.txt.
+set -u -o pipefail
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench]}
+what=${2:-all}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+bin=build/bin
+[ -x "$bin/tpcomm" ] || { echo "no build in ./build: run 'cmake --workflow --preset release' first"; exit 2; }
+
+# House rules of the shared machines: no NVLink multicast.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+summary=()
+step() {  # step NAME COMMAND...: runs, logs, records pass/fail
+  local name=$1; shift
+  local start=$SECONDS
+  echo "== $name: $*" | tee -a "$out/$name.txt"
+  "$@" >>"$out/$name.txt" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - start)))")
+  return 0
+}
+
+{ nvidia-smi; nvidia-smi topo -m; } >"$out/info.txt" 2>&1
+step info "$bin/tpcomm" info
+
+if [ "$what" = all ] || [ "$what" = tests ]; then
+  step gpu "$bin/tpcomm_gpu_tests"
+  np=$(( gpus >= 2 ? gpus : 2 ))
+  [ "$np" -gt 4 ] && np=4
+  step mgpu "$bin/tpcomm" launch -n "$np" --timeout 600 -- "$bin/tpcomm_mgpu_tests"
+  step mgpu TPCOMM_MGPU_DEAD_PEER=1 TPCOMM_TIMEOUT_MS=5000 "$bin/tpcomm" launch -n 2 --timeout 300 -- \
+    "$bin/tpcomm_mgpu_tests" --gtest_filter='*DeadPeer*'
+fi
+
+if [ "$what" = all ] || [ "$what" = bench ]; then
+  # Small messages: graph-replayed latency at 2, 4 and 8 virtual ranks.
+  for r in 2 4 8; do
+    step bench "$bin/tpcomm" bench --virtual-ranks "$r" -b 1K -e 8M -f 2 -d bfloat16 --graph \
+      -n 50 -w 5 --graph-replays 20 --algo one_shot,two_shot,auto,memcpy
+  done
+  # Large messages far beyond the 60 MB L2: throughput against the device copy.
+  step bench env TPCOMM_CUSTOM_AR_MAX_BYTES=512M "$bin/tpcomm" bench --virtual-ranks 8 -b 64M -e 512M -f 2 \
+    -d bfloat16 -n 5 -w 2 --algo one_shot,two_shot,memcpy
+  # tpcomm's NCCL path against NCCL called directly, world size 1 (eager and graph).
+  step bench "$bin/tpcomm" bench -b 4 -e 64M -f 8 -d float -n 200 -w 20 --algo nccl,nccl_direct
+  step bench "$bin/tpcomm" bench -b 4 -e 64M -f 8 -d float -n 50 --graph --graph-replays 20 --algo nccl,nccl_direct
+  for r in 2 4 8; do
+    step tune env TPCOMM_TUNE_FILE="$out/tune-w$r.txt" "$bin/tpcomm" tune --virtual-ranks "$r"
+  done
+fi
+
+echo "== summary"
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

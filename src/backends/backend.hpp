@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// A backend serves some collectives; the chain asks each in order (DESIGN.md §3).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "tpcomm/status.hpp"
+#include "tpcomm/tensor.hpp"
+#include "tpcomm/types.hpp"
+
+namespace tpcomm {
+
+/// The collective a request asks for.
+enum class Op : std::uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kSend, kRecv };
+
+std::string_view to_string(Op op) noexcept;
+
+/// One collective call, already validated by the group. Every field is identical on every rank
+/// for the same call (except the pointers), which is what makes backend decisions rank-invariant.
+struct Request {
+  Op op = Op::kAllReduce;
+  TensorView in;
+  TensorView out;
+  ReduceOp reduce = ReduceOp::kSum;
+  /// Root of a broadcast, peer of a send/recv; -1 otherwise.
+  int peer = -1;
+  /// The stream is being captured into a CUDA graph.
+  bool capturing = false;
+};
+
+/// A backend's answer to "can you serve this?": `reason` says why not (a static string).
+struct Support {
+  const char* reason = nullptr;
+  [[nodiscard]] bool ok() const noexcept { return reason == nullptr; }
+  static Support yes() noexcept { return {}; }
+  static Support no(const char* why) noexcept { return {why}; }
+};
+
+/// A way to run collectives. `supports` is pure and cheap and depends only on rank-invariant
+/// facts (sizes, dtype, shape, group configuration, capture state), never on pointer values.
+/// `run` may still return kUnsupported (the chain then asks the next backend); any other
+/// status is final.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+  [[nodiscard]] virtual Support supports(const Request& request) const noexcept = 0;
+  [[nodiscard]] virtual Status run(const Request& request, Stream stream) noexcept = 0;
+};
+
+/// The ordered backends of a group. Not thread-safe for `add`; `run`/`select` may be called
+/// concurrently with each other.
+class BackendChain {
+ public:
+  void add(std::unique_ptr<Backend> backend);
+
+  /// The first backend whose `supports` says yes (what `run` would try first), or nullptr.
+  [[nodiscard]] const Backend* select(const Request& request) const noexcept;
+
+  /// Runs `request` on the first backend that supports it; `kUnsupported` from `run` moves on
+  /// to the next one; any other status is returned as is (falling back on a real error hides
+  /// bugs and can hang peers). Each (backend, reason) pair of a fallback is logged once.
+  /// `served_by`, when given, receives the backend that returned.
+  [[nodiscard]] Status run(const Request& request, Stream stream,
+                           const Backend** served_by = nullptr) noexcept;
+
+  [[nodiscard]] const std::vector<std::unique_ptr<Backend>>& backends() const noexcept {
+    return backends_;
+  }
+
+ private:
+  void note_fallback(std::size_t index, const char* reason) noexcept;
+
+  std::vector<std::unique_ptr<Backend>> backends_;
+  // Reasons already logged per backend; reasons are static strings, compared by address so the
+  // hot path never allocates or locks.
+  static constexpr int kReasonSlots = 16;
+  std::vector<std::unique_ptr<std::atomic<const char*>[]>> logged_;
+};
+
+}  // namespace tpcomm

@@ -1,0 +1,378 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "backends/custom_ar.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "core/cuda_check.hpp"
+#include "core/cuda_driver.hpp"
+#include "core/log.hpp"
+#include "ipc/layout.hpp"
+#include "ipc/peer_buffer.hpp"
+#include "kernels/kernels.hpp"
+
+namespace tpcomm {
+namespace {
+
+/// Slots for buffers registered during capture; never reused (graphs may live forever).
+constexpr std::int64_t kRegistrySlots = 8192;
+
+std::uint64_t probe_value(int from, int to) {
+  return 0x7470636f00000000ull | (static_cast<std::uint64_t>(from) << 8) | static_cast<std::uint64_t>(to);
+}
+
+/// One recorded buffer, as sent to the peers when a capture scope closes.
+struct RegistryEntry {
+  std::uint64_t ptr;     // raw pointer (usable by peers of the same process); 0 = staged
+  std::uint64_t offset;  // from the allocation base
+  cudaIpcMemHandle_t handle;
+};
+static_assert(std::is_trivially_copyable_v<RegistryEntry>);
+
+struct RegistryHeader {
+  std::uint64_t nonce;
+  std::int32_t ok;
+  std::int32_t count;
+};
+
+}  // namespace
+
+struct CustomAllReduce::Impl {
+  Bootstrap* boot = nullptr;
+  int device = 0;
+  int rank = 0;
+  int world = 0;
+  std::int64_t register_min_bytes = 0;
+  std::uint64_t timeout_ns = 0;
+  std::optional<PeerBuffer> workspace;
+  WorkspaceLayout layout{};
+  std::array<char*, kMaxRanks> workspaces{};
+  std::vector<std::uint64_t> nonces;  // per rank, to tell same-process peers
+  ErrorWord* error_host = nullptr;    // host-mapped
+  ErrorWord* error_dev = nullptr;
+  std::uint32_t* abort_host = nullptr;  // host-mapped
+  std::uint32_t* abort_dev = nullptr;
+  RankPtrs* registry = nullptr;  // device, kRegistrySlots entries
+  std::vector<const void*> recorded;  // this scope's buffers; nullptr = staged
+  std::int64_t scope_first_slot = 0;
+  std::map<std::pair<int, std::array<char, sizeof(cudaIpcMemHandle_t)>>, char*> opened;
+
+  ~Impl() {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device);
+    for (auto& [key, base] : opened) cudaIpcCloseMemHandle(base);
+    opened.clear();
+    workspace.reset();  // collective: barrier before free
+    if (registry != nullptr) cudaFree(registry);
+    if (error_host != nullptr) cudaFreeHost(error_host);
+    if (abort_host != nullptr) cudaFreeHost(abort_host);
+    cudaSetDevice(previous);
+  }
+
+  /// Allocates and probes; throws on a local failure.
+  void setup_local() {
+    DeviceGuard guard(device);
+    // Mappings written by peers, read back locally: a real check of every path.
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) continue;
+      const std::uint64_t v = probe_value(rank, r);
+      auto* pad = reinterpret_cast<SignalPad*>(workspaces[r] + layout.signal);
+      TPCOMM_CUDA_CHECK(cudaMemcpy(&pad->probe[rank], &v, sizeof(v), cudaMemcpyHostToDevice));
+    }
+    TPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+    TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_host), sizeof(ErrorWord),
+                                    cudaHostAllocMapped));
+    std::memset(error_host, 0, sizeof(ErrorWord));
+    TPCOMM_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev), error_host, 0));
+    TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&abort_host), sizeof(std::uint32_t),
+                                    cudaHostAllocMapped));
+    *abort_host = 0;
+    TPCOMM_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_dev), abort_host, 0));
+    TPCOMM_CUDA_CHECK(cudaMalloc(&registry, kRegistrySlots * sizeof(RankPtrs)));
+  }
+
+  /// After every rank wrote its probes: checks what arrived here.
+  void check_probes() {
+    DeviceGuard guard(device);
+    std::array<std::uint64_t, kMaxRanks> got{};
+    auto* pad = reinterpret_cast<SignalPad*>(workspaces[rank] + layout.signal);
+    TPCOMM_CUDA_CHECK(cudaMemcpy(got.data(), pad->probe, sizeof(got), cudaMemcpyDeviceToHost));
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) continue;
+      TPCOMM_CHECK(got[r] == probe_value(r, rank), Status::kUnavailable,
+                   "peer memory probe: what rank ", r, " wrote did not arrive at rank ", rank);
+    }
+  }
+
+  kernels::AllReduceParams params(const TensorView& in, const TensorView& out) const {
+    kernels::AllReduceParams p{};
+    p.input = in.data;
+    p.output = out.data;
+    for (int r = 0; r < world; ++r) p.workspaces[r] = workspaces[r];
+    p.layout = layout;
+    p.count = in.numel();
+    p.dtype = in.dtype;
+    p.rank = rank;
+    p.world_size = world;
+    p.timeout_ns = timeout_ns;
+    p.error = error_dev;
+    p.abort_flag = abort_dev;
+    return p;
+  }
+};
+
+std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int device,
+                                                         const Options& options, std::string* why_not) {
+  const int world = boot.world_size();
+  auto fail = [&](std::string why) -> std::unique_ptr<CustomAllReduce> {
+    if (why_not != nullptr) *why_not = std::move(why);
+    return nullptr;
+  };
+  // Rank-invariant refusals first: every rank sees the same options and world size.
+  if (options.disable_custom_ar) return fail("disabled by TPCOMM_DISABLE_CUSTOM_AR");
+  if (options.algo == AlgoChoice::kNccl) return fail("TPCOMM_ALGO=nccl");
+  if (world < 2 || world > kMaxRanks)
+    return fail("world size " + std::to_string(world) + " is outside 2.." + std::to_string(kMaxRanks));
+
+  auto impl = std::make_unique<Impl>();
+  impl->boot = &boot;
+  impl->device = device;
+  impl->rank = boot.rank();
+  impl->world = world;
+  impl->register_min_bytes = options.custom_ar_register_min_bytes;
+  impl->timeout_ns = static_cast<std::uint64_t>(options.timeout_ms) * 1000000ull;
+  impl->layout = WorkspaceLayout::make(options.custom_ar_max_bytes);
+
+  // All-or-nothing on every rank (it votes internally).
+  try {
+    impl->workspace.emplace(boot, device, static_cast<std::size_t>(impl->layout.total));
+  } catch (const Error& e) {
+    return fail(e.what());
+  }
+  for (int r = 0; r < world; ++r) impl->workspaces[r] = static_cast<char*>(impl->workspace->peer(r));
+
+  // Local setup and probe; then every rank votes.
+  std::string local_error;
+  try {
+    impl->setup_local();
+  } catch (const Error& e) {
+    local_error = e.what();
+  }
+  boot.barrier();  // every probe written before anyone reads
+  if (local_error.empty()) {
+    try {
+      impl->check_probes();
+    } catch (const Error& e) {
+      local_error = e.what();
+    }
+  }
+  struct Vote {
+    std::uint64_t nonce;
+    std::int32_t device;
+    std::int32_t node;
+    char why[200];
+  } vote{};
+  vote.nonce = process_nonce();
+  vote.device = device;
+  vote.node = boot.node_id();
+  std::snprintf(vote.why, sizeof(vote.why), "%s", local_error.c_str());
+  const auto votes = boot.all_gather_value(vote);
+  for (int r = 0; r < world; ++r) {
+    if (votes[r].why[0] != '\0') return fail("rank " + std::to_string(r) + ": " + votes[r].why);
+  }
+
+  // Ranks sharing one GPU must all be resident at once, or spinning blocks starve the ones
+  // they wait for: split the GPU's block slots between them.
+  int sharing = 0;
+  for (const Vote& v : votes) sharing += (v.node == vote.node && v.device == vote.device) ? 1 : 0;
+  for (const Vote& v : votes) impl->nonces.push_back(v.nonce);
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int per_sm = 64;
+  for (Algo a : {Algo::kOneShot, Algo::kTwoShot})
+    per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a, DType::kBF16, world, 1024));
+  const int resident = std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
+  SelectorCaps caps{};
+  caps.world_size = world;
+  caps.custom_available = true;
+  caps.max_bytes = options.custom_ar_max_bytes;
+  caps.max_blocks = std::min(kMaxBlocks, resident);
+  // The smallest of the ranks' limits, so every rank launches the same grid.
+  std::int32_t mine = caps.max_blocks;
+  for (std::int32_t v : boot.all_gather_value(mine)) caps.max_blocks = std::min(caps.max_blocks, static_cast<int>(v));
+  TPCOMM_LOG_INFO("custom all-reduce ready: rank ", impl->rank, "/", world, ", ",
+                  impl->layout.total, " workspace bytes, up to ", caps.max_blocks,
+                  " blocks per kernel", sharing > 1 ? " (ranks share a GPU)" : "");
+  return std::unique_ptr<CustomAllReduce>(new CustomAllReduce(std::move(impl), caps));
+}
+
+CustomAllReduce::CustomAllReduce(std::unique_ptr<Impl> impl, SelectorCaps caps)
+    : impl_(std::move(impl)), caps_(caps) {}
+
+CustomAllReduce::~CustomAllReduce() = default;
+
+Status CustomAllReduce::health() noexcept {
+  if (health_ != Status::kOk) return health_;
+  const volatile ErrorWord* e = impl_->error_host;
+  const std::uint32_t code = e->code;
+  if (code == 0) return Status::kOk;
+  health_ = code == ErrorWord::kAborted ? Status::kAborted : Status::kTimeout;
+  error_message_ = detail::concat(
+      "custom all-reduce: rank ", e->rank,
+      code == ErrorWord::kAborted ? " was aborted while waiting for rank " : " timed out waiting for rank ",
+      e->peer, " (block ", e->block, ")");
+  TPCOMM_LOG_ERROR(error_message_);
+  return health_;
+}
+
+void CustomAllReduce::abort() noexcept {
+  *reinterpret_cast<volatile std::uint32_t*>(impl_->abort_host) = 1;
+  if (health_ == Status::kOk) {
+    health_ = Status::kAborted;
+    error_message_ = "custom all-reduce: aborted";
+  }
+}
+
+Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice choice,
+                            bool capturing, Stream stream) noexcept {
+  if (Status h = health(); h != Status::kOk) return h;
+  Impl& m = *impl_;
+  kernels::AllReduceParams p = m.params(in, out);
+  if (capturing && capture_open_ && in.nbytes() >= m.register_min_bytes) {
+    // Registered (NOTE [staging]): the slot is filled when the scope closes.
+    if (next_slot_ >= kRegistrySlots) return Status::kUnsupported;
+    p.registered = m.registry + next_slot_;
+    p.end_barrier = true;
+    const bool read_in_place = in.data != out.data && in.is_aligned(16);
+    m.recorded.push_back(read_in_place ? in.data : nullptr);
+    ++next_slot_;
+  }
+  return kernels::launch_all_reduce(p, choice, stream);
+}
+
+void CustomAllReduce::begin_capture() noexcept {
+  capture_open_ = true;
+  impl_->recorded.clear();
+  impl_->scope_first_slot = next_slot_;
+}
+
+Status CustomAllReduce::end_capture() noexcept {
+  Impl& m = *impl_;
+  capture_open_ = false;
+  // Local part: the handle of every recorded buffer's allocation.
+  std::string local_error;
+  std::vector<RegistryEntry> entries(m.recorded.size());
+  try {
+    DeviceGuard guard(m.device);
+    const CudaDriver& cu = CudaDriver::get();
+    for (std::size_t i = 0; i < m.recorded.size(); ++i) {
+      RegistryEntry& e = entries[i];
+      e = RegistryEntry{};
+      if (m.recorded[i] == nullptr) continue;
+      CUdeviceptr base = 0;
+      std::size_t size = 0;
+      const auto ptr = reinterpret_cast<CUdeviceptr>(m.recorded[i]);
+      if (CUresult r = cu.cuMemGetAddressRange(&base, &size, ptr); r != CUDA_SUCCESS)
+        TPCOMM_THROW(Status::kCudaError, "finding the allocation of a captured buffer: ", cu.error_string(r));
+      e.ptr = ptr;
+      e.offset = ptr - base;
+      TPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&e.handle, reinterpret_cast<void*>(base)));
+    }
+  } catch (const Error& err) {
+    local_error = err.what();
+  }
+  // Exchange; every rank learns about every failure and every count.
+  Bytes blob(sizeof(RegistryHeader) + entries.size() * sizeof(RegistryEntry));
+  RegistryHeader header{process_nonce(), local_error.empty() ? 1 : 0, static_cast<std::int32_t>(entries.size())};
+  std::memcpy(blob.data(), &header, sizeof(header));
+  if (!entries.empty())
+    std::memcpy(blob.data() + sizeof(header), entries.data(), entries.size() * sizeof(RegistryEntry));
+  std::vector<Bytes> all;
+  try {
+    all = m.boot->all_gather(blob);
+  } catch (const Error& err) {
+    health_ = err.status();
+    error_message_ = detail::concat("registering captured buffers: ", err.what());
+    return health_;
+  }
+  auto fail = [&](Status s, std::string why) {
+    health_ = s;
+    error_message_ = std::move(why);
+    TPCOMM_LOG_ERROR(error_message_);
+    return s;
+  };
+  std::vector<RegistryHeader> headers(m.world);
+  for (int r = 0; r < m.world; ++r) {
+    if (all[r].size() < sizeof(RegistryHeader)) return fail(Status::kProtocolError, "registration: short message");
+    std::memcpy(&headers[r], all[r].data(), sizeof(RegistryHeader));
+    if (headers[r].ok == 0)
+      return fail(Status::kCudaError, detail::concat("registering captured buffers failed on rank ", r,
+                                                     r == m.rank ? ": " + local_error : std::string()));
+  }
+  for (int r = 1; r < m.world; ++r) {
+    if (headers[r].count != headers[0].count)
+      return fail(Status::kInvalidArgument,
+                  detail::concat("ranks captured different numbers of custom all-reduce calls (rank 0: ",
+                                 headers[0].count, ", rank ", r, ": ", headers[r].count,
+                                 "); every rank must capture the same calls"));
+  }
+  // Map every peer's buffers and fill the slots.
+  const std::size_t n = entries.size();
+  std::vector<RankPtrs> slots(n);
+  std::string map_error;
+  try {
+    DeviceGuard guard(m.device);
+    for (int r = 0; r < m.world; ++r) {
+      std::vector<RegistryEntry> theirs(n);
+      if (n != 0) std::memcpy(theirs.data(), all[r].data() + sizeof(RegistryHeader), n * sizeof(RegistryEntry));
+      for (std::size_t i = 0; i < n; ++i) {
+        const RegistryEntry& e = theirs[i];
+        const void* p = nullptr;
+        if (e.ptr == 0) {
+          p = nullptr;
+        } else if (r == m.rank || headers[r].nonce == process_nonce()) {
+          p = reinterpret_cast<const void*>(e.ptr);
+        } else {
+          std::array<char, sizeof(cudaIpcMemHandle_t)> key;
+          std::memcpy(key.data(), &e.handle, key.size());
+          auto it = m.opened.find({r, key});
+          if (it == m.opened.end()) {
+            void* base = nullptr;
+            TPCOMM_CUDA_CHECK(cudaIpcOpenMemHandle(&base, e.handle, cudaIpcMemLazyEnablePeerAccess));
+            it = m.opened.emplace(std::make_pair(r, key), static_cast<char*>(base)).first;
+          }
+          p = it->second + e.offset;
+        }
+        slots[i].ptr[r] = p;
+      }
+    }
+    if (n != 0)
+      TPCOMM_CUDA_CHECK(cudaMemcpy(m.registry + m.scope_first_slot, slots.data(), n * sizeof(RankPtrs),
+                                   cudaMemcpyHostToDevice));
+  } catch (const Error& err) {
+    map_error = err.what();
+  }
+  // Agree: a rank that could not map must not leave the others replaying into garbage.
+  std::int32_t ok = map_error.empty() ? 1 : 0;
+  std::vector<std::int32_t> oks;
+  try {
+    oks = m.boot->all_gather_value(ok);
+  } catch (const Error& err) {
+    return fail(err.status(), detail::concat("registering captured buffers: ", err.what()));
+  }
+  for (int r = 0; r < m.world; ++r) {
+    if (oks[r] == 0)
+      return fail(Status::kCudaError, detail::concat("mapping captured buffers failed on rank ", r,
+                                                     r == m.rank ? ": " + map_error : std::string()));
+  }
+  TPCOMM_LOG_DEBUG("registered ", n, " captured buffers (slots ", m.scope_first_slot, "..", next_slot_, ")");
+  m.recorded.clear();
+  return Status::kOk;
+}
+
+}  // namespace tpcomm

@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+// The custom all-reduce: one-shot and two-shot kernels over peer memory (DESIGN.md §4-6).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tpcomm/bootstrap.hpp"
+#include "tpcomm/options.hpp"
+#include "tpcomm/tensor.hpp"
+#include "tune/algo.hpp"
+#include "tune/selector.hpp"
+#include "tune/table.hpp"
+
+namespace tpcomm {
+
+/// One rank's share of a custom all-reduce group: its workspace (a `PeerBuffer` laid out as
+/// `WorkspaceLayout`), host-mapped error and abort words, and the registry of buffers used
+/// inside CUDA graphs.
+///
+/// Not thread-safe; one in-flight operation at a time (calls are stream-ordered on one stream).
+class CustomAllReduce {
+ public:
+  /// Collective. Allocates and maps the workspaces, probes every mapping with a real write and
+  /// read, and agrees across ranks: returns nullptr on every rank (with `why_not`) when any rank
+  /// cannot take part, so that all ranks then use NCCL alike.
+  static std::unique_ptr<CustomAllReduce> create(Bootstrap& boot, int device, const Options& options,
+                                                 std::string* why_not);
+  ~CustomAllReduce();
+  CustomAllReduce(const CustomAllReduce&) = delete;
+  CustomAllReduce& operator=(const CustomAllReduce&) = delete;
+
+  /// What the selector may use: world size, size limit, blocks per kernel.
+  [[nodiscard]] const SelectorCaps& caps() const noexcept { return caps_; }
+
+  /// Reduces (sums) `in` into `out` (same dtype and element count, contiguous, any alignment;
+  /// `in == out` allowed) with `choice`. `capturing`: the stream is being captured inside an open
+  /// capture scope; large messages then read the caller's buffer in place and record it for
+  /// registration. Returns the sticky failure status once a wait timed out or the group was
+  /// aborted; kUnsupported when the registry is full.
+  [[nodiscard]] Status run(const TensorView& in, const TensorView& out, Choice choice, bool capturing,
+                           Stream stream) noexcept;
+
+  /// A capture scope opened: subsequent captured calls may register buffers.
+  void begin_capture() noexcept;
+  /// Collective: exchanges the buffers recorded since `begin_capture` and fills their slots.
+  /// Every rank must have recorded the same number; any rank's failure fails all.
+  [[nodiscard]] Status end_capture() noexcept;
+  [[nodiscard]] bool capture_open() const noexcept { return capture_open_; }
+
+  /// kOk, or kTimeout/kAborted once a kernel gave up (sticky), with `error_message()` naming
+  /// who waited for whom.
+  [[nodiscard]] Status health() noexcept;
+  [[nodiscard]] const std::string& error_message() const noexcept { return error_message_; }
+  /// Makes every waiting and future kernel of this group give up. Idempotent.
+  void abort() noexcept;
+
+  /// Number of buffers registered so far (for tests and logs).
+  [[nodiscard]] std::int64_t registered_slots() const noexcept { return next_slot_; }
+
+ private:
+  struct Impl;
+  CustomAllReduce(std::unique_ptr<Impl> impl, SelectorCaps caps);
+
+  std::unique_ptr<Impl> impl_;
+  SelectorCaps caps_;
+  bool capture_open_ = false;
+  std::int64_t next_slot_ = 0;
+  Status health_ = Status::kOk;
+  std::string error_message_;
+};
+
+}  // namespace tpcomm

@@ -1,0 +1,466 @@
+// SPDX-License-Identifier: Apache-2.0
+// Group: builds the backend chain of DESIGN.md §3 and runs collectives through it.
+#include "tpcomm/group.hpp"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstring>
+#include <optional>
+#include <random>
+
+#include "backends/backend.hpp"
+#include "backends/custom_ar.hpp"
+#include "backends/nccl_comm.hpp"
+#include "backends/nccl_lib.hpp"
+#include "core/cuda_check.hpp"
+#include "core/log.hpp"
+#include "ipc/peer_buffer.hpp"
+#include "tune/selector.hpp"
+#include "tune/table.hpp"
+#include "tune/tuner.hpp"
+
+namespace tpcomm {
+namespace {
+
+/// World size 1: every collective is a copy (or nothing, in place).
+class LocalBackend final : public Backend {
+ public:
+  std::string_view name() const noexcept override { return "local"; }
+  Support supports(const Request&) const noexcept override { return Support::yes(); }
+  Status run(const Request& r, Stream stream) noexcept override {
+    if (r.op == Op::kSend || r.op == Op::kRecv) return Status::kInvalidArgument;
+    if (r.in.data == r.out.data || r.out.nbytes() == 0) return Status::kOk;
+    TPCOMM_CUDA_TRY(cudaMemcpyAsync(r.out.data, r.in.data, static_cast<std::size_t>(r.out.nbytes()),
+                                    cudaMemcpyDeviceToDevice, reinterpret_cast<cudaStream_t>(stream)));
+    return Status::kOk;
+  }
+};
+
+/// The custom one-shot/two-shot all-reduce; the selector decides per size.
+class CustomArBackend final : public Backend {
+ public:
+  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, const Options& options, const TuneTable* const* table)
+      : ar_(std::move(ar)), forced_(options.algo), table_(table) {}
+  std::string_view name() const noexcept override { return "custom_ar"; }
+  CustomAllReduce& impl() noexcept { return *ar_; }
+
+  Choice choose(const Request& r) const noexcept {
+    return select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, ar_->caps(), forced_, *table_);
+  }
+  Support supports(const Request& r) const noexcept override {
+    if (r.op != Op::kAllReduce) return Support::no("only all-reduce");
+    if (choose(r).algo == Algo::kNone) return Support::no("size, dtype or op outside the custom kernels");
+    return Support::yes();
+  }
+  Status run(const Request& r, Stream stream) noexcept override {
+    return ar_->run(r.in, r.out, choose(r), r.capturing, stream);
+  }
+
+ private:
+  std::unique_ptr<CustomAllReduce> ar_;
+  AlgoChoice forced_;
+  const TuneTable* const* table_;
+};
+
+/// NCCL: always last, serves everything its dtype table covers.
+class NcclBackend final : public Backend {
+ public:
+  explicit NcclBackend(std::unique_ptr<NcclComm> comm) : comm_(std::move(comm)) {}
+  std::string_view name() const noexcept override { return "nccl"; }
+  NcclComm& comm() noexcept { return *comm_; }
+  Support supports(const Request&) const noexcept override { return Support::yes(); }
+  Status run(const Request& r, Stream s) noexcept override {
+    const auto n = static_cast<std::size_t>(r.out.numel());
+    const int world = comm_->world_size();
+    switch (r.op) {
+      case Op::kAllReduce: return comm_->all_reduce(r.in.data, r.out.data, n, r.in.dtype, r.reduce, s);
+      case Op::kAllGather:
+        return comm_->all_gather(r.in.data, r.out.data, static_cast<std::size_t>(r.in.numel()), r.in.dtype, s);
+      case Op::kReduceScatter: return comm_->reduce_scatter(r.in.data, r.out.data, n, r.in.dtype, r.reduce, s);
+      case Op::kAllToAll: return comm_->all_to_all(r.in.data, r.out.data, n / world, r.in.dtype, s);
+      case Op::kBroadcast: return comm_->broadcast(r.in.data, r.out.data, n, r.out.dtype, r.peer, s);
+      case Op::kSend: return comm_->send(r.in.data, static_cast<std::size_t>(r.in.numel()), r.in.dtype, r.peer, s);
+      case Op::kRecv: return comm_->recv(r.out.data, n, r.out.dtype, r.peer, s);
+    }
+    return Status::kInternal;
+  }
+
+ private:
+  std::unique_ptr<NcclComm> comm_;
+};
+
+/// What every rank tells the others at construction.
+struct RankInfo {
+  std::uint64_t nonce;
+  std::int32_t node;
+  std::int32_t device;
+  std::array<char, 32> bus_id;
+  std::int32_t nccl_loadable;
+  std::int32_t nccl_version;
+};
+
+}  // namespace
+
+struct Group::Impl {
+  Bootstrap boot;  // the group's own namespace in the store
+  int device = 0;
+  Options options;
+  BackendChain chain;
+  CustomArBackend* custom = nullptr;
+  NcclBackend* nccl = nullptr;
+  std::optional<TuneTable> table_storage;
+  const TuneTable* table = nullptr;
+  TuneKey tune_key;
+  Status health = Status::kOk;
+  std::string last_error;
+  Stream last_stream = nullptr;
+  bool any_call = false;
+  cudaEvent_t order_event = nullptr;
+  bool scope_open = false;
+  std::optional<NcclComm::StateScope> nccl_scope;
+
+  explicit Impl(Bootstrap b) : boot(std::move(b)) {}
+  ~Impl() {
+    if (order_event != nullptr) cudaEventDestroy(order_event);
+  }
+
+  Status fail(Status s, std::string message) noexcept {
+    last_error = std::move(message);
+    if (s == Status::kTimeout || s == Status::kAborted || s == Status::kNcclError ||
+        s == Status::kCudaError || s == Status::kInternal)
+      health = s;
+    return s;
+  }
+
+  /// The custom kernels report failures through host memory; notice them on every call, whatever
+  /// backend that call goes to.
+  Status poll_health() noexcept {
+    if (health != Status::kOk) return health;
+    if (custom != nullptr) {
+      if (Status h = custom->impl().health(); h != Status::kOk) return fail(h, custom->impl().error_message());
+    }
+    return Status::kOk;
+  }
+
+  Status check_view(const TensorView& v, const char* what, const char* op) noexcept {
+    if (v.numel() > 0 && v.data == nullptr)
+      return fail(Status::kInvalidArgument, detail::concat(op, ": ", what, " is null"));
+    if (!v.is_contiguous())
+      return fail(Status::kInvalidArgument, detail::concat(op, ": ", what, " is not contiguous"));
+    if (v.device >= 0 && v.device != device)
+      return fail(Status::kInvalidArgument,
+                  detail::concat(op, ": ", what, " is on device ", v.device, ", the group on ", device));
+    return Status::kOk;
+  }
+
+  /// Shape rules shared by every collective: `out` holds `out_factor` x and `in` holds
+  /// `in_factor` x some common number of elements, with one dtype.
+  Status check_pair(const TensorView& in, const TensorView& out, std::int64_t in_factor,
+                    std::int64_t out_factor, const char* op) noexcept {
+    TPCOMM_TRY(check_view(in, "input", op));
+    TPCOMM_TRY(check_view(out, "output", op));
+    if (in.dtype != out.dtype)
+      return fail(Status::kInvalidArgument, detail::concat(op, ": input is ", to_string(in.dtype),
+                                                           ", output is ", to_string(out.dtype)));
+    if (in.numel() * out_factor != out.numel() * in_factor)
+      return fail(Status::kInvalidArgument,
+                  detail::concat(op, ": output has ", out.numel(), " elements, expected ",
+                                 in.numel() * out_factor / in_factor, " for an input of ", in.numel()));
+    return Status::kOk;
+  }
+
+  /// A group serves one operation at a time: a call on a new stream waits for the last one.
+  Status order(Stream stream) noexcept {
+    if (any_call && stream != last_stream && !scope_open) {
+      if (order_event == nullptr)
+        TPCOMM_CUDA_TRY(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming));
+      TPCOMM_CUDA_TRY(cudaEventRecord(order_event, reinterpret_cast<cudaStream_t>(last_stream)));
+      TPCOMM_CUDA_TRY(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), order_event, 0));
+    }
+    any_call = true;
+    last_stream = stream;
+    return Status::kOk;
+  }
+
+  bool capturing(Stream stream) const noexcept {
+    if (!scope_open) return false;
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &st) == cudaSuccess &&
+           st == cudaStreamCaptureStatusActive;
+  }
+
+  Status dispatch(Request req, Stream stream) noexcept {
+    TPCOMM_TRY(order(stream));
+    req.capturing = capturing(stream);
+    const Backend* served = nullptr;
+    Status s = chain.run(req, stream, &served);
+    if (s == Status::kOk) return s;
+    if (s == Status::kUnsupported)
+      return fail(s, detail::concat(to_string(req.op), ": no backend can serve ", req.in.numel(), " ",
+                                    to_string(req.in.dtype), " elements (", to_string(req.reduce), ")"));
+    std::string message = detail::concat(to_string(req.op), " on ", served ? served->name() : "?",
+                                         " failed: ", to_string(s));
+    if (served == custom && custom != nullptr && !custom->impl().error_message().empty())
+      message = custom->impl().error_message();
+    if (served == nccl && nccl != nullptr && !nccl->comm().last_error().empty())
+      message = nccl->comm().last_error();
+    TPCOMM_LOG_ERROR("rank ", boot.rank(), ": ", message);
+    return fail(s, std::move(message));
+  }
+};
+
+Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
+  // A namespace of our own in the store, named by rank 0.
+  std::uint64_t tag = std::random_device{}();
+  tag = (tag << 32) ^ std::random_device{}() ^ process_nonce();
+  tag = boot.broadcast_value(tag, 0);
+  std::vector<int> ranks(static_cast<std::size_t>(boot.world_size()));
+  for (int r = 0; r < boot.world_size(); ++r) ranks[static_cast<std::size_t>(r)] = r;
+  impl_ = std::make_unique<Impl>(boot.split(ranks, "group-" + std::to_string(tag)));
+  Impl& m = *impl_;
+  m.device = device;
+  m.options = options;
+  const int world = boot.world_size();
+  DeviceGuard guard(device);
+
+  RankInfo info{};
+  info.nonce = process_nonce();
+  info.node = boot.node_id();
+  info.device = device;
+  TPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(info.bus_id.data(), static_cast<int>(info.bus_id.size()), device));
+  // TPCOMM_ALGO=nccl means NCCL for everything, even at world size 1 (to measure it).
+  const bool nccl_only = options.algo == AlgoChoice::kNccl;
+  const bool want_nccl = config.nccl && !options.disable_nccl && (world > 1 || nccl_only);
+  std::string nccl_why;
+  if (want_nccl) {
+    try {
+      info.nccl_version = NcclLib::load(options.nccl_path).version;
+      info.nccl_loadable = 1;
+    } catch (const Error& e) {
+      nccl_why = e.what();
+    }
+  }
+  const auto infos = m.boot.all_gather_value(info);
+  bool one_gpu = true;
+  int shared_with = -1;
+  for (int r = 0; r < world; ++r) {
+    const RankInfo& o = infos[static_cast<std::size_t>(r)];
+    if (o.node != info.node || std::strcmp(o.bus_id.data(), info.bus_id.data()) != 0) one_gpu = false;
+    for (int q = 0; q < r; ++q) {
+      const RankInfo& p = infos[static_cast<std::size_t>(q)];
+      if (p.node == o.node && std::strcmp(p.bus_id.data(), o.bus_id.data()) == 0 && shared_with < 0)
+        shared_with = q * 1000 + r;
+    }
+  }
+
+  if (world == 1 && !nccl_only) m.chain.add(std::make_unique<LocalBackend>());
+
+  if (config.custom_all_reduce && world > 1) {
+    std::string why;
+    if (auto ar = CustomAllReduce::create(m.boot, device, options, &why)) {
+      auto backend = std::make_unique<CustomArBackend>(std::move(ar), options, &m.table);
+      m.custom = backend.get();
+      m.chain.add(std::move(backend));
+    } else if (m.boot.rank() == 0) {
+      TPCOMM_LOG_WARN("custom all-reduce not used: ", why);
+    }
+  }
+
+  if (want_nccl) {
+    int missing = -1;
+    for (int r = 0; r < world && missing < 0; ++r)
+      if (infos[static_cast<std::size_t>(r)].nccl_loadable == 0) missing = r;
+    if (missing >= 0) {
+      if (m.boot.rank() == 0 || missing == m.boot.rank())
+        TPCOMM_LOG_WARN("NCCL not used: rank ", missing, " cannot load it",
+                        nccl_why.empty() ? std::string() : ": " + nccl_why);
+    } else if (shared_with >= 0) {
+      if (m.boot.rank() == 0)
+        TPCOMM_LOG_WARN("NCCL not used: ranks ", shared_with / 1000, " and ", shared_with % 1000,
+                        " share one GPU, which NCCL refuses");
+    } else {
+      auto backend = std::make_unique<NcclBackend>(std::make_unique<NcclComm>(m.boot, device, options));
+      m.nccl = backend.get();
+      m.chain.add(std::move(backend));
+    }
+  }
+
+  if (m.custom != nullptr) {
+    m.tune_key = TuneKey{};
+    cudaDeviceProp prop{};
+    TPCOMM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    m.tune_key.gpu = prop.name;
+    m.tune_key.world_size = world;
+    m.tune_key.topology = one_gpu ? "one-gpu" : "p2p";
+    m.tune_key.driver_version = driver;
+    m.tune_key.nccl_version = infos[0].nccl_version;
+    m.tune_key.tpcomm_version = TPCOMM_VERSION;
+    // Rank 0 reads the cache; every rank installs what it read, so all decide alike.
+    std::string text;
+    const std::string path = tune_path(options, m.tune_key);
+    if (m.boot.rank() == 0) {
+      std::string why;
+      if (auto t = TuneTable::load(path, m.tune_key, &why)) {
+        text = t->to_text();
+        TPCOMM_LOG_INFO("using tuned table ", path);
+      } else {
+        TPCOMM_LOG_INFO("no tuned table (", why, "); built-in thresholds decide");
+      }
+    }
+    auto shared = m.boot.broadcast(std::as_bytes(std::span(text.data(), text.size())), 0);
+    if (!shared.empty()) {
+      m.table_storage = TuneTable::parse(std::string_view(reinterpret_cast<const char*>(shared.data()), shared.size()));
+      m.table = &*m.table_storage;
+    }
+  }
+}
+
+Group::~Group() = default;
+Group::Group(Group&&) noexcept = default;
+Group& Group::operator=(Group&&) noexcept = default;
+
+int Group::rank() const noexcept { return impl_->boot.rank(); }
+int Group::world_size() const noexcept { return impl_->boot.world_size(); }
+int Group::device() const noexcept { return impl_->device; }
+const Options& Group::options() const noexcept { return impl_->options; }
+const std::string& Group::last_error() const noexcept { return impl_->last_error; }
+const TuneTable* Group::tune_table() const noexcept { return impl_->table; }
+
+Status Group::health() noexcept { return impl_->poll_health(); }
+
+void Group::abort() noexcept {
+  Impl& m = *impl_;
+  if (m.custom != nullptr) m.custom->impl().abort();
+  if (m.nccl != nullptr) m.nccl->comm().abort();
+  if (m.health == Status::kOk) m.fail(Status::kAborted, "group aborted");
+}
+
+Status Group::all_reduce(const TensorView& in, const TensorView& out, Stream stream, ReduceOp op) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  TPCOMM_TRY(m.check_pair(in, out, 1, 1, "all_reduce"));
+  return m.dispatch(Request{Op::kAllReduce, in, out, op, -1, false}, stream);
+}
+
+Status Group::all_gather(const TensorView& in, const TensorView& out, Stream stream) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  TPCOMM_TRY(m.check_pair(in, out, 1, world_size(), "all_gather"));
+  return m.dispatch(Request{Op::kAllGather, in, out, ReduceOp::kSum, -1, false}, stream);
+}
+
+Status Group::reduce_scatter(const TensorView& in, const TensorView& out, Stream stream, ReduceOp op) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  TPCOMM_TRY(m.check_pair(in, out, world_size(), 1, "reduce_scatter"));
+  return m.dispatch(Request{Op::kReduceScatter, in, out, op, -1, false}, stream);
+}
+
+Status Group::all_to_all(const TensorView& in, const TensorView& out, Stream stream) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  TPCOMM_TRY(m.check_pair(in, out, 1, 1, "all_to_all"));
+  if (in.numel() % world_size() != 0)
+    return m.fail(Status::kInvalidArgument,
+                  detail::concat("all_to_all: ", in.numel(), " elements do not split evenly over ",
+                                 world_size(), " ranks"));
+  return m.dispatch(Request{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false}, stream);
+}
+
+Status Group::broadcast(const TensorView& in, const TensorView& out, int root, Stream stream) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  if (root < 0 || root >= world_size())
+    return m.fail(Status::kInvalidArgument, detail::concat("broadcast: root ", root, " is not a rank of ",
+                                                           world_size()));
+  if (rank() == root) {
+    TPCOMM_TRY(m.check_pair(in, out, 1, 1, "broadcast"));
+  } else {
+    TPCOMM_TRY(m.check_view(out, "output", "broadcast"));
+  }
+  TensorView source = rank() == root ? in : out;
+  return m.dispatch(Request{Op::kBroadcast, source, out, ReduceOp::kSum, root, false}, stream);
+}
+
+Status Group::send(const TensorView& buf, int peer, Stream stream) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  TPCOMM_TRY(m.check_view(buf, "buffer", "send"));
+  if (peer < 0 || peer >= world_size() || peer == rank())
+    return m.fail(Status::kInvalidArgument, detail::concat("send: peer ", peer, " is not another rank of ",
+                                                           world_size()));
+  return m.dispatch(Request{Op::kSend, buf, buf, ReduceOp::kSum, peer, false}, stream);
+}
+
+Status Group::recv(const TensorView& buf, int peer, Stream stream) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  TPCOMM_TRY(m.check_view(buf, "buffer", "recv"));
+  if (peer < 0 || peer >= world_size() || peer == rank())
+    return m.fail(Status::kInvalidArgument, detail::concat("recv: peer ", peer, " is not another rank of ",
+                                                           world_size()));
+  return m.dispatch(Request{Op::kRecv, buf, buf, ReduceOp::kSum, peer, false}, stream);
+}
+
+std::string Group::backend_for_all_reduce(const TensorView& in, const TensorView& out,
+                                          bool capturing) const noexcept {
+  const Impl& m = *impl_;
+  Request req{Op::kAllReduce, in, out, ReduceOp::kSum, -1, capturing};
+  const Backend* b = m.chain.select(req);
+  if (b == nullptr) return "none";
+  if (b == m.custom) return "custom_ar:" + std::string(to_string(m.custom->choose(req).algo));
+  return std::string(b->name());
+}
+
+Group::CaptureScope Group::capture(Stream stream) {
+  Impl& m = *impl_;
+  TPCOMM_CHECK(!m.scope_open, Status::kInvalidArgument, "capture scopes do not nest");
+  // The capture will not see work issued earlier on another stream: finish it now.
+  if (m.any_call && m.last_stream != stream)
+    TPCOMM_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(m.last_stream)));
+  m.any_call = true;
+  m.last_stream = stream;
+  m.scope_open = true;
+  if (m.nccl != nullptr) m.nccl_scope.emplace(m.nccl->comm().scope(true));
+  if (m.custom != nullptr) m.custom->impl().begin_capture();
+  return CaptureScope(this);
+}
+
+Group::CaptureScope::CaptureScope(CaptureScope&& other) noexcept
+    : group_(std::exchange(other.group_, nullptr)) {}
+
+Group::CaptureScope::~CaptureScope() {
+  if (group_ == nullptr) return;
+  if (Status s = close(); s != Status::kOk)
+    TPCOMM_LOG_ERROR("closing a capture scope failed: ", group_->last_error());
+}
+
+Status Group::CaptureScope::close() noexcept {
+  if (group_ == nullptr) return Status::kOk;
+  Impl& m = *group_->impl_;
+  group_ = nullptr;
+  m.scope_open = false;
+  m.nccl_scope.reset();
+  if (m.custom == nullptr) return Status::kOk;
+  if (Status s = m.custom->impl().end_capture(); s != Status::kOk)
+    return m.fail(s, m.custom->impl().error_message());
+  return Status::kOk;
+}
+
+void Group::tune() {
+  Impl& m = *impl_;
+  if (m.custom == nullptr) return;
+  TuneTable table = tune_custom_all_reduce(m.custom->impl(), m.boot, m.device, m.tune_key);
+  if (m.boot.rank() == 0) {
+    const std::string path = tune_path(m.options, m.tune_key);
+    table.save(path);
+    TPCOMM_LOG_INFO("stored tuned table in ", path);
+  }
+  m.table_storage = std::move(table);
+  m.table = &*m.table_storage;
+}
+
+}  // namespace tpcomm

@@ -1,0 +1,417 @@
+// SPDX-License-Identifier: Apache-2.0
+// The custom all-reduce through Group, with virtual ranks on one GPU: exact results, bitwise
+// equality across ranks, tails, misalignment, in place, graphs, timeouts and abort.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kernels/kernels.hpp"
+#include "support/ranks.hpp"
+#include "tpcomm/group.hpp"
+
+namespace tpcomm {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::run_ranks;
+using testing::StreamHolder;
+
+std::uint64_t fresh_seed() {
+  static std::mt19937_64 rng(std::random_device{}());
+  static std::mutex m;
+  std::lock_guard lock(m);
+  return rng();
+}
+
+Options options_for(AlgoChoice algo, std::int64_t max_bytes = 8 << 20) {
+  Options o;
+  o.algo = algo;
+  o.custom_ar_max_bytes = max_bytes;
+  o.timeout_ms = 10000;
+  return o;
+}
+
+/// Copies `bytes` of device memory to the host.
+std::vector<unsigned char> to_host(const void* p, std::size_t bytes) {
+  std::vector<unsigned char> h(bytes);
+  EXPECT_EQ(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+/// One exact all-reduce on every rank: fill, poison, reduce, check. Offsets (in elements)
+/// misalign the views; `in_place` reduces `in` into itself. Returns each rank's output bytes
+/// through `outputs` for the cross-rank comparison.
+struct Case {
+  std::int64_t count;
+  DType dtype;
+  std::int64_t in_offset = 0;
+  std::int64_t out_offset = 0;
+  bool in_place = false;
+};
+
+void run_case(Group& g, int rank, const Case& c, std::uint64_t seed, Stream s,
+              std::vector<std::vector<unsigned char>>& outputs, std::mutex& m) {
+  const std::size_t esize = dtype_size(c.dtype);
+  DeviceBuffer in_buf((c.count + c.in_offset + 8) * esize);
+  DeviceBuffer out_buf((c.count + c.out_offset + 8) * esize);
+  DeviceBuffer wrong(sizeof(unsigned long long));
+  void* in = in_buf.bytes_ptr() + c.in_offset * esize;
+  void* out = c.in_place ? in : out_buf.bytes_ptr() + c.out_offset * esize;
+  ASSERT_EQ(kernels::poison(out_buf.get(), static_cast<std::int64_t>(out_buf.size()), s), Status::kOk);
+  ASSERT_EQ(kernels::fill_data(in, c.dtype, c.count, seed, rank, ReduceOp::kSum, 0, s), Status::kOk);
+  ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long), reinterpret_cast<cudaStream_t>(s)),
+            cudaSuccess);
+  auto in_view = TensorView::flat(in, c.dtype, c.count, 0);
+  auto out_view = TensorView::flat(out, c.dtype, c.count, 0);
+  ASSERT_EQ(g.all_reduce(in_view, out_view, s), Status::kOk) << g.last_error();
+  ASSERT_EQ(kernels::check_data(out, c.dtype, c.count, seed, rank, g.world_size(), ReduceOp::kSum,
+                                kernels::Collective::kAllReduce, 0,
+                                static_cast<unsigned long long*>(wrong.get()), s),
+            Status::kOk);
+  ASSERT_EQ(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
+  ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+  unsigned long long bad = 0;
+  ASSERT_EQ(cudaMemcpy(&bad, wrong.get(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(bad, 0u) << "rank " << rank << " count " << c.count << " " << to_string(c.dtype)
+                     << " in+" << c.in_offset << " out+" << c.out_offset << (c.in_place ? " in place" : "");
+  auto bytes = to_host(out, static_cast<std::size_t>(c.count) * esize);
+  std::lock_guard lock(m);
+  outputs[static_cast<std::size_t>(rank)] = std::move(bytes);
+}
+
+void expect_identical(const std::vector<std::vector<unsigned char>>& outputs, const char* what) {
+  for (std::size_t r = 1; r < outputs.size(); ++r)
+    EXPECT_TRUE(outputs[r] == outputs[0]) << what << ": rank " << r << " differs from rank 0";
+}
+
+class CustomAllReduceSweep : public ::testing::TestWithParam<std::tuple<int, AlgoChoice>> {};
+
+TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
+  const auto [world, algo] = GetParam();
+  const std::int64_t max_bytes = 1 << 20;
+  std::vector<Case> cases;
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const std::int64_t max_count = max_bytes / static_cast<std::int64_t>(dtype_size(t));
+    for (std::int64_t n : {std::int64_t{1}, std::int64_t{3}, std::int64_t{8}, std::int64_t{9},
+                           std::int64_t{63}, std::int64_t{1000}, std::int64_t{4097},
+                           std::int64_t{65536 + 5}, max_count})
+      cases.push_back({n, t});
+    cases.push_back({12345, t, 1, 0});        // misaligned input
+    cases.push_back({12345, t, 0, 3});        // misaligned output
+    cases.push_back({12345, t, 0, 0, true});  // in place
+    cases.push_back({7, t, 1, 1, true});      // in place, misaligned, tail only
+  }
+  std::vector<std::vector<unsigned char>> outputs(static_cast<std::size_t>(world));
+  std::mutex m;
+  std::vector<std::uint64_t> seeds;
+  for (std::size_t i = 0; i < cases.size(); ++i) seeds.push_back(fresh_seed());
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    Group g(boot, 0, options_for(algo, max_bytes));
+    StreamHolder stream;
+    const std::string expected = algo == AlgoChoice::kOneShot ? "custom_ar:one_shot" : "custom_ar:two_shot";
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      auto v = TensorView::flat(reinterpret_cast<void*>(256), c.dtype, c.count, 0);
+      EXPECT_EQ(g.backend_for_all_reduce(v, v), expected);
+      run_case(g, rank, c, seeds[i], stream.stream(), outputs, m);
+      boot.barrier();
+      if (rank == 0) expect_identical(outputs, "case");
+      boot.barrier();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, CustomAllReduceSweep,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
+                                            ::testing::Values(AlgoChoice::kOneShot, AlgoChoice::kTwoShot)),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::string(to_string(std::get<1>(info.param)));
+                         });
+
+// One-shot and two-shot visit ranks in the same order: their results are bitwise equal.
+TEST(CustomAllReduce, OneShotAndTwoShotAgreeBitwise) {
+  const int world = 4;
+  const std::int64_t count = 300001;
+  const std::uint64_t seed = fresh_seed();
+  std::vector<std::vector<unsigned char>> one(world), two(world);
+  std::mutex m;
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    StreamHolder stream;
+    {
+      Group g(boot, 0, options_for(AlgoChoice::kOneShot));
+      run_case(g, rank, {count, DType::kBF16}, seed, stream.stream(), one, m);
+    }
+    {
+      Group g(boot, 0, options_for(AlgoChoice::kTwoShot));
+      run_case(g, rank, {count, DType::kBF16}, seed, stream.stream(), two, m);
+    }
+  });
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(one[r] == two[r]) << "rank " << r;
+}
+
+// Capture K all-reduces into one graph per rank (registered and staged sizes, in place and
+// out of place), then replay with fresh inputs each time.
+TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
+  for (std::int64_t register_min : {std::int64_t{0}, std::int64_t{2} << 20}) {
+    const int world = 4;
+    const std::vector<Case> cases = {{1000, DType::kBF16}, {262144 + 3, DType::kBF16},
+                                     {4096, DType::kF32, 0, 0, true}, {77777, DType::kF16, 1, 2},
+                                     {1 << 20, DType::kBF16, 0, 0, true}};
+    run_ranks(world, [&](int rank, Bootstrap& boot) {
+      Options o = options_for(AlgoChoice::kAuto, 4 << 20);
+      o.custom_ar_register_min_bytes = register_min;
+      Group g(boot, 0, o);
+      StreamHolder stream;
+      cudaStream_t s = stream.get();
+      std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
+      std::vector<void*> in_ptr, out_ptr;
+      for (const Case& c : cases) {
+        const std::size_t es = dtype_size(c.dtype);
+        ins.push_back(std::make_unique<DeviceBuffer>((c.count + 8) * es));
+        outs.push_back(std::make_unique<DeviceBuffer>((c.count + 8) * es));
+        in_ptr.push_back(ins.back()->bytes_ptr() + c.in_offset * es);
+        out_ptr.push_back(c.in_place ? in_ptr.back() : outs.back()->bytes_ptr() + c.out_offset * es);
+      }
+      cudaGraph_t graph = nullptr;
+      {
+        auto scope = g.capture(stream.stream());
+        ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        for (std::size_t i = 0; i < cases.size(); ++i) {
+          const Case& c = cases[i];
+          EXPECT_EQ(g.all_reduce(TensorView::flat(in_ptr[i], c.dtype, c.count, 0),
+                                 TensorView::flat(out_ptr[i], c.dtype, c.count, 0), stream.stream()),
+                    Status::kOk)
+              << g.last_error();
+        }
+        ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+        ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+      }
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      DeviceBuffer wrong(sizeof(unsigned long long));
+      for (int replay = 0; replay < 3; ++replay) {
+        const std::uint64_t seed = 1000 + static_cast<std::uint64_t>(replay) * 7919;  // same on all ranks
+        for (std::size_t i = 0; i < cases.size(); ++i) {
+          ASSERT_EQ(kernels::poison(outs[i]->get(), static_cast<std::int64_t>(outs[i]->size()), stream.stream()),
+                    Status::kOk);
+          ASSERT_EQ(kernels::fill_data(in_ptr[i], cases[i].dtype, cases[i].count, seed + i, rank,
+                                       ReduceOp::kSum, 0, stream.stream()),
+                    Status::kOk);
+        }
+        ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+        ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long), s), cudaSuccess);
+        for (std::size_t i = 0; i < cases.size(); ++i)
+          ASSERT_EQ(kernels::check_data(out_ptr[i], cases[i].dtype, cases[i].count, seed + i, rank, world,
+                                        ReduceOp::kSum, kernels::Collective::kAllReduce, 0,
+                                        static_cast<unsigned long long*>(wrong.get()), stream.stream()),
+                    Status::kOk);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+        unsigned long long bad = 0;
+        ASSERT_EQ(cudaMemcpy(&bad, wrong.get(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(bad, 0u) << "rank " << rank << " replay " << replay << " register_min " << register_min;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    });
+  }
+}
+
+// Registration is collective: a rank that captured a different number of calls fails every
+// rank with a clear error instead of corrupting memory.
+TEST(CustomAllReduce, CaptureCountMismatchFailsEveryRank) {
+  const int world = 2;
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    Options o = options_for(AlgoChoice::kOneShot);
+    o.custom_ar_register_min_bytes = 0;
+    Group g(boot, 0, o);
+    StreamHolder stream;
+    DeviceBuffer buf(4096), out(4096);
+    cudaGraph_t graph = nullptr;
+    auto scope = g.capture(stream.stream());
+    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const int calls = rank == 0 ? 2 : 1;
+    for (int i = 0; i < calls; ++i)
+      EXPECT_EQ(g.all_reduce(TensorView::flat(buf.get(), DType::kBF16, 1024, 0),
+                             TensorView::flat(out.get(), DType::kBF16, 1024, 0), stream.stream()),
+                Status::kOk);
+    ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+    EXPECT_EQ(scope.close(), Status::kInvalidArgument);
+    EXPECT_NE(g.last_error().find("different numbers"), std::string::npos) << g.last_error();
+    cudaGraphDestroy(graph);
+  });
+}
+
+// A rank that never launches: every other rank's kernel gives up within the deadline, the
+// group reports kTimeout naming the missing rank, and a new group works afterwards.
+TEST(CustomAllReduce, MissingRankTimesOutAndGroupCanBeRebuilt) {
+  const int world = 4;
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    StreamHolder stream;
+    DeviceBuffer in(1 << 16), out(1 << 16);
+    auto iv = TensorView::flat(in.get(), DType::kBF16, 1 << 15, 0);
+    auto ov = TensorView::flat(out.get(), DType::kBF16, 1 << 15, 0);
+    {
+      Options o = options_for(AlgoChoice::kOneShot);
+      o.timeout_ms = 500;
+      Group g(boot, 0, o);
+      boot.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      if (rank != 0) {
+        ASSERT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kOk);
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        EXPECT_LT(waited, 5.0);
+        EXPECT_EQ(g.health(), Status::kTimeout);
+        EXPECT_NE(g.last_error().find("waiting for rank 0"), std::string::npos) << g.last_error();
+        // Sticky: every later call answers the same.
+        EXPECT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kTimeout);
+      }
+      boot.barrier();
+    }
+    Group fresh(boot, 0, options_for(AlgoChoice::kTwoShot));
+    std::vector<std::vector<unsigned char>> outputs(world);
+    std::mutex m;
+    run_case(fresh, rank, {5000, DType::kBF16}, 42, stream.stream(), outputs, m);
+  });
+}
+
+// abort() makes a waiting kernel give up long before the deadline.
+TEST(CustomAllReduce, AbortReleasesWaitingKernels) {
+  const int world = 2;
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    StreamHolder stream;
+    DeviceBuffer in(4096), out(4096);
+    Options o = options_for(AlgoChoice::kOneShot);
+    o.timeout_ms = 60000;
+    Group g(boot, 0, o);
+    boot.barrier();
+    if (rank == 1) {
+      const auto start = std::chrono::steady_clock::now();
+      ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), DType::kF32, 1024, 0),
+                             TensorView::flat(out.get(), DType::kF32, 1024, 0), stream.stream()),
+                Status::kOk);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      g.abort();
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+      EXPECT_EQ(g.health(), Status::kAborted);
+    }
+    boot.barrier();
+  });
+}
+
+TEST(Group, InvalidArgumentsLeaveTheGroupUsable) {
+  run_ranks(2, [&](int rank, Bootstrap& boot) {
+    Group g(boot, 0, options_for(AlgoChoice::kAuto));
+    StreamHolder stream;
+    DeviceBuffer a(4096), b(4096);
+    auto bf = TensorView::flat(a.get(), DType::kBF16, 1024, 0);
+    EXPECT_EQ(g.all_reduce(bf, TensorView::flat(b.get(), DType::kF16, 1024, 0), stream.stream()),
+              Status::kInvalidArgument);
+    EXPECT_NE(g.last_error().find("bfloat16"), std::string::npos);
+    EXPECT_EQ(g.all_reduce(bf, TensorView::flat(b.get(), DType::kBF16, 1000, 0), stream.stream()),
+              Status::kInvalidArgument);
+    EXPECT_EQ(g.all_reduce(TensorView::flat(nullptr, DType::kBF16, 8, 0), bf, stream.stream()),
+              Status::kInvalidArgument);
+    auto strided = TensorView::contiguous(a.get(), DType::kBF16, {32, 32}, 0);
+    std::swap(strided.strides[0], strided.strides[1]);
+    EXPECT_EQ(g.all_reduce(strided, strided, stream.stream()), Status::kInvalidArgument);
+    EXPECT_EQ(g.all_reduce(bf, TensorView::flat(b.get(), DType::kBF16, 1024, 1), stream.stream()),
+              Status::kInvalidArgument);
+    EXPECT_EQ(g.health(), Status::kOk);
+    std::vector<std::vector<unsigned char>> outputs(2);
+    std::mutex m;
+    run_case(g, rank, {1024, DType::kBF16}, 7, stream.stream(), outputs, m);
+  });
+}
+
+TEST(Group, NoBackendForOversizedMessageWithoutNccl) {
+  // Virtual ranks share one GPU, so NCCL is left out; above the custom limit nothing serves.
+  run_ranks(2, [&](int, Bootstrap& boot) {
+    Group g(boot, 0, options_for(AlgoChoice::kAuto, 64 << 10));
+    StreamHolder stream;
+    DeviceBuffer a(1 << 20);
+    auto big = TensorView::flat(a.get(), DType::kBF16, 1 << 19, 0);
+    EXPECT_EQ(g.backend_for_all_reduce(big, big), "none");
+    EXPECT_EQ(g.all_reduce(big, big, stream.stream()), Status::kUnsupported);
+    EXPECT_EQ(g.health(), Status::kOk);
+    auto small = TensorView::flat(a.get(), DType::kBF16, 1024, 0);
+    EXPECT_EQ(g.backend_for_all_reduce(small, small), "custom_ar:one_shot");
+  });
+}
+
+TEST(Group, WorldSizeOneCopies) {
+  run_ranks(1, [&](int, Bootstrap& boot) {
+    Group g(boot, 0, Options{});
+    StreamHolder stream;
+    DeviceBuffer a(4096), b(4096), wrong(8);
+    auto in = TensorView::flat(a.get(), DType::kF32, 1000, 0);
+    auto out = TensorView::flat(b.get(), DType::kF32, 1000, 0);
+    EXPECT_EQ(g.backend_for_all_reduce(in, out), "local");
+    ASSERT_EQ(kernels::fill_data(a.get(), DType::kF32, 1000, 5, 0, ReduceOp::kSum, 0, stream.stream()), Status::kOk);
+    ASSERT_EQ(kernels::poison(b.get(), 4096, stream.stream()), Status::kOk);
+    ASSERT_EQ(g.all_reduce(in, out, stream.stream()), Status::kOk);
+    ASSERT_EQ(g.all_gather(in, out, stream.stream()), Status::kOk);
+    ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, 8, stream.get()), cudaSuccess);
+    ASSERT_EQ(kernels::check_data(b.get(), DType::kF32, 1000, 5, 0, 1, ReduceOp::kSum,
+                                  kernels::Collective::kAllReduce, 0,
+                                  static_cast<unsigned long long*>(wrong.get()), stream.stream()),
+              Status::kOk);
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    unsigned long long bad = 1;
+    cudaMemcpy(&bad, wrong.get(), 8, cudaMemcpyDeviceToHost);
+    EXPECT_EQ(bad, 0u);
+  });
+}
+
+// Calls issued back to back from two streams, without synchronising in between, are ordered one
+// after the other by the group (otherwise two kernels of one group would race on its workspace).
+TEST(Group, CallsFromSeveralStreamsAreOrdered) {
+  const int world = 2;
+  const int calls = 16;
+  const std::int64_t count = 100000;
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    Group g(boot, 0, options_for(AlgoChoice::kTwoShot));
+    StreamHolder s1, s2;
+    std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
+    for (int i = 0; i < calls; ++i) {
+      ins.push_back(std::make_unique<DeviceBuffer>(count * 2));
+      outs.push_back(std::make_unique<DeviceBuffer>(count * 2));
+      ASSERT_EQ(kernels::fill_data(ins.back()->get(), DType::kBF16, count, 500 + i, rank, ReduceOp::kSum, 0,
+                                   s1.stream()), Status::kOk);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);
+    boot.barrier();
+    for (int i = 0; i < calls; ++i) {
+      Stream s = (i % 2 == 0 ? s1 : s2).stream();
+      ASSERT_EQ(g.all_reduce(TensorView::flat(ins[i]->get(), DType::kBF16, count, 0),
+                             TensorView::flat(outs[i]->get(), DType::kBF16, count, 0), s),
+                Status::kOk);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s2.get()), cudaSuccess);
+    ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+    DeviceBuffer wrong(8);
+    ASSERT_EQ(cudaMemset(wrong.get(), 0, 8), cudaSuccess);
+    for (int i = 0; i < calls; ++i)
+      ASSERT_EQ(kernels::check_data(outs[i]->get(), DType::kBF16, count, 500 + i, rank, world, ReduceOp::kSum,
+                                    kernels::Collective::kAllReduce, 0,
+                                    static_cast<unsigned long long*>(wrong.get()), s1.stream()),
+                Status::kOk);
+    ASSERT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);
+    unsigned long long bad = 1;
+    cudaMemcpy(&bad, wrong.get(), 8, cudaMemcpyDeviceToHost);
+    EXPECT_EQ(bad, 0u);
+  });
+}
+
+}  // namespace
+}  // namespace tpcomm

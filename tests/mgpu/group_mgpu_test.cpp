@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: Apache-2.0
+// The whole Group across processes: started by `tpcomm launch -n N`, one process per rank,
+// one GPU per rank where there are enough GPUs, else all on GPU 0 (time-sliced: keep the
+// number of operations small). Real IPC handles, registration after capture, NCCL where it can
+// run (one GPU per rank), and a peer that dies.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "kernels/kernels.hpp"
+#include "support/ranks.hpp"
+#include "tpcomm/group.hpp"
+
+namespace tpcomm {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::StreamHolder;
+
+Bootstrap* g_boot = nullptr;
+int g_device = 0;
+bool g_gpu_per_rank = false;
+
+Options mgpu_options(AlgoChoice algo) {
+  Options o = Options::from_env();
+  o.algo = algo;
+  o.custom_ar_max_bytes = 4 << 20;
+  return o;
+}
+
+/// Sum over ranks of the wrong elements of `out`.
+std::uint64_t count_wrong(const void* out, DType t, std::int64_t count, std::uint64_t seed,
+                          kernels::Collective coll, int root, Stream s, ReduceOp op = ReduceOp::kSum) {
+  DeviceBuffer wrong(8);
+  EXPECT_EQ(cudaMemsetAsync(wrong.get(), 0, 8, reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
+  EXPECT_EQ(kernels::check_data(out, t, count, seed, g_boot->rank(), g_boot->world_size(), op, coll, root,
+                                static_cast<unsigned long long*>(wrong.get()), s),
+            Status::kOk);
+  EXPECT_EQ(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
+  std::uint64_t mine = 0;
+  cudaMemcpy(&mine, wrong.get(), 8, cudaMemcpyDeviceToHost);
+  std::uint64_t total = 0;
+  for (std::uint64_t w : g_boot->all_gather_value(mine)) total += w;
+  return total;
+}
+
+/// FNV-1a of device bytes, to compare outputs across processes.
+std::uint64_t digest(const void* p, std::size_t bytes) {
+  std::vector<unsigned char> h(bytes);
+  cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost);
+  std::uint64_t x = 1469598103934665603ull;
+  for (unsigned char c : h) x = (x ^ c) * 1099511628211ull;
+  return x;
+}
+
+TEST(MultiProcess, ExactAllReduceBothAlgorithms) {
+  const int rank = g_boot->rank();
+  StreamHolder stream;
+  for (AlgoChoice algo : {AlgoChoice::kOneShot, AlgoChoice::kTwoShot}) {
+    Group g(*g_boot, g_device, mgpu_options(algo));
+    for (auto [count, dtype] : {std::pair<std::int64_t, DType>{1, DType::kBF16}, {1001, DType::kF16},
+                                {100003, DType::kBF16}, {(1 << 20) - 3, DType::kF32}}) {
+      const std::size_t es = dtype_size(dtype);
+      DeviceBuffer in((count + 8) * es), out((count + 8) * es);
+      const std::uint64_t seed = 77 + static_cast<std::uint64_t>(count);
+      ASSERT_EQ(kernels::fill_data(in.get(), dtype, count, seed, rank, ReduceOp::kSum, 0, stream.stream()), Status::kOk);
+      ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()), Status::kOk);
+      ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), dtype, count, g_device),
+                             TensorView::flat(out.get(), dtype, count, g_device), stream.stream()),
+                Status::kOk)
+          << g.last_error();
+      EXPECT_EQ(count_wrong(out.get(), dtype, count, seed, kernels::Collective::kAllReduce, 0, stream.stream()), 0u)
+          << to_string(algo) << " count " << count;
+      EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
+      const auto digests = g_boot->all_gather_value(digest(out.get(), static_cast<std::size_t>(count) * es));
+      for (std::uint64_t d : digests) EXPECT_EQ(d, digests[0]) << "outputs differ across ranks";
+    }
+  }
+}
+
+// Buffers used inside a captured graph are registered when the scope closes: real IPC handles
+// of the caller's allocations, opened by every peer process.
+TEST(MultiProcess, RegistrationAfterCapture) {
+  const int rank = g_boot->rank();
+  Options o = mgpu_options(AlgoChoice::kTwoShot);
+  o.custom_ar_register_min_bytes = 0;
+  Group g(*g_boot, g_device, o);
+  StreamHolder stream;
+  const std::int64_t count = 65536 + 11;
+  DeviceBuffer in(count * 2 + 64), out(count * 2 + 64);
+  cudaGraph_t graph = nullptr;
+  {
+    auto scope = g.capture(stream.stream());
+    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), DType::kBF16, count, g_device),
+                           TensorView::flat(out.get(), DType::kBF16, count, g_device), stream.stream()),
+              Status::kOk);
+    ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+    ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+  }
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    const std::uint64_t seed = 9000 + static_cast<std::uint64_t>(replay);
+    ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, count, seed, rank, ReduceOp::kSum, 0, stream.stream()), Status::kOk);
+    ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()), Status::kOk);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+    EXPECT_EQ(count_wrong(out.get(), DType::kBF16, count, seed, kernels::Collective::kAllReduce, 0, stream.stream()), 0u)
+        << "replay " << replay;
+    EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// NCCL through the group: every collective exact. Needs one GPU per rank (NCCL refuses two
+// ranks on one GPU).
+TEST(MultiProcess, NcclCollectivesThroughTheGroup) {
+  if (!g_gpu_per_rank) GTEST_SKIP() << "ranks share a GPU: NCCL refuses that";
+  const int rank = g_boot->rank();
+  const int world = g_boot->world_size();
+  Group g(*g_boot, g_device, mgpu_options(AlgoChoice::kNccl));
+  StreamHolder stream;
+  const std::int64_t per = 4099;
+  DeviceBuffer in(per * world * 4 + 64), out(per * world * 4 + 64);
+  auto run = [&](kernels::Collective coll, std::int64_t in_count, std::int64_t out_count, auto&& call, int root = 0) {
+    const std::uint64_t seed = 300 + static_cast<std::uint64_t>(coll);
+    ASSERT_EQ(kernels::fill_data(in.get(), DType::kF32, in_count, seed, rank, ReduceOp::kSum, 0, stream.stream()), Status::kOk);
+    ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()), Status::kOk);
+    ASSERT_EQ(call(TensorView::flat(in.get(), DType::kF32, in_count, g_device),
+                   TensorView::flat(out.get(), DType::kF32, out_count, g_device)),
+              Status::kOk)
+        << g.last_error();
+    EXPECT_EQ(count_wrong(out.get(), DType::kF32, out_count, seed, coll, root, stream.stream()), 0u)
+        << "collective " << static_cast<int>(coll);
+  };
+  run(kernels::Collective::kAllReduce, per, per, [&](auto i, auto o) { return g.all_reduce(i, o, stream.stream()); });
+  run(kernels::Collective::kAllGather, per, per * world, [&](auto i, auto o) { return g.all_gather(i, o, stream.stream()); });
+  run(kernels::Collective::kReduceScatter, per * world, per,
+      [&](auto i, auto o) { return g.reduce_scatter(i, o, stream.stream()); });
+  run(kernels::Collective::kAllToAll, per * world, per * world,
+      [&](auto i, auto o) { return g.all_to_all(i, o, stream.stream()); });
+  run(kernels::Collective::kBroadcast, per, per, [&](auto i, auto o) { return g.broadcast(i, o, world - 1, stream.stream()); },
+      world - 1);
+}
+
+// A peer that dies without any cleanup: the survivors' kernels give up within the deadline,
+// the group names the rank that did not arrive, and tearing the group down stays bounded.
+// Runs last (the dead rank is gone afterwards); only when TPCOMM_MGPU_DEAD_PEER=1.
+TEST(MultiProcess, ZDeadPeerTimesOut) {
+  if (std::getenv("TPCOMM_MGPU_DEAD_PEER") == nullptr) GTEST_SKIP() << "set TPCOMM_MGPU_DEAD_PEER=1";
+  Options o = mgpu_options(AlgoChoice::kOneShot);
+  o.timeout_ms = 3000;
+  const int victim = g_boot->world_size() - 1;
+  auto g = std::make_unique<Group>(*g_boot, g_device, o);
+  StreamHolder stream;
+  DeviceBuffer in(8192), out(8192);
+  g_boot->barrier();
+  if (g_boot->rank() == victim) _exit(0);  // gone: no destructors, no goodbye
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(g->all_reduce(TensorView::flat(in.get(), DType::kBF16, 4096, g_device),
+                          TensorView::flat(out.get(), DType::kBF16, 4096, g_device), stream.stream()),
+            Status::kOk);
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  EXPECT_EQ(g->health(), Status::kTimeout);
+  EXPECT_NE(g->last_error().find("waiting for rank " + std::to_string(victim)), std::string::npos) << g->last_error();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  g.reset();  // teardown with a dead peer: bounded by the store timeout
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 90.0);
+}
+
+}  // namespace
+}  // namespace tpcomm
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device: skipping the mgpu tier\n");
+    return 77;
+  }
+  testing::InitGoogleTest(&argc, argv);
+  tpcomm::Options o = tpcomm::Options::from_env();
+  if (std::getenv("TPCOMM_TIMEOUT_MS") == nullptr) o.timeout_ms = 120000;  // time-sliced contexts are slow
+  tpcomm::Bootstrap boot = tpcomm::Bootstrap::from_env(o);
+  tpcomm::g_boot = &boot;
+  tpcomm::g_gpu_per_rank = devices >= boot.local_world_size();
+  tpcomm::g_device = boot.local_rank() % devices;
+  cudaSetDevice(tpcomm::g_device);
+  const int rc = RUN_ALL_TESTS();
+  // Rank 0 hosts the store: nobody leaves while a peer may still use it (unless one died).
+  if (std::getenv("TPCOMM_MGPU_DEAD_PEER") == nullptr) boot.barrier();
+  return rc;
+}

@@ -1,0 +1,545 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tpcomm bench`: an nccl-tests-style sweep over every way tpcomm can serve a collective.
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "backends/nccl_comm.hpp"
+#include "core/cuda_check.hpp"
+#include "core/log.hpp"
+#include "tools/bench_args.hpp"
+#include "tools/commands.hpp"
+#include "tools/ranks.hpp"
+#include "tpcomm/group.hpp"
+
+namespace tpcomm::tools {
+namespace {
+
+using kernels::Collective;
+
+/// Element counts of the two buffers of one collective of `count` reported elements.
+struct Shape {
+  std::int64_t in;
+  std::int64_t out;
+};
+
+Shape shape_of(Collective op, std::int64_t count, int world) {
+  switch (op) {
+    case Collective::kAllGather: return {count / world, count};
+    case Collective::kReduceScatter: return {count, count / world};
+    case Collective::kAllReduce:
+    case Collective::kAllToAll:
+    case Collective::kBroadcast: break;
+  }
+  return {count, count};
+}
+
+/// One measured column (out-of-place or in-place).
+struct Measure {
+  bool ran = false;
+  double time_us = 0;
+  std::uint64_t wrong = 0;
+  std::string failure;
+};
+
+/// Runs one collective on whichever path the row asks for.
+class Runner {
+ public:
+  Runner(Bootstrap& boot, int device, const BenchOptions& o, BenchAlgo algo) : o_(o), algo_(algo) {
+    Options opt = Options::from_env();
+    switch (algo) {
+      case BenchAlgo::kAuto: break;
+      case BenchAlgo::kOneShot: opt.algo = AlgoChoice::kOneShot; break;
+      case BenchAlgo::kTwoShot: opt.algo = AlgoChoice::kTwoShot; break;
+      case BenchAlgo::kNccl: opt.algo = AlgoChoice::kNccl; break;
+      case BenchAlgo::kNcclDirect:
+      case BenchAlgo::kMemcpy: break;
+    }
+    if (algo == BenchAlgo::kMemcpy) {
+      // nothing to build
+    } else if (algo == BenchAlgo::kNcclDirect) {
+      direct_ = std::make_unique<NcclComm>(boot, device, opt);
+    } else {
+      group_ = std::make_unique<Group>(boot, device, opt);
+    }
+    world_ = boot.world_size();
+    rank_ = boot.rank();
+  }
+
+  Group* group() { return group_.get(); }
+
+  /// Whether the output can be checked (a plain copy computes no collective).
+  bool checkable() const { return algo_ != BenchAlgo::kMemcpy; }
+
+  Status run(const void* in, void* out, const Shape& s, Stream stream) {
+    const DType t = o_.dtype;
+    if (algo_ == BenchAlgo::kMemcpy) {
+      const auto bytes = static_cast<std::size_t>(s.in) * dtype_size(t);
+      return cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, reinterpret_cast<cudaStream_t>(stream)) ==
+                     cudaSuccess
+                 ? Status::kOk
+                 : Status::kCudaError;
+    }
+    if (direct_) {
+      NcclComm& c = *direct_;
+      switch (o_.op) {
+        case Collective::kAllReduce: return c.all_reduce(in, out, s.in, t, o_.redop, stream);
+        case Collective::kAllGather: return c.all_gather(in, out, s.in, t, stream);
+        case Collective::kReduceScatter: return c.reduce_scatter(in, out, s.out, t, o_.redop, stream);
+        case Collective::kAllToAll: return c.all_to_all(in, out, s.in / world_, t, stream);
+        case Collective::kBroadcast: return c.broadcast(in, out, s.in, t, o_.root, stream);
+      }
+      return Status::kInternal;
+    }
+    Group& g = *group_;
+    auto iv = TensorView::flat(const_cast<void*>(in), t, s.in, g.device());
+    auto ov = TensorView::flat(out, t, s.out, g.device());
+    switch (o_.op) {
+      case Collective::kAllReduce: return g.all_reduce(iv, ov, stream, o_.redop);
+      case Collective::kAllGather: return g.all_gather(iv, ov, stream);
+      case Collective::kReduceScatter: return g.reduce_scatter(iv, ov, stream, o_.redop);
+      case Collective::kAllToAll: return g.all_to_all(iv, ov, stream);
+      case Collective::kBroadcast: return g.broadcast(iv, ov, o_.root, stream);
+    }
+    return Status::kInternal;
+  }
+
+  std::string served_by(const Shape& s) const {
+    if (algo_ == BenchAlgo::kMemcpy) return "cudaMemcpyAsync";
+    if (direct_) return "nccl(direct)";
+    if (o_.op != Collective::kAllReduce) return group_->world_size() == 1 ? "local" : "nccl";
+    auto v = TensorView::flat(reinterpret_cast<void*>(256), o_.dtype, s.in, group_->device());
+    return group_->backend_for_all_reduce(v, v, o_.graph);
+  }
+
+  std::string last_error() const {
+    if (group_) return group_->last_error();
+    return direct_ ? direct_->last_error() : std::string();
+  }
+
+ private:
+  const BenchOptions& o_;
+  BenchAlgo algo_;
+  std::unique_ptr<Group> group_;
+  std::unique_ptr<NcclComm> direct_;
+  int world_ = 1;
+  int rank_ = 0;
+};
+
+/// Per-rank device buffers of the largest size, plus the error counter.
+struct Buffers {
+  void* in = nullptr;
+  void* out = nullptr;
+  unsigned long long* wrong = nullptr;
+  std::int64_t in_bytes = 0;
+  std::int64_t out_bytes = 0;
+  ~Buffers() {
+    cudaFree(in);
+    cudaFree(out);
+    cudaFree(wrong);
+  }
+};
+
+class Bench {
+ public:
+  Bench(Bootstrap& boot, int device, const BenchOptions& o, std::uint64_t seed)
+      : boot_(boot), device_(device), o_(o), seed_(seed) {}
+
+  /// Runs every row; returns the number of wrong elements seen (summed over ranks), or -1
+  /// after a failure. Rank 0 prints.
+  std::int64_t run(nlohmann::json& rows) {
+    DeviceGuard guard(device_);
+    TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TPCOMM_CUDA_CHECK(cudaEventCreate(&start_));
+    TPCOMM_CUDA_CHECK(cudaEventCreate(&stop_));
+    const int world = boot_.world_size();
+    const auto es = static_cast<std::int64_t>(dtype_size(o_.dtype));
+    const std::int64_t max_count = bench_count(o_.op, o_.max_bytes, o_.dtype, world);
+    const Shape max_shape = shape_of(o_.op, max_count, world);
+    // In-place all-gather/reduce-scatter work inside the larger buffer, so size both alike.
+    const std::int64_t elems = std::max(max_shape.in, max_shape.out) + o_.unalign + 64;
+    bufs_.in_bytes = elems * es;
+    bufs_.out_bytes = elems * es;
+    TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.in, static_cast<std::size_t>(bufs_.in_bytes)));
+    TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.out, static_cast<std::size_t>(bufs_.out_bytes)));
+    TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.wrong, sizeof(unsigned long long)));
+
+    std::int64_t total_wrong = 0;
+    bool failed = false;
+    for (BenchAlgo algo : o_.algos) {
+      const bool nccl_path = algo == BenchAlgo::kNccl || algo == BenchAlgo::kNcclDirect;
+      if (nccl_path && world > 1 && shares_gpu()) {
+        if (boot_.rank() == 0)
+          std::printf("#\n# %s: skipped: NCCL refuses two ranks on one GPU (run with -g on several GPUs)\n",
+                      std::string(to_string(algo)).c_str());
+        continue;
+      }
+      const bool custom_only = algo == BenchAlgo::kOneShot || algo == BenchAlgo::kTwoShot;
+      if (custom_only && o_.op != Collective::kAllReduce) {
+        if (boot_.rank() == 0)
+          std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",
+                      std::string(to_string(algo)).c_str());
+        continue;
+      }
+      std::optional<Runner> runner;
+      std::string why;
+      try {
+        runner.emplace(boot_, device_, o_, algo);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      if (!runner) {
+        if (boot_.rank() == 0) std::printf("#\n# %s: skipped: %s\n", std::string(to_string(algo)).c_str(), why.c_str());
+        continue;
+      }
+      print_header(algo);
+      const auto sizes = bench_sizes(o_);
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        const std::int64_t count = bench_count(o_.op, sizes[k], o_.dtype, world);
+        const std::int64_t bytes = count * es;
+        const Shape s = shape_of(o_.op, count, world);
+        Measure oop = measure(*runner, s, false, k);
+        const bool no_in_place = o_.op == Collective::kAllToAll || algo == BenchAlgo::kMemcpy;
+        Measure ip = no_in_place ? Measure{} : measure(*runner, s, true, k);
+        total_wrong += static_cast<std::int64_t>(oop.wrong + ip.wrong);
+        failed = failed || !oop.failure.empty() || !ip.failure.empty();
+        if (boot_.rank() == 0) {
+          const std::string served = runner->served_by(s);
+          print_row(bytes, count, oop, ip, served);
+          rows.push_back(row_json(algo, bytes, count, oop, ip, served));
+          std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n", std::string(to_string(algo)).c_str(),
+                       std::string(collective_name(o_.op)).c_str(), k + 1, sizes.size());
+        }
+        if (failed) break;
+      }
+      if (failed) break;
+    }
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(stream_);
+    return failed ? -1 : total_wrong;
+  }
+
+ private:
+  bool shares_gpu() {
+    char bus[32] = {};
+    cudaDeviceGetPCIBusId(bus, sizeof(bus), device_);
+    struct Id {
+      std::int32_t node;
+      char bus[32];
+    } id{boot_.node_id(), {}};
+    std::memcpy(id.bus, bus, sizeof(bus));
+    auto ids = boot_.all_gather_value(id);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (ids[i].node == ids[j].node && std::strcmp(ids[i].bus, ids[j].bus) == 0) return true;
+    return false;
+  }
+
+  Stream stream() const { return reinterpret_cast<Stream>(stream_); }
+
+  /// Input and output pointers of one column: in place, the output is the input buffer
+  /// (all-gather: this rank's slot of it; reduce-scatter: this rank's slice of the input).
+  std::pair<void*, void*> pointers(const Shape& s, bool in_place) const {
+    const auto es = static_cast<std::int64_t>(dtype_size(o_.dtype));
+    char* in = static_cast<char*>(bufs_.in) + o_.unalign * es;
+    char* out = static_cast<char*>(bufs_.out) + o_.unalign * es;
+    if (!in_place) return {in, out};
+    const int r = boot_.rank();
+    switch (o_.op) {
+      case Collective::kAllGather: return {in + r * s.in * es, in};
+      case Collective::kReduceScatter: return {in, in + r * s.out * es};
+      default: return {in, in};
+    }
+  }
+
+  std::uint64_t seed_for(std::size_t size_index, bool in_place, int iteration) const {
+    return seed_ ^ (static_cast<std::uint64_t>(size_index) << 20) ^ (in_place ? 0x9000000ull : 0) ^
+           (static_cast<std::uint64_t>(iteration) << 40);
+  }
+
+  /// Fresh exact input, poisoned output, one operation, bitwise check.
+  std::uint64_t check_once(Runner& runner, const Shape& s, bool in_place, std::uint64_t seed, std::string& failure) {
+    const int world = boot_.world_size();
+    auto [in, out] = pointers(s, in_place);
+    const std::int64_t es = static_cast<std::int64_t>(dtype_size(o_.dtype));
+    cudaMemsetAsync(bufs_.wrong, 0, sizeof(unsigned long long), stream_);
+    kernels::poison(bufs_.out, bufs_.out_bytes, stream());
+    if (in_place) kernels::poison(bufs_.in, bufs_.in_bytes, stream());
+    // Broadcast non-roots and in-place outputs start poisoned; inputs get this rank's values.
+    const bool fill = o_.op != Collective::kBroadcast || boot_.rank() == o_.root;
+    if (fill) kernels::fill_data(in, o_.dtype, s.in, seed, boot_.rank(), o_.redop, 0, stream());
+    if (Status st = runner.run(in, out, s, stream()); st != Status::kOk) {
+      failure = std::string(to_string(st)) + ": " + runner.last_error();
+      return 0;
+    }
+    kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), world, o_.redop, o_.op, o_.root,
+                        bufs_.wrong, stream());
+    unsigned long long wrong = 0;
+    cudaMemcpyAsync(&wrong, bufs_.wrong, sizeof(wrong), cudaMemcpyDeviceToHost, stream_);
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) failure = cudaGetErrorString(e);
+    (void)es;
+    return wrong;
+  }
+
+  Measure measure(Runner& runner, const Shape& s, bool in_place, std::size_t size_index) {
+    Measure m;
+    m.ran = true;
+    auto [in, out] = pointers(s, in_place);
+    std::uint64_t wrong = 0;
+    const int checks = runner.checkable() ? o_.check : 0;
+    for (int i = 0; i < checks && m.failure.empty(); ++i)
+      wrong += check_once(runner, s, in_place, seed_for(size_index, in_place, i), m.failure);
+    // Never time on zeros: refill with exact data before timing.
+    kernels::fill_data(in, o_.dtype, s.in, seed_ ^ 0x5151, boot_.rank(), o_.redop, 0, stream());
+    for (int i = 0; i < o_.warmup && m.failure.empty(); ++i)
+      if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
+        m.failure = std::string(to_string(st)) + ": " + runner.last_error();
+    double t = 0;
+    if (m.failure.empty()) t = o_.graph ? time_graph(runner, in, out, s, m) : time_eager(runner, in, out, s, m);
+    if (o_.graph && m.failure.empty() && !in_place && checks > 0) {
+      // The captured path, checked too: refill, poison, replay once.
+      m.failure = check_graph(runner, s, size_index, wrong);
+    }
+    // Average the time over ranks and sum the errors, as nccl-tests does.
+    struct Result {
+      double t;
+      std::uint64_t wrong;
+      std::int32_t failed;
+    } mine{t, wrong, m.failure.empty() ? 0 : 1};
+    auto all = boot_.all_gather_value(mine);
+    double sum = 0;
+    m.wrong = 0;
+    for (const Result& r : all) {
+      sum += r.t;
+      m.wrong += r.wrong;
+      if (r.failed && m.failure.empty()) m.failure = "failed on another rank";
+    }
+    m.time_us = sum / static_cast<double>(all.size());
+    return m;
+  }
+
+  double time_eager(Runner& runner, void* in, void* out, const Shape& s, Measure& m) {
+    boot_.barrier();
+    cudaEventRecord(start_, stream_);
+    for (int i = 0; i < o_.iters && m.failure.empty(); ++i)
+      if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
+        m.failure = std::string(to_string(st)) + ": " + runner.last_error();
+    cudaEventRecord(stop_, stream_);
+    if (cudaError_t e = cudaEventSynchronize(stop_); e != cudaSuccess) m.failure = cudaGetErrorString(e);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start_, stop_);
+    return ms * 1000.0 / o_.iters;
+  }
+
+  /// Captures `iters` operations into one graph and returns the median time per operation over
+  /// `graph_replays` replays.
+  double time_graph(Runner& runner, void* in, void* out, const Shape& s, Measure& m) {
+    graph_.reset();
+    graph_ = std::make_unique<CapturedGraph>();
+    std::optional<Group::CaptureScope> scope;
+    if (runner.group() != nullptr) scope.emplace(runner.group()->capture(stream()));
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      m.failure = "cudaStreamBeginCapture failed";
+      return 0;
+    }
+    for (int i = 0; i < o_.iters && m.failure.empty(); ++i)
+      if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
+        m.failure = std::string(to_string(st)) + ": " + runner.last_error();
+    cudaEventRecord(stop_, stream_);  // keeps capture valid even with zero launches
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph_->graph);
+    if (scope) {
+      if (Status st = scope->close(); st != Status::kOk && m.failure.empty())
+        m.failure = std::string("capture registration: ") + runner.last_error();
+    }
+    if (!m.failure.empty()) return 0;
+    if (ended != cudaSuccess || cudaGraphInstantiate(&graph_->exec, graph_->graph, 0) != cudaSuccess) {
+      m.failure = "graph capture failed";
+      return 0;
+    }
+    cudaGraphLaunch(graph_->exec, stream_);
+    cudaStreamSynchronize(stream_);
+    std::vector<cudaEvent_t> events(static_cast<std::size_t>(o_.graph_replays) + 1);
+    for (auto& e : events) cudaEventCreate(&e);
+    boot_.barrier();
+    cudaEventRecord(events[0], stream_);
+    for (int r = 0; r < o_.graph_replays; ++r) {
+      cudaGraphLaunch(graph_->exec, stream_);
+      cudaEventRecord(events[static_cast<std::size_t>(r) + 1], stream_);
+    }
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) m.failure = cudaGetErrorString(e);
+    std::vector<double> per_op;
+    for (int r = 0; r < o_.graph_replays; ++r) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, events[static_cast<std::size_t>(r)], events[static_cast<std::size_t>(r) + 1]);
+      per_op.push_back(ms * 1000.0 / o_.iters);
+    }
+    for (auto& e : events) cudaEventDestroy(e);
+    if (runner.group() != nullptr && runner.group()->health() != Status::kOk)
+      m.failure = runner.group()->last_error();
+    std::sort(per_op.begin(), per_op.end());
+    return per_op[per_op.size() / 2];
+  }
+
+  std::string check_graph(Runner& runner, const Shape& s, std::size_t size_index, std::uint64_t& wrong) {
+    auto [in, out] = pointers(s, false);
+    const std::uint64_t seed = seed_for(size_index, false, 1000);
+    cudaMemsetAsync(bufs_.wrong, 0, sizeof(unsigned long long), stream_);
+    kernels::poison(bufs_.out, bufs_.out_bytes, stream());
+    if (o_.op != Collective::kBroadcast || boot_.rank() == o_.root)
+      kernels::fill_data(in, o_.dtype, s.in, seed, boot_.rank(), o_.redop, 0, stream());
+    cudaGraphLaunch(graph_->exec, stream_);
+    kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), boot_.world_size(), o_.redop, o_.op, o_.root,
+                        bufs_.wrong, stream());
+    unsigned long long w = 0;
+    cudaMemcpyAsync(&w, bufs_.wrong, sizeof(w), cudaMemcpyDeviceToHost, stream_);
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) return cudaGetErrorString(e);
+    wrong += w;
+    if (runner.group() != nullptr && runner.group()->health() != Status::kOk) return runner.group()->last_error();
+    return {};
+  }
+
+  void print_header(BenchAlgo algo) {
+    if (boot_.rank() != 0) return;
+    std::printf("#\n# algo: %s%s\n", std::string(to_string(algo)).c_str(), o_.graph ? " (CUDA graph replay)" : "");
+    std::printf("#%64s%36s\n", "out-of-place", "in-place");
+    std::printf("#%11s %12s %9s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s  %s\n", "size", "count", "type", "redop",
+                "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "served by");
+    std::printf("#%11s %12s %9s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
+                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  }
+
+  std::string column(std::int64_t bytes, const Measure& m) const {
+    char buf[96];
+    if (!m.ran) return "      n/a      n/a      n/a     n/a";
+    if (!m.failure.empty()) return "   failed        -        -       -";
+    const double algbw = static_cast<double>(bytes) / (m.time_us * 1e3);
+    const double busbw = algbw * bus_factor(o_.op, boot_.world_size());
+    std::snprintf(buf, sizeof(buf), " %9.2f %8.2f %8.2f %7llu", m.time_us, algbw, busbw,
+                  static_cast<unsigned long long>(m.wrong));
+    return buf;
+  }
+
+  void print_row(std::int64_t bytes, std::int64_t count, const Measure& oop, const Measure& ip, const std::string& served) {
+    const int root = o_.op == Collective::kBroadcast ? o_.root : -1;
+    std::printf(" %11lld %12lld %9s %6s %5d%s%s  %s\n", static_cast<long long>(bytes), static_cast<long long>(count),
+                std::string(to_string(o_.dtype)).c_str(), std::string(to_string(o_.redop)).c_str(), root,
+                column(bytes, oop).c_str(), column(bytes, ip).c_str(), served.c_str());
+    for (const Measure* m : {&oop, &ip})
+      if (!m->failure.empty()) std::printf("#   failure: %s\n", m->failure.c_str());
+    std::fflush(stdout);
+  }
+
+  nlohmann::json row_json(BenchAlgo algo, std::int64_t bytes, std::int64_t count, const Measure& oop,
+                          const Measure& ip, const std::string& served) const {
+    auto col = [&](const Measure& m) -> nlohmann::json {
+      if (!m.ran) return nullptr;
+      if (!m.failure.empty()) return {{"failure", m.failure}};
+      const double algbw = static_cast<double>(bytes) / (m.time_us * 1e3);
+      return {{"time_us", m.time_us},
+              {"algbw_gbps", algbw},
+              {"busbw_gbps", algbw * bus_factor(o_.op, boot_.world_size())},
+              {"wrong", m.wrong}};
+    };
+    return {{"algo", to_string(algo)}, {"op", collective_name(o_.op)}, {"size", bytes}, {"count", count},
+            {"type", to_string(o_.dtype)}, {"redop", to_string(o_.redop)}, {"graph", o_.graph},
+            {"world_size", boot_.world_size()}, {"served_by", served},
+            {"out_of_place", col(oop)}, {"in_place", col(ip)}};
+  }
+
+  struct CapturedGraph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ~CapturedGraph() {
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+    }
+  };
+
+  Bootstrap& boot_;
+  int device_;
+  const BenchOptions& o_;
+  std::uint64_t seed_;
+  Buffers bufs_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+  std::unique_ptr<CapturedGraph> graph_;
+};
+
+void print_banner(const BenchOptions& o, int world, const char* mode, std::uint64_t seed) {
+  int driver = 0, devices = 0;
+  cudaDriverGetVersion(&driver);
+  cudaGetDeviceCount(&devices);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("# tpcomm bench %s: %s, %d rank(s) (%s), %d GPU(s) visible: %s, driver %d\n", TPCOMM_VERSION,
+              std::string(collective_name(o.op)).c_str(), world, mode, devices, prop.name, driver);
+  std::printf("# sizes %lld..%lld B, %s, iters %d, warmup %d, check %d, unalign %lld, seed %llu\n",
+              static_cast<long long>(o.min_bytes), static_cast<long long>(o.max_bytes),
+              o.graph ? "CUDA graph replay (median)" : "eager (mean)", o.iters, o.warmup, o.check,
+              static_cast<long long>(o.unalign), static_cast<unsigned long long>(seed));
+}
+
+int finish(const BenchOptions& o, nlohmann::json& rows, std::int64_t wrong, int world) {
+  if (wrong < 0) {
+    std::printf("# a collective failed: see the failure lines above\n");
+    return 1;
+  }
+  double sum = 0;
+  int n = 0;
+  for (const auto& r : rows)
+    for (const char* col : {"out_of_place", "in_place"})
+      if (r[col].is_object() && r[col].contains("busbw_gbps")) {
+        sum += r[col]["busbw_gbps"].get<double>();
+        ++n;
+      }
+  std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong), wrong == 0 ? "OK" : "FAILED");
+  std::printf("# Avg bus bandwidth    : %g\n#\n", n ? sum / n : 0.0);
+  if (!o.json.empty()) {
+    nlohmann::json doc{{"tool", "tpcomm bench"}, {"version", TPCOMM_VERSION}, {"world_size", world},
+                       {"wrong", wrong}, {"rows", rows}};
+    std::ofstream(o.json) << doc.dump(2) << "\n";
+  }
+  return wrong == 0 ? 0 : 2;
+}
+
+int run_bench(const BenchOptions& o) {
+  RankPlan plan{o.virtual_ranks, o.gpus, o.timeout_s, {}};
+  // Every rank must use the same data: a self-launch passes the seed on.
+  std::uint64_t seed = o.seed;
+  if (const char* s = std::getenv("TPCOMM_BENCH_SEED"); s != nullptr && seed == 0) seed = std::strtoull(s, nullptr, 10);
+  if (seed == 0) seed = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+  plan.child_env.emplace_back("TPCOMM_BENCH_SEED", std::to_string(seed));
+  const std::string mode = rank_mode(plan);
+  return for_each_rank(plan, [&](Bootstrap& boot, int device) {
+    if (boot.rank() == 0) print_banner(o, boot.world_size(), mode.c_str(), seed);
+    nlohmann::json rows = nlohmann::json::array();
+    Bench b(boot, device, o, seed);
+    const std::int64_t wrong = b.run(rows);
+    if (boot.rank() != 0) return wrong < 0 ? 1 : (wrong == 0 ? 0 : 2);
+    return finish(o, rows, wrong, boot.world_size());
+  });
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, Command& run) {
+  auto* cmd = app.add_subcommand("bench", "nccl-tests-style sweep of a collective over every algorithm");
+  auto o = std::make_shared<BenchOptions>();
+  add_bench_options(*cmd, *o);
+  cmd->final_callback([o, &run] { run = [o] { return run_bench(*o); }; });
+}
+
+}  // namespace tpcomm::tools

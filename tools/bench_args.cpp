@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tools/bench_args.hpp"
+
+#include <array>
+#include <map>
+#include <utility>
+
+#include "core/parse.hpp"
+
+namespace tpcomm::tools {
+namespace {
+
+constexpr std::array<std::pair<BenchAlgo, std::string_view>, 6> kAlgoNames{{
+    {BenchAlgo::kAuto, "auto"},
+    {BenchAlgo::kOneShot, "one_shot"},
+    {BenchAlgo::kTwoShot, "two_shot"},
+    {BenchAlgo::kNccl, "nccl"},
+    {BenchAlgo::kNcclDirect, "nccl_direct"},
+    {BenchAlgo::kMemcpy, "memcpy"},
+}};
+
+constexpr std::array<std::pair<kernels::Collective, std::string_view>, 5> kCollNames{{
+    {kernels::Collective::kAllReduce, "allreduce"},
+    {kernels::Collective::kAllGather, "allgather"},
+    {kernels::Collective::kReduceScatter, "reducescatter"},
+    {kernels::Collective::kAllToAll, "alltoall"},
+    {kernels::Collective::kBroadcast, "broadcast"},
+}};
+
+/// A CLI11 validator/transformer for byte sizes with K/M/G suffixes.
+CLI::Validator bytes_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        auto b = parse_bytes(s);
+        if (!b) return "not a size: " + s + " (use e.g. 512, 8K, 64M, 1G)";
+        s = std::to_string(*b);
+        return {};
+      },
+      "SIZE");
+}
+
+}  // namespace
+
+std::string_view to_string(BenchAlgo a) noexcept {
+  for (const auto& [k, n] : kAlgoNames)
+    if (k == a) return n;
+  return "unknown";
+}
+
+std::string_view collective_name(kernels::Collective op) noexcept {
+  for (const auto& [k, n] : kCollNames)
+    if (k == op) return n;
+  return "unknown";
+}
+
+void add_bench_options(CLI::App& cmd, BenchOptions& o) {
+  cmd.add_option("-b,--minbytes", o.min_bytes, "smallest size in bytes (K/M/G suffixes)")
+      ->transform(bytes_validator());
+  cmd.add_option("-e,--maxbytes", o.max_bytes, "largest size in bytes (K/M/G suffixes)")
+      ->transform(bytes_validator());
+  auto* f = cmd.add_option("-f,--stepfactor", o.step_factor, "multiply the size by this factor");
+  auto* i = cmd.add_option("-i,--stepbytes", o.step_bytes, "add this many bytes to the size")
+                ->transform(bytes_validator());
+  f->excludes(i);
+  cmd.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, 1000000));
+  cmd.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per size")->check(CLI::Range(0, 1000000));
+  cmd.add_option("-c,--check", o.check, "checked iterations per size (0: no check)")->check(CLI::Range(0, 1000));
+  std::map<std::string, DType> dtypes;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI8, DType::kU8, DType::kI32,
+                  DType::kU32, DType::kI64, DType::kU64, DType::kF8E4M3, DType::kF8E5M2})
+    dtypes.emplace(std::string(to_string(t)), t);
+  dtypes.emplace("bf16", DType::kBF16);
+  dtypes.emplace("f16", DType::kF16);
+  dtypes.emplace("f32", DType::kF32);
+  cmd.add_option("-d,--datatype", o.dtype, "element type (float, half, bfloat16, int32, ...)")
+      ->transform(CLI::CheckedTransformer(dtypes, CLI::ignore_case));
+  std::map<std::string, ReduceOp> redops;
+  for (ReduceOp r : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg})
+    redops.emplace(std::string(to_string(r)), r);
+  cmd.add_option("-o,--redop", o.redop, "reduction operator")->transform(CLI::CheckedTransformer(redops, CLI::ignore_case));
+  std::map<std::string, kernels::Collective> colls;
+  for (const auto& [k, n] : kCollNames) colls.emplace(std::string(n), k);
+  cmd.add_option("--op", o.op, "collective: allreduce, allgather, reducescatter, alltoall, broadcast")
+      ->transform(CLI::CheckedTransformer(colls, CLI::ignore_case));
+  cmd.add_option("-r,--root", o.root, "root of broadcast")->check(CLI::NonNegativeNumber);
+  cmd.add_flag("-G,--graph", o.graph, "capture the iterations in a CUDA graph and time its replays");
+  cmd.add_option("--graph-replays", o.graph_replays, "replays of the captured graph (median reported)")
+      ->check(CLI::Range(1, 100000));
+  cmd.add_option("-u,--unalign", o.unalign, "offset both buffers by this many elements")->check(CLI::Range(0, 1024));
+  std::map<std::string, BenchAlgo> algos;
+  for (const auto& [k, n] : kAlgoNames) algos.emplace(std::string(n), k);
+  algos.emplace("nccl-direct", BenchAlgo::kNcclDirect);
+  algos.emplace("one-shot", BenchAlgo::kOneShot);
+  algos.emplace("two-shot", BenchAlgo::kTwoShot);
+  cmd.add_option_function<std::vector<std::string>>(
+         "--algo",
+         [&o, algos](const std::vector<std::string>& names) {
+           o.algos.clear();
+           for (const std::string& n : names) {
+             if (n == "all") {
+               for (const auto& [k, name] : kAlgoNames) o.algos.push_back(k);
+               continue;
+             }
+             auto it = algos.find(n);
+             if (it == algos.end())
+               throw CLI::ValidationError("--algo", "unknown algorithm " + n +
+                                                        " (auto, one_shot, two_shot, nccl, nccl_direct, memcpy, all)");
+             o.algos.push_back(it->second);
+           }
+         },
+         "how to serve the collective, comma-separated: auto, one_shot, two_shot, nccl, nccl_direct, "
+         "memcpy (a device copy of the same bytes, for reference), all")
+      ->delimiter(',');
+  cmd.add_option("--json", o.json, "also write the results as JSON to this file");
+  auto* g = cmd.add_option("-g,--ngpus", o.gpus, "start this many processes, one per GPU")->check(CLI::Range(1, 64));
+  auto* v = cmd.add_option("--virtual-ranks", o.virtual_ranks, "run this many ranks as threads on GPU 0")
+                ->check(CLI::Range(1, 8));
+  g->excludes(v);
+  cmd.add_option("--timeout", o.timeout_s, "seconds before a self-launched run is stopped")->check(CLI::Range(1, 86400));
+  cmd.add_option("--seed", o.seed, "seed of the test data (0: random)");
+  cmd.callback([&o] {
+    if (o.min_bytes <= 0 || o.max_bytes < o.min_bytes)
+      throw CLI::ValidationError("-b/-e", "need 0 < minbytes <= maxbytes");
+    if (o.step_factor == 1) throw CLI::ValidationError("-f", "a step factor of 1 never ends");
+    if (o.step_factor == 0 && o.step_bytes <= 0) throw CLI::ValidationError("-i", "step must be positive");
+  });
+}
+
+std::vector<std::int64_t> bench_sizes(const BenchOptions& o) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t s = o.min_bytes; s <= o.max_bytes;) {
+    out.push_back(s);
+    const std::int64_t next = o.step_factor > 1 ? s * o.step_factor : s + o.step_bytes;
+    if (next <= s) break;
+    s = next;
+  }
+  return out;
+}
+
+double bus_factor(kernels::Collective op, int world_size) noexcept {
+  const double n = world_size;
+  switch (op) {
+    case kernels::Collective::kAllReduce: return 2.0 * (n - 1) / n;
+    case kernels::Collective::kAllGather:
+    case kernels::Collective::kReduceScatter:
+    case kernels::Collective::kAllToAll: return (n - 1) / n;
+    case kernels::Collective::kBroadcast: return 1.0;
+  }
+  return 1.0;
+}
+
+std::int64_t bench_count(kernels::Collective op, std::int64_t bytes, DType dtype, int world_size) noexcept {
+  const auto es = static_cast<std::int64_t>(dtype_size(dtype));
+  std::int64_t count = bytes / es;
+  switch (op) {
+    case kernels::Collective::kAllGather:
+    case kernels::Collective::kReduceScatter:
+    case kernels::Collective::kAllToAll: count -= count % world_size; break;
+    case kernels::Collective::kAllReduce:
+    case kernels::Collective::kBroadcast: break;
+  }
+  return count;
+}
+
+}  // namespace tpcomm::tools
