@@ -40,7 +40,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// | `TPCOMM_NCCL_PATH` | `nccl_path` | `libnccl.so.2` |
 /// | `TPCOMM_TIMEOUT_MS` | `timeout_ms` | 30000 |
 /// | `TPCOMM_ALGO` | `algo` | `auto` |
-/// | `TPCOMM_TUNE_FILE` | `tune_file` | `$XDG_CACHE_HOME/tpcomm/tune.txt` |
+/// | `TPCOMM_TUNE_FILE` | `tune_file` | `$XDG_CACHE_HOME/tpcomm/tune-w<world>-<gpu>.txt` |
 /// | `TPCOMM_CUSTOM_AR_MAX_BYTES` | `custom_ar_max_bytes` | 8 MiB |
 /// | `TPCOMM_CUSTOM_AR_REGISTER_BYTES` | `custom_ar_register_min_bytes` | 2 MiB |
 /// | `TPCOMM_DISABLE_CUSTOM_AR` | `disable_custom_ar` | 0 |
@@ -54,7 +54,8 @@ struct Options {
   /// Deadline for every wait: store operations, kernel spin-waits, NCCL completion polling.
   std::int64_t timeout_ms = 30000;
   AlgoChoice algo = AlgoChoice::kAuto;
-  /// Where the tuned table is cached; empty means the default location.
+  /// Where the tuned table is cached; empty means the default location, which falls back to
+  /// `$HOME/.cache/tpcomm/` and then `/tmp/tpcomm-cache/` (see `default_tune_path`).
   std::string tune_file;
   /// Largest all-reduce, in bytes, that the custom kernels serve; larger ones go to NCCL.
   std::int64_t custom_ar_max_bytes = std::int64_t{8} << 20;

@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+// make_parallel_layout: SGLang's group arithmetic, restated in the header.
+#include "parallel_layout.hpp"
+
+#include <algorithm>
+
+#include "core/check.hpp"
+
+namespace tpcomm {
+namespace {
+
+void check_positive(int value, std::string_view name) {
+  TPCOMM_CHECK(value >= 1, Status::kInvalidArgument, name, " ", value, " must be at least 1");
+}
+
+GroupComms comms_for(int size, bool custom_ar) {
+  // A group of one rank has nothing to communicate with.
+  if (size < 2) return GroupComms{};
+  return GroupComms{true, custom_ar};
+}
+
+/// Blocks of `size` consecutive ranks covering 0..world-1.
+std::vector<std::vector<int>> contiguous_groups(int world, int size) {
+  std::vector<std::vector<int>> groups;
+  for (int start = 0; start < world; start += size) {
+    std::vector<int> g(static_cast<std::size_t>(size));
+    for (int i = 0; i < size; ++i) g[static_cast<std::size_t>(i)] = start + i;
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+}  // namespace
+
+std::string_view to_string(GroupKind kind) noexcept {
+  switch (kind) {
+    case GroupKind::kTp:
+      return "tp";
+    case GroupKind::kAttnTp:
+      return "attn_tp";
+    case GroupKind::kMoeEp:
+      return "moe_ep";
+    case GroupKind::kMoeTp:
+      return "moe_tp";
+  }
+  return "unknown";
+}
+
+const std::vector<int>& ParallelLayout::group_of(GroupKind kind, int rank) const {
+  TPCOMM_CHECK(rank >= 0 && rank < world_size, Status::kInvalidArgument, "group_of: rank ", rank,
+               " is not in 0..", world_size - 1);
+  for (const auto& g : layout(kind).groups)
+    if (std::find(g.begin(), g.end(), rank) != g.end()) return g;
+  TPCOMM_THROW(Status::kInternal, "group_of: rank ", rank, " is in no ", to_string(kind), " group");
+}
+
+int ParallelLayout::rank_in_group(GroupKind kind, int rank) const {
+  const auto& g = group_of(kind, rank);
+  return static_cast<int>(std::find(g.begin(), g.end(), rank) - g.begin());
+}
+
+ParallelLayout make_parallel_layout(int world_size, const ParallelConfig& config) {
+  check_positive(world_size, "world_size");
+  check_positive(config.tp_size, "tp_size");
+  check_positive(config.dp_size, "dp_size");
+  check_positive(config.attn_cp_size, "attn_cp_size");
+  check_positive(config.moe_ep_size, "moe_ep_size");
+  check_positive(config.moe_dp_size, "moe_dp_size");
+  const int tp = config.tp_size;
+  TPCOMM_CHECK(world_size == tp, Status::kInvalidArgument, "world_size ", world_size,
+               " != tp_size ", tp,
+               ": pipeline parallelism is not supported, so the TP group must span the world");
+
+  const int attn_dp = config.enable_dp_attention ? config.dp_size : 1;
+  const int attn_cp = config.attn_cp_size;
+  TPCOMM_CHECK(tp % attn_cp == 0, Status::kInvalidArgument, "tp_size ", tp,
+               " is not divisible by attn_cp_size ", attn_cp);
+  if (config.enable_dp_attention) {
+    TPCOMM_CHECK(tp % attn_dp == 0, Status::kInvalidArgument, "tp_size ", tp,
+                 " is not divisible by dp_size ", attn_dp, " (DP attention)");
+    TPCOMM_CHECK(tp % (attn_dp * attn_cp) == 0, Status::kInvalidArgument, "tp_size ", tp,
+                 " is not divisible by dp_size ", attn_dp, " * attn_cp_size ", attn_cp,
+                 " (DP attention)");
+  }
+  const int moe_ep = config.moe_ep_size;
+  const int moe_dp = config.moe_dp_size;
+  TPCOMM_CHECK(tp % moe_ep == 0, Status::kInvalidArgument, "tp_size ", tp,
+               " is not divisible by moe_ep_size ", moe_ep);
+  TPCOMM_CHECK(tp % moe_dp == 0, Status::kInvalidArgument, "tp_size ", tp,
+               " is not divisible by moe_dp_size ", moe_dp);
+  TPCOMM_CHECK(tp % (moe_ep * moe_dp) == 0, Status::kInvalidArgument, "tp_size ", tp,
+               " is not divisible by moe_ep_size ", moe_ep, " * moe_dp_size ", moe_dp);
+
+  ParallelLayout out;
+  out.world_size = world_size;
+  out.config = config;
+  out.attn_dp_size = attn_dp;
+  out.attn_tp_size = tp / attn_dp / attn_cp;
+  out.moe_tp_size = tp / moe_ep / moe_dp;
+  const int attn_tp = out.attn_tp_size;
+  const int moe_tp = out.moe_tp_size;
+
+  GroupLayout& tp_layout = out.kinds[static_cast<int>(GroupKind::kTp)];
+  tp_layout.kind = GroupKind::kTp;
+  tp_layout.size = tp;
+  tp_layout.groups = contiguous_groups(world_size, tp);
+  tp_layout.is_tp_group = true;
+  tp_layout.comms = comms_for(tp, /*custom_ar=*/true);
+
+  auto alias_tp = [&](GroupKind kind) {
+    GroupLayout& l = out.kinds[static_cast<int>(kind)];
+    l = tp_layout;
+    l.kind = kind;
+  };
+
+  // ATTN_TP: (attn_dp, attn_cp, attn_tp) with attn_tp fastest, so its groups are contiguous.
+  if (attn_tp == tp) {
+    alias_tp(GroupKind::kAttnTp);
+  } else {
+    GroupLayout& l = out.kinds[static_cast<int>(GroupKind::kAttnTp)];
+    l.kind = GroupKind::kAttnTp;
+    l.size = attn_tp;
+    l.groups = contiguous_groups(world_size, attn_tp);
+    l.comms = comms_for(attn_tp, /*custom_ar=*/false);
+  }
+
+  // MOE_EP: (moe_dp, moe_ep, moe_tp) with moe_tp fastest, so an EP group strides by moe_tp
+  // inside its MoE-DP block.
+  if (moe_ep == tp) {
+    alias_tp(GroupKind::kMoeEp);
+  } else {
+    GroupLayout& l = out.kinds[static_cast<int>(GroupKind::kMoeEp)];
+    l.kind = GroupKind::kMoeEp;
+    l.size = moe_ep;
+    for (int base = 0; base < world_size; base += tp) {
+      for (int dp = 0; dp < moe_dp; ++dp) {
+        for (int t = 0; t < moe_tp; ++t) {
+          std::vector<int> g;
+          const int start = base + dp * moe_ep * moe_tp + t;
+          for (int e = 0; e < moe_ep; ++e) g.push_back(start + e * moe_tp);
+          l.groups.push_back(std::move(g));
+        }
+      }
+    }
+    l.comms = comms_for(moe_ep, /*custom_ar=*/false);
+  }
+
+  // MOE_TP: contiguous blocks of moe_tp.
+  if (moe_tp == tp) {
+    alias_tp(GroupKind::kMoeTp);
+  } else {
+    GroupLayout& l = out.kinds[static_cast<int>(GroupKind::kMoeTp)];
+    l.kind = GroupKind::kMoeTp;
+    l.size = moe_tp;
+    l.groups = contiguous_groups(world_size, moe_tp);
+    l.comms = comms_for(moe_tp, /*custom_ar=*/false);
+  }
+  return out;
+}
+
+}  // namespace tpcomm

@@ -1,0 +1,578 @@
+// SPDX-License-Identifier: Apache-2.0
+// TuneTable: lookup, the versioned text format, and the atomic cache file.
+#include "tune/table.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <system_error>
+#include <utility>
+
+#include "core/check.hpp"
+#include "core/parse.hpp"
+
+namespace tpcomm {
+namespace {
+
+constexpr std::string_view kHeader = "# tpcomm tune table v1";
+constexpr std::string_view kHeaderPrefix = "# tpcomm tune table v";
+constexpr std::string_view kColumns = "# max_bytes algo blocks threads time_us";
+constexpr int kVersion = 1;
+/// A version-1 table is a few kilobytes; anything much larger is not one (or is /dev/zero).
+constexpr std::size_t kMaxFileBytes = std::size_t{1} << 20;
+/// How much of a bad token an error message repeats.
+constexpr std::size_t kMaxShown = 40;
+
+std::string errno_text(int err) { return std::system_category().message(err); }
+
+bool is_space(char c) noexcept {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+std::string_view trim(std::string_view s) noexcept {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> split_fields(std::string_view s) {
+  std::vector<std::string_view> out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && is_space(s[i])) ++i;
+    std::size_t start = i;
+    while (i < s.size() && !is_space(s[i])) ++i;
+    if (i > start) out.push_back(s.substr(start, i - start));
+  }
+  return out;
+}
+
+/// Characters a key value may hold without quotes.
+bool is_bare(char c) noexcept {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '+' || c == '-' || c == ':' || c == '/';
+}
+
+/// `s` in double quotes with C-style escapes; bytes >= 0x80 (UTF-8) are kept as they are.
+std::string quoted(std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (char c : s) {
+    auto u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (u < 0x20 || u == 0x7f) {
+          out += "\\x";
+          out += kHex[u >> 4];
+          out += kHex[u & 0xf];
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+/// A key value as written in the text form: bare when that is unambiguous, else quoted.
+std::string format_value(std::string_view s) {
+  if (!s.empty() && std::all_of(s.begin(), s.end(), is_bare)) return std::string(s);
+  return quoted(s);
+}
+
+/// A piece of untrusted input, quoted and shortened, for an error message.
+std::string shown(std::string_view s) {
+  if (s.size() <= kMaxShown) return quoted(s);
+  return quoted(s.substr(0, kMaxShown)) + "...";
+}
+
+int hex_digit(char c) noexcept {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::optional<double> parse_double(std::string_view s) noexcept {
+  double v = 0.0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::string format_double(double v) {
+  char buf[64];
+  auto [p, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  if (ec != std::errc()) return "0";
+  return std::string(buf, p);
+}
+
+/// Why `e` may not follow `prev` (null for the first entry) in a table; empty when it may.
+std::string entry_error(const TuneEntry& e, const TuneEntry* prev) {
+  using detail::concat;
+  if (e.max_bytes <= 0) return concat("max_bytes ", e.max_bytes, " is not positive");
+  if (prev != nullptr && e.max_bytes == prev->max_bytes)
+    return concat("duplicate bucket ", e.max_bytes);
+  if (prev != nullptr && e.max_bytes < prev->max_bytes)
+    return concat("bucket ", e.max_bytes, " follows bucket ", prev->max_bytes,
+                  ": buckets must be in increasing order");
+  const Choice& c = e.choice;
+  switch (c.algo) {
+    case Algo::kNone:
+      if (c.blocks != 0 || c.threads != 0)
+        return concat("algorithm none takes blocks 0 and threads 0, got ", c.blocks, " and ",
+                      c.threads);
+      break;
+    case Algo::kOneShot:
+    case Algo::kTwoShot:
+      if (c.blocks < 1 || c.blocks > kMaxBlocksPerRank)
+        return concat("blocks ", c.blocks, " out of range 1..", kMaxBlocksPerRank);
+      if (!is_valid_threads(c.threads))
+        return concat("threads ", c.threads, " is not one of 64, 128, 256, 512, 1024");
+      break;
+    default:
+      return concat("unknown algorithm code ", static_cast<int>(c.algo));
+  }
+  if (!std::isfinite(e.time_us) || e.time_us < 0.0)
+    return concat("time_us ", e.time_us, " is not a finite number >= 0");
+  return {};
+}
+
+/// Reads one value of a key line starting at `s[*pos]`: a quoted string or a bare run of
+/// non-blank characters. Advances `*pos` past it; on error returns false and fills `*err`.
+bool read_value(std::string_view s, std::size_t* pos, std::string* value, std::string* err) {
+  std::size_t i = *pos;
+  value->clear();
+  if (i < s.size() && s[i] == '"') {
+    ++i;
+    for (;;) {
+      if (i >= s.size()) {
+        *err = "unterminated quoted value";
+        return false;
+      }
+      char c = s[i++];
+      if (c == '"') break;
+      if (c != '\\') {
+        *value += c;
+        continue;
+      }
+      if (i >= s.size()) {
+        *err = "unterminated quoted value";
+        return false;
+      }
+      char e = s[i++];
+      switch (e) {
+        case '"':
+          *value += '"';
+          break;
+        case '\\':
+          *value += '\\';
+          break;
+        case 'n':
+          *value += '\n';
+          break;
+        case 'r':
+          *value += '\r';
+          break;
+        case 't':
+          *value += '\t';
+          break;
+        case 'x': {
+          int hi = i < s.size() ? hex_digit(s[i]) : -1;
+          int lo = i + 1 < s.size() ? hex_digit(s[i + 1]) : -1;
+          if (hi < 0 || lo < 0) {
+            *err = "\\x must be followed by two hex digits";
+            return false;
+          }
+          *value += static_cast<char>(hi * 16 + lo);
+          i += 2;
+          break;
+        }
+        default:
+          *err = detail::concat("unknown escape ", shown(std::string_view(&s[i - 2], 2)));
+          return false;
+      }
+    }
+    if (i < s.size() && !is_space(s[i])) {
+      *err = "a closing quote must be followed by a blank";
+      return false;
+    }
+  } else {
+    while (i < s.size() && !is_space(s[i])) *value += s[i++];
+  }
+  *pos = i;
+  return true;
+}
+
+/// Parses the text after the word `key`. Returns the error, empty on success.
+std::string parse_key(std::string_view s, TuneKey* key) {
+  using detail::concat;
+  struct Field {
+    std::string_view name;
+    std::string* text = nullptr;
+    int* number = nullptr;
+    int min = 0;
+    bool seen = false;
+  };
+  Field fields[] = {
+      {"gpu", &key->gpu},
+      {"world_size", nullptr, &key->world_size, 1},
+      {"topology", &key->topology},
+      {"driver_version", nullptr, &key->driver_version, 0},
+      {"nccl_version", nullptr, &key->nccl_version, 0},
+      {"tpcomm_version", &key->tpcomm_version},
+  };
+  std::size_t i = 0;
+  for (;;) {
+    while (i < s.size() && is_space(s[i])) ++i;
+    if (i >= s.size()) break;
+    std::size_t start = i;
+    while (i < s.size() && s[i] != '=' && !is_space(s[i])) ++i;
+    std::string_view name = s.substr(start, i - start);
+    if (i >= s.size() || s[i] != '=') return concat("expected name=value, got ", shown(name));
+    ++i;
+    Field* f = nullptr;
+    for (Field& candidate : fields)
+      if (candidate.name == name) f = &candidate;
+    if (f == nullptr) return concat("unknown key field ", shown(name));
+    if (f->seen) return concat("key field ", name, " given twice");
+    f->seen = true;
+    std::string value, err;
+    if (!read_value(s, &i, &value, &err)) return concat("key field ", name, ": ", err);
+    if (f->text != nullptr) {
+      *f->text = std::move(value);
+      continue;
+    }
+    auto v = parse_int(value);
+    if (!v || *v < f->min || *v > std::numeric_limits<int>::max())
+      return concat("key field ", name, " ", shown(value), " is not an integer >= ", f->min);
+    *f->number = static_cast<int>(*v);
+  }
+  for (const Field& f : fields)
+    if (!f.seen) return concat("key line lacks ", f.name);
+  return {};
+}
+
+/// Parses one bucket line. Returns the error, empty on success.
+std::string parse_entry(std::string_view line, TuneEntry* e) {
+  using detail::concat;
+  auto fields = split_fields(line);
+  if (fields.size() != 5)
+    return concat("expected 5 fields (max_bytes algo blocks threads time_us), got ", fields.size());
+  auto max_bytes = parse_int(fields[0]);
+  if (!max_bytes || *max_bytes <= 0)
+    return concat("max_bytes ", shown(fields[0]), " is not a positive integer");
+  auto algo = parse_algo(fields[1]);
+  if (!algo)
+    return concat("unknown algorithm ", shown(fields[1]), " (expected none, one_shot or two_shot)");
+  auto blocks = parse_int(fields[2]);
+  if (!blocks || *blocks < 0 || *blocks > std::numeric_limits<int>::max())
+    return concat("blocks ", shown(fields[2]), " is not a whole number");
+  auto threads = parse_int(fields[3]);
+  if (!threads || *threads < 0 || *threads > std::numeric_limits<int>::max())
+    return concat("threads ", shown(fields[3]), " is not a whole number");
+  auto time_us = parse_double(fields[4]);
+  if (!time_us) return concat("time_us ", shown(fields[4]), " is not a number");
+  e->max_bytes = *max_bytes;
+  e->choice = Choice{*algo, static_cast<int>(*blocks), static_cast<int>(*threads)};
+  e->time_us = *time_us;
+  return {};
+}
+
+/// Parses the whole text form. Returns the error ("line N: ..."), empty on success.
+std::string parse_text(std::string_view text, TuneKey* key, std::vector<TuneEntry>* entries) {
+  using detail::concat;
+  bool have_key = false;
+  int number = 0;
+  std::size_t pos = 0;
+  while (pos < text.size() || number == 0) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = trim(text.substr(pos, end - pos));
+    pos = end + 1;
+    ++number;
+    if (number == 1) {
+      if (line == kHeader) continue;
+      if (line.starts_with(kHeaderPrefix))
+        return concat("line 1: unsupported tune table version ",
+                      shown(line.substr(kHeaderPrefix.size() - 1)), " (this build reads v",
+                      kVersion, ")");
+      return concat("line 1: expected the header ", shown(kHeader), ", got ", shown(line));
+    }
+    if (line.empty() || line.front() == '#') continue;
+    if (line == "key" || (line.starts_with("key") && is_space(line[3]))) {
+      if (have_key) return concat("line ", number, ": a second key line");
+      if (auto err = parse_key(line.substr(3), key); !err.empty())
+        return concat("line ", number, ": ", err);
+      have_key = true;
+      continue;
+    }
+    if (!have_key) return concat("line ", number, ": a bucket line before the key line");
+    TuneEntry e;
+    if (auto err = parse_entry(line, &e); !err.empty()) return concat("line ", number, ": ", err);
+    if (auto err = entry_error(e, entries->empty() ? nullptr : &entries->back()); !err.empty())
+      return concat("line ", number, ": ", err);
+    entries->push_back(e);
+  }
+  if (!have_key) return concat("line ", number, ": end of text without a key line");
+  return {};
+}
+
+/// Removes a temporary file unless released.
+class TempFile {
+ public:
+  explicit TempFile(std::string path) : path_(std::move(path)) {}
+  ~TempFile() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  void release() noexcept { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+std::string slug(std::string_view name) {
+  std::string out;
+  for (char c : name) {
+    bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (alnum) {
+      out += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    } else if (!out.empty() && out.back() != '-') {
+      out += '-';
+    }
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+}  // namespace
+
+std::string TuneKey::to_text() const {
+  return detail::concat("gpu=", format_value(gpu), " world_size=", world_size,
+                        " topology=", format_value(topology), " driver_version=", driver_version,
+                        " nccl_version=", nccl_version,
+                        " tpcomm_version=", format_value(tpcomm_version));
+}
+
+std::string TuneKey::difference(const TuneKey& other) const {
+  std::string out;
+  auto add = [&out](std::string_view name, const std::string& mine, const std::string& theirs) {
+    if (mine == theirs) return;
+    if (!out.empty()) out += ", ";
+    out += detail::concat(name, " ", mine, " != ", theirs);
+  };
+  add("gpu", format_value(gpu), format_value(other.gpu));
+  add("world_size", std::to_string(world_size), std::to_string(other.world_size));
+  add("topology", format_value(topology), format_value(other.topology));
+  add("driver_version", std::to_string(driver_version), std::to_string(other.driver_version));
+  add("nccl_version", std::to_string(nccl_version), std::to_string(other.nccl_version));
+  add("tpcomm_version", format_value(tpcomm_version), format_value(other.tpcomm_version));
+  return out;
+}
+
+TuneTable::TuneTable(TuneKey key, std::vector<TuneEntry> entries)
+    : key_(std::move(key)), entries_(std::move(entries)) {
+  TPCOMM_CHECK(key_.world_size >= 1, Status::kInvalidArgument, "TuneTable: world_size ",
+               key_.world_size, " must be at least 1");
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    std::string err = entry_error(entries_[i], i == 0 ? nullptr : &entries_[i - 1]);
+    TPCOMM_CHECK(err.empty(), Status::kInvalidArgument, "TuneTable: entry ", i, ": ", err);
+  }
+}
+
+std::int64_t TuneTable::max_bytes() const noexcept {
+  return entries_.empty() ? 0 : entries_.back().max_bytes;
+}
+
+std::optional<Choice> TuneTable::lookup(std::int64_t bytes) const noexcept {
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), bytes,
+                             [](const TuneEntry& e, std::int64_t b) { return e.max_bytes < b; });
+  if (it == entries_.end()) return std::nullopt;
+  return it->choice;
+}
+
+std::vector<std::int64_t> TuneTable::bucket_bounds(std::int64_t max_bytes) {
+  TPCOMM_CHECK(max_bytes > 0, Status::kInvalidArgument, "bucket_bounds: max_bytes ", max_bytes,
+               " is not positive");
+  constexpr std::int64_t kFirst = 512;
+  std::vector<std::int64_t> bounds;
+  std::int64_t b = kFirst;
+  while (b <= max_bytes) {
+    bounds.push_back(b);
+    if (b > max_bytes / 2) break;  // b * 2 > max_bytes, and doubling could overflow
+    b *= 2;
+  }
+  if (bounds.empty() || bounds.back() != max_bytes) bounds.push_back(max_bytes);
+  return bounds;
+}
+
+std::string TuneTable::to_text() const {
+  std::string out;
+  out += kHeader;
+  out += "\nkey ";
+  out += key_.to_text();
+  out += '\n';
+  out += kColumns;
+  out += '\n';
+  for (const TuneEntry& e : entries_) {
+    out += detail::concat(e.max_bytes, ' ', to_string(e.choice.algo), ' ', e.choice.blocks, ' ',
+                          e.choice.threads, ' ', format_double(e.time_us), '\n');
+  }
+  return out;
+}
+
+TuneTable TuneTable::parse(std::string_view text) {
+  TuneKey key;
+  std::vector<TuneEntry> entries;
+  std::string err = parse_text(text, &key, &entries);
+  if (!err.empty()) TPCOMM_THROW(Status::kProtocolError, "tune table ", err);
+  return TuneTable(std::move(key), std::move(entries));
+}
+
+std::optional<TuneTable> TuneTable::load(const std::string& path, const TuneKey& expected,
+                                         std::string* why) {
+  auto fail = [why](std::string reason) -> std::optional<TuneTable> {
+    if (why != nullptr) *why = std::move(reason);
+    return std::nullopt;
+  };
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    int err = errno;
+    if (err == ENOENT) return fail("no such file");
+    return fail("cannot open: " + errno_text(err));
+  }
+  std::string text;
+  char buf[8192];
+  bool too_large = false;
+  for (;;) {
+    std::size_t n = std::fread(buf, 1, sizeof(buf), f);
+    text.append(buf, n);
+    if (text.size() > kMaxFileBytes) {
+      too_large = true;
+      break;
+    }
+    if (n < sizeof(buf)) break;
+  }
+  int read_err = std::ferror(f) ? errno : 0;
+  std::fclose(f);
+  if (read_err != 0) return fail("cannot read: " + errno_text(read_err));
+  if (too_large) return fail(detail::concat("larger than ", format_bytes(kMaxFileBytes)));
+  TuneKey key;
+  std::vector<TuneEntry> entries;
+  if (std::string err = parse_text(text, &key, &entries); !err.empty())
+    return fail("malformed: " + err);
+  if (key != expected) return fail("key differs: " + key.difference(expected));
+  return TuneTable(std::move(key), std::move(entries));
+}
+
+void TuneTable::save(const std::string& path) const {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  TPCOMM_CHECK(!path.empty() && target.has_filename(), Status::kSystemError,
+               "cannot write tune file \"", path, "\": not a file path");
+  fs::path dir = target.parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TPCOMM_CHECK(!ec, Status::kSystemError, "cannot create directory ", dir, " for tune file \"",
+               path, "\": ", ec.message());
+
+  // The temporary file sits next to the target so that rename() is atomic (same file system).
+  std::string tmp = (dir / ("." + target.filename().string() + ".XXXXXX")).string();
+  int fd = ::mkstemp(tmp.data());
+  TPCOMM_CHECK(fd >= 0, Status::kSystemError, "cannot create a temporary file in ", dir,
+               " for tune file \"", path, "\": ", errno_text(errno));
+  TempFile guard(tmp);
+  auto fail = [&](const char* what) {
+    int err = errno;
+    ::close(fd);
+    TPCOMM_THROW(Status::kSystemError, "cannot write tune file \"", path, "\" (", what,
+                 "): ", errno_text(err));
+  };
+  const std::string text = to_text();
+  std::size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("write");
+    done += static_cast<std::size_t>(n);
+  }
+  // mkstemp creates the file 0600; a cache file is as readable as any other file.
+  if (::fchmod(fd, 0644) != 0) fail("fchmod");
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) {
+    int err = errno;
+    TPCOMM_THROW(Status::kSystemError, "cannot write tune file \"", path,
+                 "\" (close): ", errno_text(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    TPCOMM_THROW(Status::kSystemError, "cannot write tune file \"", path,
+                 "\" (rename): ", errno_text(err));
+  }
+  guard.release();
+  // Make the rename itself durable; a failure here loses at most the new cache entry.
+  if (int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+std::string default_tune_path(
+    const TuneKey& key, const std::function<std::optional<std::string>(const char*)>& getenv) {
+  auto absolute = [&getenv](const char* name) -> std::optional<std::string> {
+    auto v = getenv(name);
+    if (!v || v->empty() || v->front() != '/') return std::nullopt;
+    return v;
+  };
+  std::filesystem::path dir;
+  if (auto xdg = absolute("XDG_CACHE_HOME")) {
+    dir = std::filesystem::path(*xdg) / "tpcomm";
+  } else if (auto home = absolute("HOME")) {
+    dir = std::filesystem::path(*home) / ".cache" / "tpcomm";
+  } else {
+    dir = "/tmp/tpcomm-cache";
+  }
+  return (dir / detail::concat("tune-w", key.world_size, "-", slug(key.gpu), ".txt")).string();
+}
+
+std::string default_tune_path(const TuneKey& key) {
+  return default_tune_path(key, [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  });
+}
+
+std::string tune_path(const Options& options, const TuneKey& key) {
+  if (!options.tune_file.empty()) return options.tune_file;
+  return default_tune_path(key);
+}
+
+}  // namespace tpcomm

@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "tpcomm/options.hpp"
+#include "tpcomm/types.hpp"
+#include "tune/algo.hpp"
+#include "tune/selector.hpp"
+#include "tune/table.hpp"
+
+namespace tpcomm {
+namespace {
+
+constexpr std::int64_t kKiB = 1024;
+constexpr std::int64_t kMiB = 1024 * 1024;
+
+SelectorCaps caps8() { return SelectorCaps{8, true, 8 * kMiB, kMaxBlocksPerRank}; }
+
+Choice auto_choice(std::int64_t bytes, const SelectorCaps& caps, const TuneTable* table = nullptr) {
+  return select_all_reduce(bytes, DType::kBF16, ReduceOp::kSum, caps, AlgoChoice::kAuto, table);
+}
+
+TuneTable table_for(int world, std::vector<TuneEntry> entries) {
+  return TuneTable(TuneKey{"NVIDIA H200", world, "nvlink-full", 12040, 22703, "0.1.0"},
+                   std::move(entries));
+}
+
+TEST(Algo, NamesRoundTrip) {
+  for (Algo a : {Algo::kNone, Algo::kOneShot, Algo::kTwoShot})
+    EXPECT_EQ(parse_algo(to_string(a)), a);
+  EXPECT_EQ(to_string(Algo::kOneShot), "one_shot");
+  EXPECT_EQ(to_string(Algo::kTwoShot), "two_shot");
+  EXPECT_EQ(to_string(Algo::kNone), "none");
+  EXPECT_FALSE(parse_algo("oneshot").has_value());
+  EXPECT_FALSE(parse_algo("").has_value());
+  EXPECT_EQ(to_string(Choice{Algo::kTwoShot, 8, 512}), "two_shot 8x512");
+  EXPECT_EQ(to_string(Choice{}), "none");
+  EXPECT_EQ((Choice{Algo::kOneShot, 1, 512}), (Choice{Algo::kOneShot, 1, 512}));
+  EXPECT_NE((Choice{Algo::kOneShot, 1, 512}), (Choice{Algo::kOneShot, 2, 512}));
+  EXPECT_NE((Choice{Algo::kOneShot, 1, 512}), (Choice{Algo::kTwoShot, 1, 512}));
+  EXPECT_TRUE(is_valid(Choice{}));
+  EXPECT_FALSE(is_valid(Choice{Algo::kNone, 1, 0}));
+  EXPECT_TRUE(is_valid(Choice{Algo::kOneShot, 128, 1024}));
+  EXPECT_FALSE(is_valid(Choice{Algo::kOneShot, 129, 1024}));
+  EXPECT_FALSE(is_valid(Choice{Algo::kOneShot, 1, 32}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Built-in defaults
+
+TEST(DefaultChoice, SwitchPointsFollowVllmAndSglang) {
+  // Two ranks: one-shot at every size.
+  for (std::int64_t b : {std::int64_t{16}, 512 * kKiB, 8 * kMiB, 1024 * kMiB})
+    EXPECT_EQ(default_choice(b, 2, 36).algo, Algo::kOneShot) << b;
+  // Three and four ranks: one-shot below 512 KiB.
+  for (int w : {3, 4}) {
+    EXPECT_EQ(default_choice(512 * kKiB - 16, w, 36).algo, Algo::kOneShot) << w;
+    EXPECT_EQ(default_choice(512 * kKiB, w, 36).algo, Algo::kTwoShot) << w;
+  }
+  // Five to eight ranks: one-shot below 256 KiB.
+  for (int w : {5, 6, 7, 8}) {
+    EXPECT_EQ(default_choice(256 * kKiB - 16, w, 36).algo, Algo::kOneShot) << w;
+    EXPECT_EQ(default_choice(256 * kKiB, w, 36).algo, Algo::kTwoShot) << w;
+    EXPECT_EQ(default_choice(300 * kKiB, w, 36).algo, Algo::kTwoShot) << w;
+  }
+  EXPECT_EQ(default_choice(300 * kKiB, 4, 36).algo, Algo::kOneShot);
+}
+
+TEST(DefaultChoice, BlocksPerSixteenByteVectorsOfWork) {
+  // One-shot: bytes / 16 vectors, 512 threads per block.
+  EXPECT_EQ(default_launch(Algo::kOneShot, 16, 8, 128), (Choice{Algo::kOneShot, 1, 512}));
+  EXPECT_EQ(default_launch(Algo::kOneShot, 1, 8, 128), (Choice{Algo::kOneShot, 1, 512}));
+  EXPECT_EQ(default_launch(Algo::kOneShot, 512 * 16, 8, 128).blocks, 1);
+  EXPECT_EQ(default_launch(Algo::kOneShot, 512 * 16 + 16, 8, 128).blocks, 2);
+  EXPECT_EQ(default_launch(Algo::kOneShot, 512 * 16 + 1, 8, 128).blocks, 2);
+  EXPECT_EQ(default_launch(Algo::kOneShot, 10 * 512 * 16, 8, 128).blocks, 10);
+  EXPECT_EQ(default_launch(Algo::kOneShot, 36 * 512 * 16, 8, 128).blocks, 36);
+  EXPECT_EQ(default_launch(Algo::kOneShot, 37 * 512 * 16, 8, 128).blocks, 36);  // at most 36
+  // Two-shot: one rank's work is a 1/world slice.
+  EXPECT_EQ(default_launch(Algo::kTwoShot, 1 * kMiB, 8, 128), (Choice{Algo::kTwoShot, 16, 512}));
+  EXPECT_EQ(default_launch(Algo::kTwoShot, 1 * kMiB, 4, 128).blocks, 32);
+  EXPECT_EQ(default_launch(Algo::kTwoShot, 1 * kMiB, 2, 128).blocks, 36);
+  EXPECT_EQ(default_launch(Algo::kTwoShot, 8 * kMiB, 8, 128).blocks, 36);
+  EXPECT_EQ(default_launch(Algo::kTwoShot, 16, 8, 128).blocks, 1);
+  EXPECT_EQ(default_launch(Algo::kTwoShot, 3 * 512 * 16 * 8 + 16, 8, 128).blocks, 4);
+  // max_blocks caps the count; below 1 it counts as 1.
+  EXPECT_EQ(default_launch(Algo::kOneShot, 8 * kMiB, 8, 8).blocks, 8);
+  EXPECT_EQ(default_launch(Algo::kOneShot, 8 * kMiB, 8, 0).blocks, 1);
+  EXPECT_EQ(default_launch(Algo::kOneShot, 8 * kMiB, 8, -3).blocks, 1);
+  EXPECT_EQ(default_launch(Algo::kNone, 8 * kMiB, 8, 36), Choice{});
+  // default_choice uses the same shape.
+  EXPECT_EQ(default_choice(1 * kMiB, 8, 128), default_launch(Algo::kTwoShot, 1 * kMiB, 8, 128));
+  EXPECT_EQ(default_choice(64 * kKiB, 8, 128), (Choice{Algo::kOneShot, 8, 512}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hard requirements
+
+TEST(SelectAllReduce, EachHardRequirementFallsBackToNccl) {
+  const SelectorCaps caps = caps8();
+  ASSERT_NE(auto_choice(64 * kKiB, caps).algo, Algo::kNone);
+  auto none = [](std::int64_t bytes, DType dtype, ReduceOp op, const SelectorCaps& c) {
+    return select_all_reduce(bytes, dtype, op, c, AlgoChoice::kAuto, nullptr) == Choice{};
+  };
+  const std::int64_t b = 64 * kKiB;
+  SelectorCaps c = caps;
+  c.custom_available = false;
+  EXPECT_TRUE(none(b, DType::kBF16, ReduceOp::kSum, c));
+  for (int w : {-1, 0, 1, 9, 16}) {
+    c = caps;
+    c.world_size = w;
+    EXPECT_TRUE(none(b, DType::kBF16, ReduceOp::kSum, c)) << w;
+  }
+  for (int w : {2, 3, 4, 5, 6, 7, 8}) {
+    c = caps;
+    c.world_size = w;
+    EXPECT_FALSE(none(b, DType::kBF16, ReduceOp::kSum, c)) << w;
+  }
+  c = caps;
+  c.max_blocks = 0;
+  EXPECT_TRUE(none(b, DType::kBF16, ReduceOp::kSum, c));
+  for (DType t : {DType::kF64, DType::kI8, DType::kU8, DType::kI32, DType::kU32, DType::kI64,
+                  DType::kU64, DType::kF8E4M3, DType::kF8E5M2})
+    EXPECT_TRUE(none(b, t, ReduceOp::kSum, caps)) << to_string(t);
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+    EXPECT_FALSE(none(b, t, ReduceOp::kSum, caps)) << to_string(t);
+  for (ReduceOp op : {ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg})
+    EXPECT_TRUE(none(b, DType::kBF16, op, caps)) << to_string(op);
+  EXPECT_TRUE(none(0, DType::kBF16, ReduceOp::kSum, caps));
+  EXPECT_TRUE(none(-2, DType::kBF16, ReduceOp::kSum, caps));
+  EXPECT_TRUE(none(8 * kMiB + 2, DType::kBF16, ReduceOp::kSum, caps));
+  EXPECT_FALSE(none(8 * kMiB, DType::kBF16, ReduceOp::kSum, caps));
+  EXPECT_FALSE(none(2, DType::kBF16, ReduceOp::kSum, caps));
+  // A partial element is not a tensor.
+  EXPECT_TRUE(none(3, DType::kBF16, ReduceOp::kSum, caps));
+  EXPECT_TRUE(none(6, DType::kF32, ReduceOp::kSum, caps));
+  // Hard requirements win over a forced algorithm and over the table.
+  c = caps;
+  c.custom_available = false;
+  EXPECT_EQ(select_all_reduce(b, DType::kBF16, ReduceOp::kSum, c, AlgoChoice::kOneShot, nullptr),
+            Choice{});
+  TuneTable t = table_for(8, {{16 * kMiB, Choice{Algo::kOneShot, 4, 256}, 1}});
+  EXPECT_EQ(auto_choice(9 * kMiB, caps, &t), Choice{});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forced algorithms, the table, clamping
+
+TEST(SelectAllReduce, ForcedAlgorithms) {
+  const SelectorCaps caps = caps8();
+  auto forced = [&](std::int64_t bytes, AlgoChoice f, const TuneTable* table = nullptr) {
+    return select_all_reduce(bytes, DType::kF16, ReduceOp::kSum, caps, f, table);
+  };
+  EXPECT_EQ(forced(64 * kKiB, AlgoChoice::kNccl), Choice{});
+  EXPECT_EQ(forced(4 * kMiB, AlgoChoice::kOneShot),
+            default_launch(Algo::kOneShot, 4 * kMiB, 8, 128));
+  EXPECT_EQ(forced(4 * kMiB, AlgoChoice::kOneShot).algo, Algo::kOneShot);
+  EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kTwoShot), (Choice{Algo::kTwoShot, 1, 512}));
+  // A forced algorithm ignores the table.
+  TuneTable t = table_for(8, {{8 * kMiB, Choice{Algo::kOneShot, 7, 128}, 1}});
+  EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kTwoShot, &t), (Choice{Algo::kTwoShot, 1, 512}));
+  EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kNccl, &t), Choice{});
+  EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kAuto, &t), (Choice{Algo::kOneShot, 7, 128}));
+}
+
+TEST(SelectAllReduce, TableWhereItCoversTheSizeDefaultsElsewhere) {
+  const SelectorCaps caps = caps8();
+  TuneTable t = table_for(8, {{512, Choice{Algo::kTwoShot, 2, 128}, 1},
+                              {4 * kKiB, Choice{Algo::kTwoShot, 3, 256}, 2},
+                              {64 * kKiB, Choice{}, 3},  // NCCL won this bucket
+                              {1 * kMiB, Choice{Algo::kOneShot, 24, 1024}, 4}});
+  EXPECT_EQ(auto_choice(2, caps, &t), (Choice{Algo::kTwoShot, 2, 128}));
+  EXPECT_EQ(auto_choice(512, caps, &t), (Choice{Algo::kTwoShot, 2, 128}));
+  EXPECT_EQ(auto_choice(514, caps, &t), (Choice{Algo::kTwoShot, 3, 256}));
+  EXPECT_EQ(auto_choice(8 * kKiB, caps, &t), Choice{});
+  EXPECT_EQ(auto_choice(1 * kMiB, caps, &t), (Choice{Algo::kOneShot, 24, 1024}));
+  // Beyond the table: the defaults.
+  EXPECT_EQ(auto_choice(1 * kMiB + 2, caps, &t), default_choice(1 * kMiB + 2, 8, 128));
+  EXPECT_EQ(auto_choice(1 * kMiB + 2, caps, &t).algo, Algo::kTwoShot);
+  // No table, an empty table, or one tuned for another group size: the defaults.
+  EXPECT_EQ(auto_choice(512, caps, nullptr), default_choice(512, 8, 128));
+  TuneTable empty;
+  EXPECT_EQ(auto_choice(512, caps, &empty), default_choice(512, 8, 128));
+  TuneTable four = table_for(4, {{8 * kMiB, Choice{Algo::kTwoShot, 2, 128}, 1}});
+  EXPECT_EQ(auto_choice(512, caps, &four), default_choice(512, 8, 128));
+  SelectorCaps caps4 = caps;
+  caps4.world_size = 4;
+  EXPECT_EQ(auto_choice(512, caps4, &four), (Choice{Algo::kTwoShot, 2, 128}));
+}
+
+TEST(SelectAllReduce, BlocksAreClampedToTheCapsInEveryCase) {
+  SelectorCaps caps = caps8();
+  caps.max_blocks = 4;
+  TuneTable t = table_for(8, {{1 * kMiB, Choice{Algo::kTwoShot, 64, 256}, 1},
+                              {2 * kMiB, Choice{Algo::kOneShot, 3, 256}, 1}});
+  EXPECT_EQ(auto_choice(1 * kMiB, caps, &t), (Choice{Algo::kTwoShot, 4, 256}));
+  EXPECT_EQ(auto_choice(2 * kMiB, caps, &t), (Choice{Algo::kOneShot, 3, 256}));
+  EXPECT_EQ(auto_choice(4 * kMiB, caps, &t), (Choice{Algo::kTwoShot, 4, 512}));
+  EXPECT_EQ(
+      select_all_reduce(4 * kMiB, DType::kF32, ReduceOp::kSum, caps, AlgoChoice::kOneShot, &t),
+      (Choice{Algo::kOneShot, 4, 512}));
+  caps.max_blocks = 1;
+  EXPECT_EQ(auto_choice(1 * kMiB, caps, &t).blocks, 1);
+}
+
+// The selector is a pure function of its inputs: the same inputs give the same output on
+// every call and in any order, which is what keeps all ranks on one path.
+TEST(SelectAllReduce, IsAPureFunction) {
+  TuneTable t = table_for(8, {{4 * kKiB, Choice{Algo::kOneShot, 2, 256}, 1},
+                              {256 * kKiB, Choice{Algo::kTwoShot, 9, 512}, 1}});
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t b = 2; b <= 16 * kMiB; b = b * 3 / 2 + 2) sizes.push_back(b);
+  struct Call {
+    std::int64_t bytes;
+    int world;
+    AlgoChoice forced;
+    bool with_table;
+  };
+  std::vector<Call> calls;
+  for (std::int64_t b : sizes)
+    for (int w : {1, 2, 4, 8, 9})
+      for (AlgoChoice f :
+           {AlgoChoice::kAuto, AlgoChoice::kNccl, AlgoChoice::kOneShot, AlgoChoice::kTwoShot})
+        for (bool with_table : {false, true}) calls.push_back({b, w, f, with_table});
+  auto run = [&](const Call& c) {
+    SelectorCaps caps = caps8();
+    caps.world_size = c.world;
+    return select_all_reduce(c.bytes, DType::kBF16, ReduceOp::kSum, caps, c.forced,
+                             c.with_table ? &t : nullptr);
+  };
+  std::vector<Choice> first;
+  for (const Call& c : calls) first.push_back(run(c));
+  for (std::size_t i = calls.size(); i-- > 0;) {
+    Choice again = run(calls[i]);
+    EXPECT_EQ(again, first[i]) << calls[i].bytes;
+    EXPECT_TRUE(is_valid(again)) << again;
+  }
+}
+
+}  // namespace
+}  // namespace tpcomm
