@@ -40,18 +40,10 @@
 #include <string_view>
 #include <vector>
 
+#include "tpcomm/parallel_groups.hpp"
+
 namespace tpcomm {
 
-/// SGLang's parallelism flags that shape the groups (`--tp-size`, `--dp-size`,
-/// `--enable-dp-attention`, `--attn-cp-size`, `--ep-size`, `--moe-dp-size`).
-struct ParallelConfig {
-  int tp_size = 1;
-  int dp_size = 1;
-  bool enable_dp_attention = false;
-  int attn_cp_size = 1;
-  int moe_ep_size = 1;
-  int moe_dp_size = 1;
-};
 
 /// The groups a layout describes.
 enum class GroupKind : std::uint8_t {

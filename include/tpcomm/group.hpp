@@ -39,8 +39,9 @@ struct GroupConfig {
 /// new group. kUnsupported means no backend could serve the request.
 class Group {
  public:
-  /// Builds the communicators. Collective over `boot`, which must outlive the group. `device`
-  /// is the CUDA device ordinal of this rank. Throws `Error` when the group cannot be built at
+  /// Builds the communicators. Collective over `boot`; the group then keeps a namespace of its
+  /// own in the same store, so `boot` need not outlive it. `device` is the CUDA device ordinal
+  /// of this rank. Throws `Error` when the group cannot be built at
   /// all; a backend that cannot be built (no NCCL, no peer access) is left out, on every rank
   /// alike, with a log line.
   Group(Bootstrap& boot, int device, Options options = Options::from_env(), GroupConfig config = {});

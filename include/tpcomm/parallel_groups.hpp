@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// SGLang's parallel groups (TP, attention TP, MoE EP, MoE TP) built from one world.
+#pragma once
+
+#include <memory>
+
+#include "tpcomm/bootstrap.hpp"
+#include "tpcomm/group.hpp"
+#include "tpcomm/options.hpp"
+
+namespace tpcomm {
+
+/// SGLang's parallelism flags that shape the groups (`--tp-size`, `--dp-size`,
+/// `--enable-dp-attention`, `--attn-cp-size`, `--ep-size`, `--moe-dp-size`).
+struct ParallelConfig {
+  int tp_size = 1;
+  int dp_size = 1;
+  bool enable_dp_attention = false;
+  int attn_cp_size = 1;
+  int moe_ep_size = 1;
+  int moe_dp_size = 1;
+};
+
+/// The groups of one rank, with SGLang's rank layouts (see src/parallel_layout.hpp for the
+/// rules): TP (contiguous ranks; NCCL and the custom all-reduce), attention TP, MoE EP (strided)
+/// and MoE TP. A group whose layout equals TP's is the same object as `tp()` (compare
+/// addresses); the others get NCCL only, and a group of one rank gets no communicator at all.
+/// Move-only.
+class ParallelGroups {
+ public:
+  /// Collective over `world` (world size must equal `config.tp_size`). Throws
+  /// `Error(kInvalidArgument)` naming the flag for sizes that do not divide.
+  ParallelGroups(Bootstrap& world, int device, const ParallelConfig& config,
+                 Options options = Options::from_env());
+  ~ParallelGroups();
+  ParallelGroups(ParallelGroups&&) noexcept;
+  ParallelGroups& operator=(ParallelGroups&&) noexcept;
+
+  [[nodiscard]] Group& tp() noexcept;
+  [[nodiscard]] Group& attn_tp() noexcept;
+  [[nodiscard]] Group& moe_ep() noexcept;
+  [[nodiscard]] Group& moe_tp() noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tpcomm
