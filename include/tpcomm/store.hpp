@@ -26,7 +26,8 @@ class Store {
   virtual ~Store() = default;
 
   /// Stores `value` under `key`, replacing any previous value, and wakes waiters.
-  virtual void set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) = 0;
+  virtual void set(std::string_view key, std::span<const std::byte> value,
+                   Milliseconds timeout) = 0;
   /// Returns the value of `key`, waiting up to `timeout` for it to be set.
   virtual Bytes get(std::string_view key, Milliseconds timeout) = 0;
   /// Adds `delta` to the 64-bit counter at `key` (created as 0) and returns the new value.
@@ -46,8 +47,9 @@ class Store {
   void set(std::string_view key, std::span<const std::byte> value) {
     set(key, value, default_timeout_);
   }
-  void set(std::string_view key, std::string_view value) {
-    set(key, std::as_bytes(std::span(value.data(), value.size())), default_timeout_);
+  void set(std::string_view key, std::string_view value) { set(key, value, default_timeout_); }
+  void set(std::string_view key, std::string_view value, Milliseconds timeout) {
+    set(key, std::as_bytes(std::span(value.data(), value.size())), timeout);
   }
   Bytes get(std::string_view key) { return get(key, default_timeout_); }
   std::int64_t add(std::string_view key, std::int64_t delta) {
@@ -110,7 +112,10 @@ struct TcpStoreServerConfig {
 ///
 /// Wire format: length-prefixed binary frames (see `src/bootstrap/wire.hpp`). Malformed,
 /// oversized or unauthenticated frames close that one connection with an error reply; the
-/// server keeps serving every other client.
+/// server keeps serving every other client. A connection must authenticate (HELLO with the
+/// token, empty when none is configured) within `frame_timeout` of connecting. One thread
+/// serves each connection; a GET or WAIT waiting for its key notices within about 100 ms that
+/// its client hung up, and frees the thread.
 class TcpStoreServer {
  public:
   /// Binds and starts serving on background threads. Throws `Error(kSystemError)` when the
@@ -122,8 +127,15 @@ class TcpStoreServer {
 
   /// The bound port.
   [[nodiscard]] int port() const noexcept;
-  /// Number of frames rejected so far (malformed, oversized, unauthenticated).
+  /// Number of frames rejected so far (malformed, oversized, unauthenticated, stalled, or cut
+  /// off by the client in the middle).
   [[nodiscard]] std::int64_t rejected_frames() const noexcept;
+  /// Number of connections being served now (each holds one server thread).
+  [[nodiscard]] int connections() const noexcept;
+  /// Number of GET/WAIT requests waiting for their key now.
+  [[nodiscard]] int waiting() const noexcept;
+  /// Waits up to `timeout` until no client is connected; true when none is.
+  bool wait_idle(Milliseconds timeout);
   /// Stops accepting, closes every connection and joins the threads. Idempotent.
   void stop() noexcept;
 
@@ -133,6 +145,14 @@ class TcpStoreServer {
 };
 
 /// Client of a TCP store server; optionally hosts the server itself (rank 0).
+///
+/// One connection, used by one operation at a time (callers from several threads take turns).
+/// Keys and values longer than `server.max_key_bytes` / `server.max_value_bytes` are refused
+/// locally with `Error(kInvalidArgument)`. A GET or WAIT that the server times out throws
+/// `Error(kTimeout)` naming the key; the connection stays usable. A lost connection, a reply
+/// that never comes, or an error reply after which the server closes the connection (wrong
+/// token, malformed frame) makes this and every later operation throw: the client does not
+/// reconnect, because an operation whose reply was lost may or may not have been applied.
 class TcpStore final : public Store {
  public:
   struct Config {
@@ -141,12 +161,21 @@ class TcpStore final : public Store {
     /// Host a server in this process, bound to `server.bind`:`port` (port 0 = any free one).
     bool host_server = false;
     TcpStoreServerConfig server{};
-    /// Token presented to the server.
+    /// Token presented to the server. A hosted server whose `server.token` is empty checks this
+    /// one.
     std::string token;
     /// Default timeout of operations, and the time allowed to connect (the server may start
     /// later than its clients).
     Milliseconds timeout{30000};
+    /// With `host_server`: how long the destructor waits for the other clients to disconnect
+    /// before it stops the server, so that a peer still reading the reply of its last operation
+    /// (the last barrier of a job) is not cut off.
+    Milliseconds linger{3000};
   };
+
+  /// Connects (retrying until `timeout`: the server may start later) and presents the token.
+  /// Throws `Error(kTimeout)` when no server accepts in time, `Error(kInvalidArgument)` when
+  /// the server refuses the token, `Error(kSystemError)` when a hosted server cannot bind.
 
   explicit TcpStore(Config config);
   ~TcpStore() override;

@@ -1,0 +1,473 @@
+// SPDX-License-Identifier: Apache-2.0
+// launch_local: fork/exec the ranks, watch them, stop them all when one fails.
+#include "bootstrap/launcher.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+
+#include "bootstrap/deadline.hpp"
+#include "bootstrap/socket.hpp"
+#include "core/check.hpp"
+#include "core/log.hpp"
+
+extern char** environ;
+
+namespace tpcomm {
+namespace {
+
+using detail::concat;
+using std::chrono::milliseconds;
+
+// Exit code of a rank that has nothing to do here (CTest's SKIP_RETURN_CODE).
+constexpr int kSkipCode = 77;
+// Exit code of a launch whose deadline passed (as timeout(1)).
+constexpr int kDeadlineCode = 124;
+// How long the launcher waits for children after SIGKILL before it gives up on them.
+constexpr milliseconds kAbandonAfter{5000};
+// Longest sleep of the watch loop between checks of the children.
+constexpr milliseconds kTick{20};
+
+// Variables the launcher sets, and the explicit ones that would override them.
+constexpr std::array<const char*, 11> kManagedVars{"RANK",
+                                                   "WORLD_SIZE",
+                                                   "LOCAL_RANK",
+                                                   "LOCAL_WORLD_SIZE",
+                                                   "MASTER_ADDR",
+                                                   "MASTER_PORT",
+                                                   "TPCOMM_RANK",
+                                                   "TPCOMM_WORLD_SIZE",
+                                                   "TPCOMM_LOCAL_RANK",
+                                                   "TPCOMM_LOCAL_WORLD_SIZE",
+                                                   "TPCOMM_STORE_ADDR"};
+
+// NOTE [launcher signals]
+// SIGINT/SIGTERM handlers only write the signal number into a non-blocking pipe (write is
+// async-signal-safe); the watch loop reads it. One launch runs at a time per process.
+std::atomic<int> g_signal_pipe{-1};
+std::mutex g_launch_mu;
+
+extern "C" void on_launcher_signal(int sig) {
+  const int saved = errno;
+  const int fd = g_signal_pipe.load();
+  if (fd >= 0) {
+    const unsigned char b = static_cast<unsigned char>(sig);
+    ssize_t rc = ::write(fd, &b, 1);
+    (void)rc;
+  }
+  errno = saved;
+}
+
+class SignalForwarding {
+ public:
+  SignalForwarding() {
+    int p[2];
+    TPCOMM_CHECK(::pipe2(p, O_CLOEXEC | O_NONBLOCK) == 0, Status::kSystemError,
+                 "pipe2: ", std::strerror(errno));
+    read_fd_ = p[0];
+    write_fd_ = p[1];
+    g_signal_pipe.store(write_fd_);
+    struct sigaction sa {};
+    sa.sa_handler = on_launcher_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalForwarding() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    g_signal_pipe.store(-1);
+    ::close(read_fd_);
+    ::close(write_fd_);
+  }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+
+  [[nodiscard]] int fd() const noexcept { return read_fd_; }
+
+  // Signals received since the last call.
+  std::vector<int> take() {
+    std::vector<int> out;
+    unsigned char buf[16];
+    ssize_t n;
+    while ((n = ::read(read_fd_, buf, sizeof(buf))) > 0) out.insert(out.end(), buf, buf + n);
+    return out;
+  }
+
+ private:
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    TPCOMM_CHECK(is_executable_file(name), Status::kInvalidArgument, "cannot execute \"", name,
+                 "\": not an executable file");
+    return name;
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    auto colon = dirs.find(':');
+    std::string dir(dirs.substr(0, colon));
+    std::string candidate = concat(dir.empty() ? "." : dir, "/", name);
+    if (is_executable_file(candidate)) return candidate;
+    if (colon == std::string_view::npos) break;
+    dirs.remove_prefix(colon + 1);
+  }
+  TPCOMM_THROW(Status::kInvalidArgument, "program \"", name, "\" not found in PATH");
+}
+
+std::string random_token() {
+  std::random_device rd;
+  std::string out;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 8; ++i) {
+    std::uint32_t v = rd();
+    for (int j = 0; j < 4; ++j) {
+      out += kHex[(v >> 4) & 0xF];
+      out += kHex[v & 0xF];
+      v >>= 8;
+    }
+  }
+  return out;
+}
+
+std::string variable_name(const char* entry) {
+  const char* eq = std::strchr(entry, '=');
+  return eq == nullptr ? std::string(entry) : std::string(entry, eq);
+}
+
+std::string format_seconds(milliseconds ms) {
+  if (ms.count() % 1000 == 0) return concat(ms.count() / 1000, " s");
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) out += concat(i == 0 ? "" : ", ", ranks[i]);
+  return out;
+}
+
+// One child's exec arguments, prepared before fork: after fork only async-signal-safe calls
+// are allowed in the child.
+struct ChildPlan {
+  std::vector<std::string> env_storage;
+  std::vector<char*> envp;
+};
+
+[[noreturn]] void exec_child(const std::string& path, char* const* argv, char* const* envp,
+                             pid_t parent) noexcept {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(SIGINT, &dfl, nullptr);
+  ::sigaction(SIGTERM, &dfl, nullptr);
+  ::sigaction(SIGPIPE, &dfl, nullptr);
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The launcher may have died between fork and prctl; then nobody would kill this child.
+  if (::getppid() != parent) ::_exit(128 + SIGKILL);
+  // Signals blocked by the launcher while it forked (and any the caller blocked) are delivered
+  // from here on, with their default actions.
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(path.c_str(), argv, envp);
+  static constexpr char kMsg[] = "tpcomm launch: execve failed for ";
+  ssize_t rc = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+  rc = ::write(STDERR_FILENO, path.c_str(), path.size());
+  rc = ::write(STDERR_FILENO, "\n", 1);
+  (void)rc;
+  ::_exit(127);
+}
+
+class Watch {
+ public:
+  explicit Watch(std::vector<RankExit>& ranks) : ranks_(ranks) {}
+
+  // Signals every child that has not been reaped, through its process group.
+  void signal_all(int sig) {
+    for (RankExit& r : ranks_) {
+      if (r.how != RankExit::How::kRunning || r.pid <= 0) continue;
+      r.stopped_by_launcher = true;
+      if (::kill(-r.pid, sig) != 0) ::kill(r.pid, sig);
+    }
+  }
+
+  // Reaps what has ended; returns the ranks that ended now.
+  std::vector<int> reap() {
+    std::vector<int> ended;
+    for (RankExit& r : ranks_) {
+      if (r.how != RankExit::How::kRunning || r.pid <= 0) continue;
+      int status = 0;
+      pid_t got;
+      do {
+        got = ::waitpid(r.pid, &status, WNOHANG);
+      } while (got < 0 && errno == EINTR);
+      if (got == 0) continue;
+      if (got < 0) {
+        // ECHILD: someone else reaped it (a SIGCHLD set to SIG_IGN); its status is lost.
+        r.how = RankExit::How::kExited;
+        r.code = 0;
+        TPCOMM_LOG_WARN("launch: rank ", r.rank, " (pid ", r.pid,
+                        ") was reaped elsewhere; its exit status is unknown");
+      } else if (WIFEXITED(status)) {
+        r.how = RankExit::How::kExited;
+        r.code = WEXITSTATUS(status);
+      } else if (WIFSIGNALED(status)) {
+        r.how = RankExit::How::kSignaled;
+        r.signal = WTERMSIG(status);
+      } else {
+        continue;
+      }
+      ended.push_back(r.rank);
+    }
+    return ended;
+  }
+
+  [[nodiscard]] std::vector<int> running() const {
+    std::vector<int> out;
+    for (const RankExit& r : ranks_)
+      if (r.how == RankExit::How::kRunning && r.pid > 0) out.push_back(r.rank);
+    return out;
+  }
+
+ private:
+  std::vector<RankExit>& ranks_;
+};
+
+bool is_failure(const RankExit& r) {
+  return r.how == RankExit::How::kSignaled ||
+         (r.how == RankExit::How::kExited && r.code != 0 && r.code != kSkipCode);
+}
+
+}  // namespace
+
+std::string signal_name(int sig) {
+  static constexpr std::array<std::pair<int, const char*>, 22> kNames{{
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
+      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"}, {SIGXCPU, "SIGXCPU"},
+      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
+  }};
+  for (const auto& [n, name] : kNames)
+    if (n == sig) return name;
+  return concat("signal ", sig);
+}
+
+std::string describe(const RankExit& r) {
+  switch (r.how) {
+    case RankExit::How::kExited:
+      return concat("rank ", r.rank, " exited with code ", r.code);
+    case RankExit::How::kSignaled:
+      return concat("rank ", r.rank, " killed by signal ", r.signal, " (", signal_name(r.signal),
+                    ")");
+    case RankExit::How::kRunning:
+      return concat("rank ", r.rank, " still running");
+  }
+  return "?";
+}
+
+LaunchResult launch_local(const LaunchSpec& spec) {
+  TPCOMM_CHECK(!spec.argv.empty() && !spec.argv[0].empty(), Status::kInvalidArgument,
+               "launch: no program given");
+  TPCOMM_CHECK(spec.nprocs >= 1, Status::kInvalidArgument, "launch: the number of processes (",
+               spec.nprocs, ") must be at least 1");
+  TPCOMM_CHECK(spec.timeout.count() >= 0 && spec.grace.count() >= 0, Status::kInvalidArgument,
+               "launch: negative timeout or grace period");
+  std::unique_lock launch_lock(g_launch_mu, std::try_to_lock);
+  TPCOMM_CHECK(launch_lock.owns_lock(), Status::kInvalidArgument,
+               "launch: another launch is running in this process");
+
+  const std::string program = find_program(spec.argv[0]);
+  const int port = spec.master_port != 0 ? spec.master_port : net::free_port();
+
+  // The environment every child shares, then each child's own numbering.
+  std::set<std::string> overridden(kManagedVars.begin(), kManagedVars.end());
+  for (const auto& [name, value] : spec.env) overridden.insert(name);
+  const bool has_token = std::getenv("TPCOMM_STORE_TOKEN") != nullptr ||
+                         std::any_of(spec.env.begin(), spec.env.end(), [](const auto& kv) {
+                           return kv.first == "TPCOMM_STORE_TOKEN";
+                         });
+  std::vector<std::string> common;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (!overridden.contains(variable_name(*e))) common.emplace_back(*e);
+  }
+  common.push_back(concat("WORLD_SIZE=", spec.nprocs));
+  common.push_back(concat("LOCAL_WORLD_SIZE=", spec.nprocs));
+  common.push_back(concat("MASTER_ADDR=", spec.master_addr));
+  common.push_back(concat("MASTER_PORT=", port));
+  if (!has_token) common.push_back(concat("TPCOMM_STORE_TOKEN=", random_token()));
+  for (const auto& [name, value] : spec.env) common.push_back(concat(name, "=", value));
+
+  std::vector<ChildPlan> plans(static_cast<std::size_t>(spec.nprocs));
+  for (int r = 0; r < spec.nprocs; ++r) {
+    ChildPlan& p = plans[static_cast<std::size_t>(r)];
+    p.env_storage = common;
+    p.env_storage.push_back(concat("RANK=", r));
+    p.env_storage.push_back(concat("LOCAL_RANK=", r));
+    for (std::string& s : p.env_storage) p.envp.push_back(s.data());
+    p.envp.push_back(nullptr);
+  }
+  std::vector<std::string> argv_storage = spec.argv;
+  std::vector<char*> argv;
+  for (std::string& s : argv_storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  LaunchResult result;
+  result.ranks.resize(static_cast<std::size_t>(spec.nprocs));
+  for (int r = 0; r < spec.nprocs; ++r) result.ranks[static_cast<std::size_t>(r)].rank = r;
+  Watch watch(result.ranks);
+  SignalForwarding signals;
+
+  const pid_t self = ::getpid();
+  std::fflush(nullptr);  // buffered output would otherwise be written once per child too
+  // A SIGINT/SIGTERM must not reach a child before it has dropped the launcher's handler (it
+  // would report the signal through the launcher's pipe instead of dying): block them while
+  // forking; each child unblocks them after restoring the default actions.
+  sigset_t stop_signals;
+  sigset_t previous_mask;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &stop_signals, &previous_mask);
+  struct RestoreMask {
+    const sigset_t& mask;
+    bool done = false;
+    void operator()() {
+      if (!done) ::pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+      done = true;
+    }
+    ~RestoreMask() { (*this)(); }
+  } restore_mask{previous_mask};
+  for (int r = 0; r < spec.nprocs; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0)
+      exec_child(program, argv.data(), plans[static_cast<std::size_t>(r)].envp.data(), self);
+    if (pid < 0) {
+      const int err = errno;
+      restore_mask();
+      watch.signal_all(SIGKILL);
+      const Deadline give_up = deadline_after(kAbandonAfter);
+      while (!watch.running().empty() && SteadyClock::now() < give_up) {
+        watch.reap();
+        ::poll(nullptr, 0, static_cast<int>(kTick.count()));
+      }
+      TPCOMM_THROW(Status::kSystemError, "launch: fork for rank ", r,
+                   " failed: ", std::strerror(err));
+    }
+    // Also set here, so that signalling the group works even before the child has run.
+    ::setpgid(pid, pid);
+    result.ranks[static_cast<std::size_t>(r)].pid = pid;
+  }
+  restore_mask();
+  TPCOMM_LOG_INFO("launch: started ", spec.nprocs, " ranks of ", program, ", MASTER_PORT=", port);
+
+  enum class Phase { kRunning, kTerminating, kKilling };
+  Phase phase = Phase::kRunning;
+  const Deadline job_deadline =
+      spec.timeout.count() > 0 ? deadline_after(spec.timeout) : kNoDeadline;
+  Deadline kill_at = kNoDeadline;
+  Deadline abandon_at = kNoDeadline;
+  std::optional<int> primary_code;
+
+  auto begin_stop = [&](int sig, std::string why, int code) {
+    if (!primary_code) {
+      primary_code = code;
+      result.message = std::move(why);
+    }
+    watch.signal_all(sig);
+    phase = Phase::kTerminating;
+    kill_at = deadline_after(spec.grace);
+  };
+  auto kill_all = [&] {
+    watch.signal_all(SIGKILL);
+    phase = Phase::kKilling;
+    abandon_at = deadline_after(kAbandonAfter);
+  };
+
+  for (;;) {
+    for (int r : watch.reap()) {
+      const RankExit& e = result.ranks[static_cast<std::size_t>(r)];
+      if (phase == Phase::kRunning && is_failure(e)) {
+        begin_stop(SIGTERM, describe(e),
+                   e.how == RankExit::How::kSignaled ? 128 + e.signal : e.code);
+      }
+    }
+    const std::vector<int> running = watch.running();
+    if (running.empty()) break;
+    const auto now = SteadyClock::now();
+    if (phase == Phase::kRunning && now >= job_deadline) {
+      begin_stop(SIGTERM,
+                 concat("deadline of ", format_seconds(spec.timeout), " passed; ",
+                        rank_list(running), " still running"),
+                 kDeadlineCode);
+    } else if (phase == Phase::kTerminating && now >= kill_at) {
+      kill_all();
+    } else if (phase == Phase::kKilling && now >= abandon_at) {
+      TPCOMM_LOG_ERROR("launch: ", rank_list(running), " did not exit after SIGKILL; giving up");
+      result.message += concat("; ", rank_list(running), " did not exit after SIGKILL");
+      break;
+    }
+    Deadline next = std::min({job_deadline, kill_at, abandon_at, now + kTick});
+    pollfd p{signals.fd(), POLLIN, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(remaining(next).count()));
+    if (rc > 0) {
+      for (int sig : signals.take()) {
+        if (phase == Phase::kRunning) {
+          TPCOMM_LOG_WARN("launch: received ", signal_name(sig), "; forwarding it to every rank");
+          begin_stop(sig, concat("the launcher received ", signal_name(sig)), 128 + sig);
+        } else if (phase == Phase::kTerminating) {
+          kill_all();
+        }
+      }
+    }
+  }
+
+  if (primary_code) {
+    result.exit_code = *primary_code;
+  } else {
+    std::vector<int> skipped;
+    for (const RankExit& r : result.ranks)
+      if (r.code == kSkipCode) skipped.push_back(r.rank);
+    if (!skipped.empty()) {
+      result.exit_code = kSkipCode;
+      result.message =
+          concat(skipped.size() == result.ranks.size() ? "every rank" : rank_list(skipped),
+                 " exited with code 77 (skipped)");
+    }
+  }
+  return result;
+}
+
+}  // namespace tpcomm

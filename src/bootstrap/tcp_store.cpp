@@ -1,0 +1,736 @@
+// SPDX-License-Identifier: Apache-2.0
+// The TCP store: a server with one thread per connection, and its client.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "bootstrap/deadline.hpp"
+#include "bootstrap/socket.hpp"
+#include "bootstrap/wire.hpp"
+#include "core/check.hpp"
+#include "core/log.hpp"
+#include "tpcomm/status.hpp"
+#include "tpcomm/store.hpp"
+
+namespace tpcomm {
+namespace {
+
+using detail::concat;
+using net::Io;
+using net::IoResult;
+using net::Socket;
+using std::chrono::milliseconds;
+using wire::Opcode;
+using wire::ReplyCode;
+
+// How often a GET/WAIT that waits for its key checks whether its client hung up.
+constexpr milliseconds kHangupPollInterval{100};
+// After rejecting a frame the server stops sending and reads what the client still sends, for
+// at most this long and this many bytes, before it closes: closing with unread input would
+// reset the connection and could destroy the error reply before the client reads it.
+constexpr milliseconds kRejectLinger{500};
+constexpr std::size_t kRejectDrainBytes = std::size_t{1} << 20;
+// Connections refused for being over `max_connections` are closed this long after the busy
+// reply, by the accept thread, and at most this many are held open for that.
+constexpr milliseconds kBusyLinger{500};
+constexpr std::size_t kMaxBusyLingering = 64;
+// Beyond a GET/WAIT's own timeout, how long the client waits for the server's reply (the
+// server answers kTimeout at the timeout; this covers the round trip).
+constexpr milliseconds kReplySlack{2000};
+
+// Constant-time comparison, so the time a rejection takes says nothing about the token.
+bool token_matches(std::span<const std::byte> given, std::string_view expected) noexcept {
+  std::size_t n = std::max(given.size(), expected.size());
+  unsigned diff = given.size() == expected.size() ? 0u : 1u;
+  for (std::size_t i = 0; i < n; ++i) {
+    unsigned a = i < given.size() ? std::to_integer<unsigned>(given[i]) : 0u;
+    unsigned b = i < expected.size() ? static_cast<unsigned char>(expected[i]) : 0u;
+    diff |= a ^ b;
+  }
+  return diff == 0;
+}
+
+void set_nodelay(int fd) noexcept {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+std::int64_t wrapping_add(std::int64_t a, std::int64_t b) noexcept {
+  return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
+}
+
+std::span<const std::byte> as_bytes(std::string_view s) noexcept {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+struct TcpStoreServer::Impl {
+  struct Connection {
+    Socket sock;
+    std::string peer;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  struct Lingering {
+    Socket sock;
+    Deadline close_at;
+  };
+  enum class WaitResult { kFound, kTimeout, kGone };
+
+  TcpStoreServerConfig config;
+  wire::Limits limits;
+  Socket listener;
+  int port = 0;
+  Socket wake_read;
+  Socket wake_write;
+  std::thread acceptor;
+
+  std::atomic<bool> stopping{false};
+  std::atomic<std::int64_t> rejected{0};
+  std::atomic<int> waiting{0};
+
+  std::mutex stop_mu;
+  bool stopped = false;
+
+  // The key-value data. Every change notifies `data_cv`.
+  std::mutex data_mu;
+  std::condition_variable data_cv;
+  std::unordered_map<std::string, Bytes> data;
+
+  // Connections: threads are started and joined by the accept thread (and by stop() once the
+  // accept thread is gone). A connection's fd stays open until its thread has been joined, so
+  // stop() can shut it down without racing a close and a reuse of the fd number.
+  std::mutex conn_mu;
+  std::list<std::unique_ptr<Connection>> conns;
+  std::mutex count_mu;
+  std::condition_variable count_cv;
+  int active = 0;
+  std::vector<Lingering> lingering;  // accept thread only
+
+  void wake() noexcept {
+    char b = 1;
+    ssize_t rc = ::write(wake_write.get(), &b, 1);
+    (void)rc;  // a full pipe already holds a wake-up
+  }
+
+  void accept_loop() noexcept;
+  void accept_one();
+  void reap_finished();
+  void serve(Connection& c);
+  void reject(Connection& c, ReplyCode code, const std::string& reason);
+  bool handle(Connection& c, const wire::RequestHeader& h, const std::string& key, Bytes& value);
+  WaitResult wait_for_key(int fd, const std::string& key, std::int64_t timeout_ms, Bytes* out);
+  bool send_reply(int fd, const wire::ReplyHeader& h, std::span<const std::byte> payload);
+  void stop() noexcept;
+};
+
+void TcpStoreServer::Impl::accept_loop() noexcept {
+  while (!stopping.load()) {
+    pollfd fds[2] = {{listener.get(), POLLIN, 0}, {wake_read.get(), POLLIN, 0}};
+    int timeout = lingering.empty() ? -1 : static_cast<int>(kBusyLinger.count() / 5);
+    int rc = ::poll(fds, 2, timeout);
+    if (rc < 0 && errno != EINTR) {
+      TPCOMM_LOG_ERROR("store: poll on the listening socket failed: ", std::strerror(errno));
+      std::this_thread::sleep_for(milliseconds{100});
+      continue;
+    }
+    if (rc > 0 && (fds[1].revents & POLLIN) != 0) {
+      char buf[64];
+      while (::read(wake_read.get(), buf, sizeof(buf)) > 0) {
+      }
+    }
+    if (stopping.load()) break;
+    reap_finished();
+    auto now = SteadyClock::now();
+    std::erase_if(lingering, [&](const Lingering& l) { return l.close_at <= now; });
+    if (rc > 0 && (fds[0].revents & POLLIN) != 0) {
+      try {
+        accept_one();
+      } catch (const std::exception& e) {
+        TPCOMM_LOG_ERROR("store: cannot serve a new connection: ", e.what());
+      }
+    }
+  }
+}
+
+void TcpStoreServer::Impl::accept_one() {
+  int fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      TPCOMM_LOG_WARN("store: accept: ", std::strerror(errno));
+      // The pending connection stays queued; pause rather than spin on it.
+      std::this_thread::sleep_for(milliseconds{100});
+    }
+    return;
+  }
+  Socket sock(fd);
+  set_nodelay(fd);
+  bool full;
+  {
+    std::lock_guard lock(count_mu);
+    full = active >= config.max_connections;
+    if (!full) ++active;
+  }
+  if (full) {
+    std::string reason =
+        concat("the store serves its maximum of ", config.max_connections, " connections");
+    TPCOMM_LOG_WARN("store: refused a connection from ", net::peer_name(fd), ": ", reason);
+    wire::ReplyHeader h{.code = ReplyCode::kBusy, .value_len = reason.size()};
+    auto hb = wire::encode(h);
+    Deadline d = deadline_after(milliseconds{100});
+    if (net::send_all(fd, hb, d).status == Io::kOk) net::send_all(fd, as_bytes(reason), d);
+    ::shutdown(fd, SHUT_WR);
+    if (lingering.size() >= kMaxBusyLingering) lingering.erase(lingering.begin());
+    lingering.push_back({std::move(sock), deadline_after(kBusyLinger)});
+    return;
+  }
+  auto c = std::make_unique<Connection>();
+  c->sock = std::move(sock);
+  c->peer = net::peer_name(fd);
+  Connection* raw = c.get();
+  {
+    std::lock_guard lock(conn_mu);
+    conns.push_back(std::move(c));
+  }
+  try {
+    raw->thread = std::thread([this, raw] {
+      try {
+        serve(*raw);
+      } catch (const std::exception& e) {
+        TPCOMM_LOG_ERROR("store: connection from ", raw->peer, " failed: ", e.what());
+      }
+      // The client sees the end of the stream now; the fd is closed when the thread is joined.
+      ::shutdown(raw->sock.get(), SHUT_RDWR);
+      raw->done.store(true);
+      {
+        std::lock_guard lock(count_mu);
+        --active;
+      }
+      count_cv.notify_all();
+      wake();
+    });
+  } catch (...) {
+    {
+      std::lock_guard lock(conn_mu);
+      conns.pop_back();
+    }
+    {
+      std::lock_guard lock(count_mu);
+      --active;
+    }
+    count_cv.notify_all();
+    throw;
+  }
+}
+
+void TcpStoreServer::Impl::reap_finished() {
+  std::list<std::unique_ptr<Connection>> finished;
+  {
+    std::lock_guard lock(conn_mu);
+    for (auto it = conns.begin(); it != conns.end();) {
+      if ((*it)->done.load()) {
+        finished.push_back(std::move(*it));
+        it = conns.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : finished) c->thread.join();
+}
+
+bool TcpStoreServer::Impl::send_reply(int fd, const wire::ReplyHeader& h,
+                                      std::span<const std::byte> payload) {
+  Deadline d = deadline_after(config.frame_timeout);
+  auto hb = wire::encode(h);
+  IoResult r = net::send_all(fd, hb, d);
+  if (r.status == Io::kOk && !payload.empty()) r = net::send_all(fd, payload, d);
+  return r.status == Io::kOk;
+}
+
+void TcpStoreServer::Impl::reject(Connection& c, ReplyCode code, const std::string& reason) {
+  rejected.fetch_add(1);
+  TPCOMM_LOG_WARN("store: rejected a frame from ", c.peer, ": ", reason,
+                  "; closing that connection");
+  const int fd = c.sock.get();
+  std::string text = reason.substr(0, wire::kMaxReasonBytes);
+  wire::ReplyHeader h{.code = code, .value_len = text.size()};
+  Deadline d = deadline_after(std::min(config.frame_timeout, kRejectLinger));
+  auto hb = wire::encode(h);
+  if (net::send_all(fd, hb, d).status == Io::kOk) net::send_all(fd, as_bytes(text), d);
+  ::shutdown(fd, SHUT_WR);
+  std::byte sink[4096];
+  std::size_t drained = 0;
+  while (drained < kRejectDrainBytes && !stopping.load()) {
+    if (net::wait_readable(fd, d).status != Io::kOk) break;
+    ssize_t n = ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+    if (n > 0) drained += static_cast<std::size_t>(n);
+  }
+}
+
+TcpStoreServer::Impl::WaitResult TcpStoreServer::Impl::wait_for_key(int fd, const std::string& key,
+                                                                    std::int64_t timeout_ms,
+                                                                    Bytes* out) {
+  const Deadline deadline = deadline_after(milliseconds{timeout_ms});
+  waiting.fetch_add(1);
+  struct Leave {
+    std::atomic<int>& n;
+    ~Leave() { n.fetch_sub(1); }
+  } leave{waiting};
+  std::unique_lock lock(data_mu);
+  Deadline next_poll = SteadyClock::now() + kHangupPollInterval;
+  for (;;) {
+    if (auto it = data.find(key); it != data.end()) {
+      if (out != nullptr) *out = it->second;
+      return WaitResult::kFound;
+    }
+    if (stopping.load()) return WaitResult::kGone;
+    const auto now = SteadyClock::now();
+    if (now >= deadline) return WaitResult::kTimeout;
+    if (now >= next_poll) {
+      // A client that died while waiting must not pin this thread until the timeout.
+      lock.unlock();
+      const bool gone = net::peer_hung_up(fd);
+      lock.lock();
+      if (gone) return WaitResult::kGone;
+      next_poll = now + kHangupPollInterval;
+      continue;
+    }
+    data_cv.wait_until(lock, std::min(deadline, next_poll));
+  }
+}
+
+bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
+                                  const std::string& key, Bytes& value) {
+  const int fd = c.sock.get();
+  wire::ReplyHeader reply;
+  Bytes payload;
+  switch (h.opcode) {
+    case Opcode::kSet: {
+      {
+        std::lock_guard lock(data_mu);
+        data[key] = std::move(value);
+      }
+      data_cv.notify_all();
+      break;
+    }
+    case Opcode::kGet:
+    case Opcode::kWait: {
+      Bytes* out = h.opcode == Opcode::kGet ? &payload : nullptr;
+      switch (wait_for_key(fd, key, h.arg, out)) {
+        case WaitResult::kFound:
+          break;
+        case WaitResult::kTimeout:
+          reply.code = ReplyCode::kTimeout;
+          break;
+        case WaitResult::kGone:
+          return false;
+      }
+      break;
+    }
+    case Opcode::kAdd: {
+      std::string error;
+      {
+        std::lock_guard lock(data_mu);
+        auto [it, inserted] = data.try_emplace(key);
+        std::optional<std::int64_t> current =
+            inserted ? std::optional<std::int64_t>(0) : wire::decode_counter(it->second);
+        if (!current) {
+          error = concat("ADD on key '", key, "', which holds a value of ", it->second.size(),
+                         " bytes, not a counter (8 bytes)");
+        } else {
+          reply.result = wrapping_add(*current, h.arg);
+          auto bytes = wire::encode_counter(reply.result);
+          it->second.assign(bytes.begin(), bytes.end());
+        }
+      }
+      if (!error.empty()) {
+        reply.code = ReplyCode::kInvalidArgument;
+        payload.resize(error.size());
+        std::memcpy(payload.data(), error.data(), error.size());
+      } else {
+        data_cv.notify_all();
+      }
+      break;
+    }
+    case Opcode::kCheck: {
+      std::lock_guard lock(data_mu);
+      reply.result = data.contains(key) ? 1 : 0;
+      break;
+    }
+    case Opcode::kErase: {
+      std::lock_guard lock(data_mu);
+      reply.result = static_cast<std::int64_t>(data.erase(key));
+      break;
+    }
+    case Opcode::kHello:
+      break;
+  }
+  reply.value_len = payload.size();
+  return send_reply(fd, reply, payload);
+}
+
+void TcpStoreServer::Impl::serve(Connection& c) {
+  const int fd = c.sock.get();
+  const auto frame_ms = config.frame_timeout.count();
+  bool authenticated = false;
+  // NOTE [store wire format] 1: HELLO must come first, and within one frame timeout of the
+  // connection, so silent connections cannot hold threads.
+  const Deadline hello_deadline = deadline_after(config.frame_timeout);
+  while (!stopping.load()) {
+    IoResult w = net::wait_readable(fd, authenticated ? kNoDeadline : hello_deadline);
+    if (stopping.load() || w.status == Io::kError) return;
+    if (w.status == Io::kTimeout) {
+      return reject(c, ReplyCode::kUnauthenticated,
+                    concat("no HELLO within ", frame_ms, " ms of connecting"));
+    }
+    const Deadline frame_deadline = deadline_after(config.frame_timeout);
+    wire::RequestBytes hb;
+    IoResult r = net::recv_all(fd, hb, frame_deadline);
+    if (r.status != Io::kOk) {
+      if (stopping.load() || (r.status == Io::kClosed && r.bytes == 0)) return;  // clean close
+      return reject(c, ReplyCode::kProtocolError,
+                    r.status == Io::kTimeout
+                        ? concat("frame incomplete after ", frame_ms, " ms (", r.bytes, " of ",
+                                 hb.size(), " header bytes)")
+                        : concat("frame cut off after ", r.bytes, " of ", hb.size(),
+                                 " header bytes: ", net::describe(r)));
+    }
+    const wire::RequestHeader h = wire::decode_request(hb);
+    // NOTE [store wire format] 2: nothing of the payload is read or allocated before this.
+    if (auto why = wire::check_request(h, limits)) return reject(c, why->code, why->reason);
+    if (!authenticated && h.opcode != Opcode::kHello) {
+      return reject(c, ReplyCode::kUnauthenticated,
+                    concat("the first request must be HELLO, got ", wire::to_string(h.opcode)));
+    }
+    if (authenticated && h.opcode == Opcode::kHello) {
+      return reject(c, ReplyCode::kProtocolError, "HELLO sent twice");
+    }
+    std::string key(h.key_len, '\0');
+    Bytes value(h.value_len);
+    r = net::recv_all(fd, std::as_writable_bytes(std::span(key.data(), key.size())),
+                      frame_deadline);
+    if (r.status == Io::kOk) r = net::recv_all(fd, value, frame_deadline);
+    if (r.status != Io::kOk) {
+      if (stopping.load()) return;
+      return reject(
+          c, ReplyCode::kProtocolError,
+          concat(wire::to_string(h.opcode), " frame of ", h.key_len + h.value_len,
+                 " payload bytes ", r.status == Io::kTimeout ? "incomplete after " : "cut off: ",
+                 r.status == Io::kTimeout ? concat(frame_ms, " ms") : net::describe(r)));
+    }
+    if (h.opcode == Opcode::kHello) {
+      if (!token_matches(value, config.token)) {
+        return reject(c, ReplyCode::kUnauthenticated,
+                      value.empty() ? "this store requires a token" : "wrong token");
+      }
+      authenticated = true;
+      if (!send_reply(fd, wire::ReplyHeader{.result = wire::kVersion}, {})) return;
+      continue;
+    }
+    if (!handle(c, h, key, value)) return;
+  }
+}
+
+void TcpStoreServer::Impl::stop() noexcept {
+  std::lock_guard guard(stop_mu);
+  if (stopped) return;
+  stopped = true;
+  stopping.store(true);
+  wake();
+  if (acceptor.joinable()) acceptor.join();
+  std::list<std::unique_ptr<Connection>> all;
+  {
+    std::lock_guard lock(conn_mu);
+    all.swap(conns);
+  }
+  for (auto& c : all) ::shutdown(c->sock.get(), SHUT_RDWR);
+  {
+    // Taking the lock orders this notification after a waiter's check of `stopping`.
+    std::lock_guard lock(data_mu);
+  }
+  data_cv.notify_all();
+  for (auto& c : all)
+    if (c->thread.joinable()) c->thread.join();
+  all.clear();
+  lingering.clear();
+  listener.reset();
+}
+
+TcpStoreServer::TcpStoreServer(TcpStoreServerConfig config) : impl_(std::make_unique<Impl>()) {
+  TPCOMM_CHECK(config.max_connections > 0, Status::kInvalidArgument,
+               "max_connections must be positive, got ", config.max_connections);
+  TPCOMM_CHECK(config.frame_timeout.count() > 0, Status::kInvalidArgument,
+               "frame_timeout must be positive");
+  TPCOMM_CHECK(config.token.size() <= wire::kMaxTokenBytes, Status::kInvalidArgument,
+               "the store token is longer than ", wire::kMaxTokenBytes, " bytes");
+  Impl& m = *impl_;
+  m.config = std::move(config);
+  m.limits = {m.config.max_key_bytes, m.config.max_value_bytes};
+  m.listener = net::listen_tcp(m.config.bind, m.config.port);
+  m.port = net::local_port(m.listener.get());
+  int p[2];
+  TPCOMM_CHECK(::pipe2(p, O_CLOEXEC | O_NONBLOCK) == 0, Status::kSystemError,
+               "pipe2: ", std::strerror(errno));
+  m.wake_read.reset(p[0]);
+  m.wake_write.reset(p[1]);
+  m.acceptor = std::thread([&m] { m.accept_loop(); });
+  TPCOMM_LOG_INFO("store: serving on ", net::join_host_port(m.config.bind, m.port),
+                  m.config.token.empty() ? " without a token" : " with a token");
+}
+
+TcpStoreServer::~TcpStoreServer() { stop(); }
+
+int TcpStoreServer::port() const noexcept { return impl_->port; }
+
+std::int64_t TcpStoreServer::rejected_frames() const noexcept { return impl_->rejected.load(); }
+
+int TcpStoreServer::connections() const noexcept {
+  std::lock_guard lock(impl_->count_mu);
+  return impl_->active;
+}
+
+int TcpStoreServer::waiting() const noexcept { return impl_->waiting.load(); }
+
+bool TcpStoreServer::wait_idle(Milliseconds timeout) {
+  std::unique_lock lock(impl_->count_mu);
+  return impl_->count_cv.wait_until(lock, deadline_after(timeout),
+                                    [&] { return impl_->active == 0; });
+}
+
+void TcpStoreServer::stop() noexcept { impl_->stop(); }
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+struct TcpStore::Impl {
+  Config config;
+  std::unique_ptr<TcpStoreServer> server;
+  std::string address;  // host:port, for messages
+  int port = 0;
+  wire::Limits limits;
+  // One request in flight per connection (NOTE [store wire format] 4); a caller waits for its
+  // turn no longer than its own deadline.
+  std::timed_mutex mu;
+  Socket sock;
+  // Why the connection cannot be used any more; empty while it can.
+  std::string broken;
+
+  struct Reply {
+    wire::ReplyHeader header;
+    Bytes value;
+  };
+
+  void check_key(std::string_view what, std::string_view key) const {
+    TPCOMM_CHECK(!key.empty(), Status::kInvalidArgument, what, ": empty key");
+    TPCOMM_CHECK(key.size() <= limits.max_key_bytes, Status::kInvalidArgument, what, ": key of ",
+                 key.size(), " bytes is longer than the limit of ", limits.max_key_bytes);
+  }
+
+  [[noreturn]] void fail_io(const std::string& what, const IoResult& r, milliseconds waited) {
+    broken = net::describe(r);
+    if (r.status == Io::kTimeout) {
+      TPCOMM_THROW(Status::kTimeout, what, ": no reply from the store at ", address, " within ",
+                   waited.count(), " ms");
+    }
+    TPCOMM_THROW(Status::kSystemError, what, ": connection to the store at ", address,
+                 " lost: ", broken);
+  }
+
+  // Sends one request and reads its reply; throws for every reply but kOk. `timeout` is the
+  // operation's timeout as the caller gave it (for messages); `io_deadline` bounds the I/O.
+  Reply call(const std::string& what, Opcode op, std::string_view key,
+             std::span<const std::byte> value, std::int64_t arg, Deadline io_deadline,
+             milliseconds timeout) {
+    std::unique_lock lock(mu, std::defer_lock);
+    if (!lock.try_lock_until(io_deadline)) {
+      TPCOMM_THROW(Status::kTimeout, what, ": another operation on the connection to ", address,
+                   " did not finish within ", timeout.count(), " ms");
+    }
+    if (!broken.empty()) {
+      TPCOMM_THROW(Status::kSystemError, what, ": the connection to the store at ", address,
+                   " is unusable since an earlier failure: ", broken);
+    }
+    const auto started = SteadyClock::now();
+    wire::RequestHeader h{.opcode = op,
+                          .key_len = static_cast<std::uint32_t>(key.size()),
+                          .value_len = value.size(),
+                          .arg = arg};
+    auto hb = wire::encode(h);
+    Bytes frame(hb.size() + key.size() + value.size());
+    std::memcpy(frame.data(), hb.data(), hb.size());
+    if (!key.empty()) std::memcpy(frame.data() + hb.size(), key.data(), key.size());
+    if (!value.empty())
+      std::memcpy(frame.data() + hb.size() + key.size(), value.data(), value.size());
+    auto waited = [&] {
+      return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - started);
+    };
+    IoResult r = net::send_all(sock.get(), frame, io_deadline);
+    if (r.status != Io::kOk) fail_io(what, r, waited());
+    wire::ReplyBytes rb;
+    r = net::recv_all(sock.get(), rb, io_deadline);
+    if (r.status != Io::kOk) fail_io(what, r, waited());
+    Reply reply{wire::decode_reply(rb), {}};
+    if (auto why = wire::check_reply(reply.header, limits.max_value_bytes)) {
+      broken = *why;
+      TPCOMM_THROW(Status::kProtocolError, what, ": malformed reply from ", address, ": ", *why);
+    }
+    reply.value.resize(reply.header.value_len);
+    r = net::recv_all(sock.get(), reply.value, io_deadline);
+    if (r.status != Io::kOk) fail_io(what, r, waited());
+    if (reply.header.code == ReplyCode::kOk) return reply;
+
+    const std::string reason(reinterpret_cast<const char*>(reply.value.data()), reply.value.size());
+    switch (reply.header.code) {
+      case ReplyCode::kTimeout:
+        TPCOMM_THROW(Status::kTimeout, what, ": key not set within ", timeout.count(), " ms");
+      case ReplyCode::kInvalidArgument:
+        TPCOMM_THROW(Status::kInvalidArgument, what, ": ", reason);
+      case ReplyCode::kTooLarge:
+        broken = reason;
+        TPCOMM_THROW(Status::kInvalidArgument, what, ": the store at ", address,
+                     " refused the request: ", reason);
+      case ReplyCode::kUnauthenticated:
+        broken = reason;
+        TPCOMM_THROW(Status::kInvalidArgument, what, ": the store at ", address,
+                     " refused this client: ", reason,
+                     " (every rank must use the job's TPCOMM_STORE_TOKEN)");
+      case ReplyCode::kBusy:
+        broken = reason;
+        TPCOMM_THROW(Status::kUnavailable, what, ": the store at ", address,
+                     " refused the connection: ", reason);
+      default:
+        broken = reason;
+        TPCOMM_THROW(Status::kProtocolError, what, ": the store at ", address,
+                     " reported a protocol error: ", reason);
+    }
+  }
+
+  static Deadline wait_deadline(milliseconds timeout) {
+    return deadline_after(std::min(timeout, kLongestWait) + kReplySlack);
+  }
+  static std::int64_t wire_timeout(milliseconds timeout) {
+    return std::clamp(timeout, milliseconds{0}, kLongestWait).count();
+  }
+};
+
+TcpStore::TcpStore(Config config) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.config = std::move(config);
+  default_timeout_ = m.config.timeout;
+  m.limits = {m.config.server.max_key_bytes, m.config.server.max_value_bytes};
+  TPCOMM_CHECK(m.config.token.size() <= wire::kMaxTokenBytes, Status::kInvalidArgument,
+               "the store token is longer than ", wire::kMaxTokenBytes, " bytes");
+  std::string connect_host = m.config.host;
+  if (m.config.host_server) {
+    TcpStoreServerConfig sc = m.config.server;
+    sc.port = m.config.port;
+    if (sc.token.empty()) sc.token = m.config.token;
+    m.server = std::make_unique<TcpStoreServer>(std::move(sc));
+    m.port = m.server->port();
+    // The hosting rank reaches its own server through the address it is bound to.
+    const std::string& bind = m.config.server.bind;
+    connect_host =
+        net::is_wildcard(bind) ? (bind.find(':') != std::string::npos ? "::1" : "127.0.0.1") : bind;
+  } else {
+    TPCOMM_CHECK(m.config.port > 0 && m.config.port <= 65535, Status::kInvalidArgument,
+                 "store port ", m.config.port, " is out of range 1..65535");
+    m.port = m.config.port;
+  }
+  m.address = net::join_host_port(connect_host, m.port);
+  const Deadline deadline = deadline_after(m.config.timeout);
+  m.sock = net::connect_tcp(connect_host, m.port, deadline);
+  // The handshake gets at least a second even when connecting took the whole timeout.
+  const Deadline hello = std::max(deadline, deadline_after(milliseconds{1000}));
+  m.call("store hello", Opcode::kHello, {}, as_bytes(m.config.token), 0, hello, m.config.timeout);
+  TPCOMM_LOG_DEBUG("store: connected to ", m.address);
+}
+
+TcpStore::~TcpStore() {
+  Impl& m = *impl_;
+  m.sock.reset();
+  if (m.server) {
+    // Peers that have just finished their last operation may still be reading its reply:
+    // give them `linger` to disconnect before the server goes away.
+    if (!m.server->wait_idle(m.config.linger)) {
+      TPCOMM_LOG_INFO("store: stopping the server at ", m.address, " with ",
+                      m.server->connections(), " clients still connected");
+    }
+    m.server->stop();
+  }
+}
+
+int TcpStore::port() const noexcept { return impl_->port; }
+
+void TcpStore::set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) {
+  const std::string what = concat("store set '", key, "'");
+  impl_->check_key(what, key);
+  TPCOMM_CHECK(value.size() <= impl_->limits.max_value_bytes, Status::kInvalidArgument, what,
+               ": value of ", value.size(), " bytes is longer than the limit of ",
+               impl_->limits.max_value_bytes);
+  impl_->call(what, Opcode::kSet, key, value, 0, deadline_after(timeout), timeout);
+}
+
+Bytes TcpStore::get(std::string_view key, Milliseconds timeout) {
+  const std::string what = concat("store get '", key, "'");
+  impl_->check_key(what, key);
+  return impl_
+      ->call(what, Opcode::kGet, key, {}, Impl::wire_timeout(timeout), Impl::wait_deadline(timeout),
+             timeout)
+      .value;
+}
+
+std::int64_t TcpStore::add(std::string_view key, std::int64_t delta, Milliseconds timeout) {
+  const std::string what = concat("store add '", key, "'");
+  impl_->check_key(what, key);
+  return impl_->call(what, Opcode::kAdd, key, {}, delta, deadline_after(timeout), timeout)
+      .header.result;
+}
+
+void TcpStore::wait(std::span<const std::string> keys, Milliseconds timeout) {
+  const Deadline deadline = deadline_after(timeout);
+  for (const std::string& key : keys) {
+    const std::string what = concat("store wait '", key, "'");
+    impl_->check_key(what, key);
+    const milliseconds left = remaining(deadline);
+    impl_->call(what, Opcode::kWait, key, {}, left.count(), deadline + kReplySlack, timeout);
+  }
+}
+
+bool TcpStore::check(std::span<const std::string> keys, Milliseconds timeout) {
+  const Deadline deadline = deadline_after(timeout);
+  for (const std::string& key : keys) {
+    const std::string what = concat("store check '", key, "'");
+    impl_->check_key(what, key);
+    if (impl_->call(what, Opcode::kCheck, key, {}, 0, deadline, timeout).header.result == 0)
+      return false;
+  }
+  return true;
+}
+
+bool TcpStore::erase(std::string_view key, Milliseconds timeout) {
+  const std::string what = concat("store erase '", key, "'");
+  impl_->check_key(what, key);
+  return impl_->call(what, Opcode::kErase, key, {}, 0, deadline_after(timeout), timeout)
+             .header.result != 0;
+}
+
+}  // namespace tpcomm

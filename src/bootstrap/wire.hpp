@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+// The TCP store's frames: fixed-size little-endian headers followed by the key and value bytes.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace tpcomm::wire {
+
+// NOTE [store wire format]
+// A request is a 32-byte `RequestHeader`, then `key_len` key bytes, then `value_len` value
+// bytes. A reply is a 24-byte `ReplyHeader`, then `value_len` bytes: the value of a GET, or the
+// reason of an error reply as UTF-8 text. Every integer is little-endian with the width written
+// in the struct; the structs are encoded field by field, never memcpy'd, so the byte order does
+// not depend on the host.
+//
+// 1. The first request of every connection is HELLO with the token as its value (empty when the
+//    client has none), even when the server has no token. Anything else first is rejected.
+// 2. The server checks a header (`check_request`) before it reads or allocates the key and
+//    value, so a frame announcing 2^40 bytes costs it 32 bytes of reading.
+// 3. A rejected frame gets an error reply when the socket still accepts one; then the server
+//    closes that connection (and only that one). `kTimeout` and `kInvalidArgument` replies are
+//    answers to a well-formed request: the connection stays open.
+// 4. One request is in flight per connection: the client waits for the reply before it sends
+//    the next request, so replies need no request id.
+
+/// "TPSQ" and "TPSR" read as little-endian 32-bit words.
+inline constexpr std::uint32_t kRequestMagic = 0x51535054;
+inline constexpr std::uint32_t kReplyMagic = 0x52535054;
+inline constexpr std::uint16_t kVersion = 1;
+
+/// Largest token a HELLO may carry, in bytes.
+inline constexpr std::size_t kMaxTokenBytes = 1024;
+/// Largest reason text an error reply carries, in bytes.
+inline constexpr std::size_t kMaxReasonBytes = 1024;
+
+/// What a request asks for. `arg` of the request header carries the 64-bit argument.
+enum class Opcode : std::uint16_t {
+  /// value = token. Must be the first request. Reply: kOk, result = protocol version.
+  kHello = 1,
+  /// key, value. Stores the value and wakes waiters. Reply: kOk.
+  kSet = 2,
+  /// key, arg = timeout in ms (>= 0). Reply: kOk with the value, or kTimeout.
+  kGet = 3,
+  /// key, arg = delta. The counter is 8 little-endian bytes, created as 0. Reply: kOk with
+  /// result = new value, or kInvalidArgument when the key holds something else.
+  kAdd = 4,
+  /// key. Reply: kOk, result = 1 when the key exists, else 0.
+  kCheck = 5,
+  /// key, arg = timeout in ms (>= 0). One key per request: a client waiting for several keys
+  /// sends one WAIT per key with the time left. Reply: kOk or kTimeout.
+  kWait = 6,
+  /// key. Reply: kOk, result = 1 when the key existed, else 0.
+  kErase = 7,
+};
+
+/// Outcome of a request.
+enum class ReplyCode : std::uint16_t {
+  kOk = 0,
+  /// GET/WAIT: the key was not set within the request's timeout. Connection stays open.
+  kTimeout = 1,
+  /// A well-formed request the store cannot honour (ADD on a value that is not a counter).
+  /// Connection stays open.
+  kInvalidArgument = 2,
+  /// Malformed frame: bad magic, version, opcode, lengths, or a frame that stalled. Closes.
+  kProtocolError = 3,
+  /// Key or value longer than the server's limits. Closes.
+  kTooLarge = 4,
+  /// No HELLO first, or the wrong token. Closes.
+  kUnauthenticated = 5,
+  /// The server already serves `max_connections` connections. Closes.
+  kBusy = 6,
+};
+
+struct RequestHeader {
+  std::uint32_t magic = kRequestMagic;
+  std::uint16_t version = kVersion;
+  Opcode opcode = Opcode::kHello;
+  std::uint32_t key_len = 0;
+  /// Zero; a non-zero value is a protocol error (room for flags in a later version).
+  std::uint32_t reserved = 0;
+  std::uint64_t value_len = 0;
+  /// Timeout in milliseconds (GET, WAIT) or the delta (ADD); zero otherwise.
+  std::int64_t arg = 0;
+};
+static_assert(std::is_trivially_copyable_v<RequestHeader>);
+static_assert(sizeof(RequestHeader) == 32);
+static_assert(offsetof(RequestHeader, magic) == 0);
+static_assert(offsetof(RequestHeader, version) == 4);
+static_assert(offsetof(RequestHeader, opcode) == 6);
+static_assert(offsetof(RequestHeader, key_len) == 8);
+static_assert(offsetof(RequestHeader, reserved) == 12);
+static_assert(offsetof(RequestHeader, value_len) == 16);
+static_assert(offsetof(RequestHeader, arg) == 24);
+
+struct ReplyHeader {
+  std::uint32_t magic = kReplyMagic;
+  ReplyCode code = ReplyCode::kOk;
+  std::uint16_t reserved = 0;
+  std::uint64_t value_len = 0;
+  /// ADD: the new value; CHECK/ERASE: 1 or 0; HELLO: the server's protocol version.
+  std::int64_t result = 0;
+};
+static_assert(std::is_trivially_copyable_v<ReplyHeader>);
+static_assert(sizeof(ReplyHeader) == 24);
+static_assert(offsetof(ReplyHeader, magic) == 0);
+static_assert(offsetof(ReplyHeader, code) == 4);
+static_assert(offsetof(ReplyHeader, reserved) == 6);
+static_assert(offsetof(ReplyHeader, value_len) == 8);
+static_assert(offsetof(ReplyHeader, result) == 16);
+
+inline constexpr std::size_t kRequestHeaderBytes = sizeof(RequestHeader);
+inline constexpr std::size_t kReplyHeaderBytes = sizeof(ReplyHeader);
+
+using RequestBytes = std::array<std::byte, kRequestHeaderBytes>;
+using ReplyBytes = std::array<std::byte, kReplyHeaderBytes>;
+
+RequestBytes encode(const RequestHeader& h) noexcept;
+ReplyBytes encode(const ReplyHeader& h) noexcept;
+RequestHeader decode_request(std::span<const std::byte, kRequestHeaderBytes> bytes) noexcept;
+ReplyHeader decode_reply(std::span<const std::byte, kReplyHeaderBytes> bytes) noexcept;
+
+/// A counter value as stored: 8 little-endian bytes.
+std::array<std::byte, 8> encode_counter(std::int64_t value) noexcept;
+/// The counter held in `bytes`; nullopt unless it is exactly 8 bytes.
+std::optional<std::int64_t> decode_counter(std::span<const std::byte> bytes) noexcept;
+
+/// Limits a server enforces on requests.
+struct Limits {
+  std::size_t max_key_bytes = 4096;
+  std::size_t max_value_bytes = std::size_t{64} << 20;
+};
+
+/// Why a frame was refused, and the reply code that says so.
+struct Rejection {
+  ReplyCode code = ReplyCode::kProtocolError;
+  std::string reason;
+};
+
+/// Checks a request header before its payload is read: magic, version, opcode, reserved bits,
+/// lengths against `limits` (and `kMaxTokenBytes` for HELLO), the lengths each opcode allows
+/// (only SET and HELLO carry a value; every opcode but HELLO needs a non-empty key) and a
+/// non-negative timeout. nullopt when the header is acceptable.
+std::optional<Rejection> check_request(const RequestHeader& h, const Limits& limits);
+
+/// Checks a reply header before its payload is read: magic, a known code, and a length of at
+/// most `max_value_bytes` (or `kMaxReasonBytes` for an error reply). nullopt when acceptable,
+/// else what is wrong.
+std::optional<std::string> check_reply(const ReplyHeader& h, std::size_t max_value_bytes);
+
+/// True for the opcodes above.
+bool is_known(Opcode op) noexcept;
+bool is_known(ReplyCode code) noexcept;
+/// "HELLO", "SET", ...; "opcode N" for unknown ones.
+std::string to_string(Opcode op);
+/// "ok", "timeout", "protocol error", ...
+std::string_view to_string(ReplyCode code) noexcept;
+
+}  // namespace tpcomm::wire

@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "bootstrap/launcher.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "support/child.hpp"
+#include "tpcomm/status.hpp"
+
+#ifndef TPCOMM_FAKE_RANK
+#error "TPCOMM_FAKE_RANK must name the fake_rank helper"
+#endif
+
+namespace tpcomm {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+class Launcher : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tpcomm-launcher-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A launch of `n` fake ranks; argument i is rank i's steps (the last one for the rest).
+  static LaunchSpec spec(int n, std::vector<std::string> steps) {
+    LaunchSpec s;
+    s.argv = {TPCOMM_FAKE_RANK};
+    s.argv.insert(s.argv.end(), steps.begin(), steps.end());
+    s.nprocs = n;
+    s.grace = 500ms;
+    return s;
+  }
+
+  [[nodiscard]] std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+  [[nodiscard]] std::map<std::string, std::string> env_of(int rank) const {
+    std::map<std::string, std::string> out;
+    std::ifstream in(path("env." + std::to_string(rank)));
+    std::string line;
+    while (std::getline(in, line)) {
+      auto eq = line.find('=');
+      out[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    return out;
+  }
+
+  // No process of the launch may outlive it.
+  static void expect_all_gone(const LaunchResult& r) {
+    for (const RankExit& e : r.ranks) {
+      ASSERT_GT(e.pid, 0);
+      errno = 0;
+      EXPECT_EQ(::kill(e.pid, 0), -1) << "rank " << e.rank << " (pid " << e.pid << ") survived";
+      EXPECT_EQ(errno, ESRCH);
+      EXPECT_NE(e.how, RankExit::How::kRunning);
+    }
+  }
+
+  std::string dir_;
+};
+
+TEST_F(Launcher, EveryRankSeesItsOwnNumbering) {
+  ::setenv("TPCOMM_RANK", "5", 1);  // an explicit rank from outside must not leak into children
+  LaunchSpec s = spec(4, {"env:" + path("env.")});
+  s.env = {{"TPCOMM_TEST_EXTRA", "extra value"}};
+  LaunchResult r = launch_local(s);
+  ::unsetenv("TPCOMM_RANK");
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_TRUE(r.message.empty());
+  ASSERT_EQ(r.ranks.size(), 4u);
+  std::string port;
+  std::string token;
+  for (int rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE(rank);
+    auto env = env_of(rank);
+    EXPECT_EQ(env["RANK"], std::to_string(rank));
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "4");
+    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(env["TPCOMM_RANK"], "<unset>");
+    EXPECT_EQ(env["TPCOMM_TEST_EXTRA"], "extra value");
+    const int p = std::atoi(env["MASTER_PORT"].c_str());
+    EXPECT_GT(p, 0);
+    EXPECT_LE(p, 65535);
+    if (rank == 0) {
+      port = env["MASTER_PORT"];
+      token = env["TPCOMM_STORE_TOKEN"];
+    }
+    EXPECT_EQ(env["MASTER_PORT"], port);
+    EXPECT_EQ(env["TPCOMM_STORE_TOKEN"], token);
+    EXPECT_EQ(r.ranks[static_cast<std::size_t>(rank)].how, RankExit::How::kExited);
+    EXPECT_EQ(r.ranks[static_cast<std::size_t>(rank)].code, 0);
+  }
+  EXPECT_GE(token.size(), 32u);
+  expect_all_gone(r);
+}
+
+TEST_F(Launcher, KeepsAGivenToken) {
+  LaunchSpec s = spec(2, {"env:" + path("env.")});
+  s.env = {{"TPCOMM_STORE_TOKEN", "given"}};
+  s.master_port = 12345;
+  LaunchResult r = launch_local(s);
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(env_of(1)["TPCOMM_STORE_TOKEN"], "given");
+  EXPECT_EQ(env_of(1)["MASTER_PORT"], "12345");
+}
+
+TEST_F(Launcher, OneFailingRankStopsTheOthers) {
+  auto t0 = Clock::now();
+  LaunchResult r = launch_local(spec(4, {"sleep:60", "sleep:60", "exit:3", "sleep:60"}));
+  EXPECT_LT(Clock::now() - t0, 5s);
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.message, "rank 2 exited with code 3");
+  for (const RankExit& e : r.ranks) {
+    if (e.rank == 2) continue;
+    EXPECT_EQ(e.how, RankExit::How::kSignaled) << describe(e);
+    EXPECT_EQ(e.signal, SIGTERM);
+    EXPECT_TRUE(e.stopped_by_launcher);
+  }
+  expect_all_gone(r);
+}
+
+TEST_F(Launcher, ReportsARankKilledBySignal) {
+  LaunchResult r = launch_local(spec(3, {"sleep:60", "signal:9", "sleep:60"}));
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  EXPECT_EQ(r.message, "rank 1 killed by signal 9 (SIGKILL)");
+  expect_all_gone(r);
+}
+
+TEST_F(Launcher, DeadlineStopsEveryRank) {
+  LaunchSpec s = spec(3, {"sleep:60"});
+  s.timeout = 300ms;
+  auto t0 = Clock::now();
+  LaunchResult r = launch_local(s);
+  EXPECT_GE(Clock::now() - t0, 300ms);
+  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_EQ(r.exit_code, 124);
+  EXPECT_EQ(r.message, "deadline of 0.3 s passed; ranks 0, 1, 2 still running");
+  expect_all_gone(r);
+}
+
+TEST_F(Launcher, RankIgnoringSigtermIsKilledAfterTheGrace) {
+  // Rank 0 ignores SIGTERM before rank 1 fails, so only SIGKILL can stop it.
+  LaunchSpec s = spec(2, {"ignore-term,touch:" + path("ready.") + ",sleep:60",
+                          "await:" + path("ready.0") + ",exit:1"});
+  auto t0 = Clock::now();
+  LaunchResult r = launch_local(s);
+  EXPECT_GE(Clock::now() - t0, s.grace);
+  EXPECT_LT(Clock::now() - t0, 5s);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.message, "rank 1 exited with code 1");
+  EXPECT_EQ(r.ranks[0].how, RankExit::How::kSignaled);
+  EXPECT_EQ(r.ranks[0].signal, SIGKILL);
+  expect_all_gone(r);
+}
+
+TEST_F(Launcher, SkippedRanksGive77) {
+  LaunchResult all = launch_local(spec(3, {"exit:77"}));
+  EXPECT_EQ(all.exit_code, 77);
+  EXPECT_EQ(all.message, "every rank exited with code 77 (skipped)");
+  LaunchResult mixed = launch_local(spec(3, {"exit:0", "exit:77", "exit:0"}));
+  EXPECT_EQ(mixed.exit_code, 77);
+  EXPECT_EQ(mixed.message, "rank 1 exited with code 77 (skipped)");
+  // A real failure wins over a skip.
+  LaunchResult failed = launch_local(spec(2, {"exit:77", "exit:5"}));
+  EXPECT_EQ(failed.exit_code, 5);
+}
+
+TEST_F(Launcher, ForwardsSigintToEveryRank) {
+  struct sigaction before {};
+  ::sigaction(SIGINT, nullptr, &before);
+  std::thread interrupter([&] {
+    // Interrupt once both ranks are running; the launcher handles SIGINT until it returns.
+    if (testing::eventually(
+            [&] {
+              struct stat st {};
+              return ::stat(path("up.0").c_str(), &st) == 0 &&
+                     ::stat(path("up.1").c_str(), &st) == 0;
+            },
+            10s)) {
+      ::kill(::getpid(), SIGINT);
+    }
+  });
+  LaunchResult r = launch_local(spec(2, {"touch:" + path("up.") + ",sleep:60"}));
+  interrupter.join();
+  EXPECT_EQ(r.exit_code, 128 + SIGINT);
+  EXPECT_NE(r.message.find("SIGINT"), std::string::npos) << r.message;
+  for (const RankExit& e : r.ranks) {
+    EXPECT_EQ(e.how, RankExit::How::kSignaled);
+    EXPECT_EQ(e.signal, SIGINT);
+  }
+  expect_all_gone(r);
+  struct sigaction after {};
+  ::sigaction(SIGINT, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+}
+
+TEST_F(Launcher, RefusesWhatItCannotStart) {
+  auto expect_invalid = [](LaunchSpec s, std::string_view needle) {
+    try {
+      launch_local(s);
+      ADD_FAILURE() << "launched " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  LaunchSpec missing;
+  missing.argv = {"tpcomm-no-such-program"};
+  expect_invalid(missing, "not found in PATH");
+  LaunchSpec not_executable;
+  not_executable.argv = {path("")};
+  expect_invalid(not_executable, "cannot execute");
+  LaunchSpec zero = spec(0, {"exit:0"});
+  expect_invalid(zero, "at least 1");
+  LaunchSpec empty;
+  expect_invalid(empty, "no program");
+  // Programs are looked up in PATH.
+  LaunchSpec from_path;
+  from_path.argv = {"true"};
+  from_path.nprocs = 2;
+  EXPECT_EQ(launch_local(from_path).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace tpcomm

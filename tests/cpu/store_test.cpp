@@ -1,0 +1,580 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "bootstrap/deadline.hpp"
+#include "bootstrap/socket.hpp"
+#include "bootstrap/wire.hpp"
+#include "support/child.hpp"
+#include "tpcomm/status.hpp"
+#include "tpcomm/store.hpp"
+
+namespace tpcomm {
+namespace {
+
+using namespace std::chrono_literals;
+using std::chrono::milliseconds;
+using testing::eventually;
+using testing::fork_child;
+using testing::wait_child;
+
+// How much later than its timeout a timed-out operation may return.
+constexpr milliseconds kSlack{750};
+
+std::string text(const Bytes& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+milliseconds since(SteadyClock::time_point t) {
+  return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - t);
+}
+
+// Runs `f`, expects Error with `status` whose message contains `needle`.
+template <class F>
+void expect_error(F&& f, Status status, std::string_view needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected " << to_string(status);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), status) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "\"" << e.what() << "\" does not mention \"" << needle << "\"";
+  }
+}
+
+TcpStore::Config client_config(int port, std::string token = "") {
+  TcpStore::Config c;
+  c.host = "127.0.0.1";
+  c.port = port;
+  c.token = std::move(token);
+  c.timeout = 5s;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Semantics every store shares, run on InProcessStore and on TcpStore.
+
+class StoreSemantics : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (is_tcp()) {
+      server_.emplace(TcpStoreServerConfig{});
+    } else {
+      shared_ = std::make_shared<InProcessStore>();
+      shared_->set_default_timeout(5s);
+    }
+  }
+  [[nodiscard]] bool is_tcp() const { return std::string_view(GetParam()) == "tcp"; }
+
+  // A client of the store under test; for TCP a new connection each time.
+  std::shared_ptr<Store> client() {
+    if (is_tcp()) return std::make_shared<TcpStore>(client_config(server_->port()));
+    return shared_;
+  }
+
+  std::optional<TcpStoreServer> server_;
+  std::shared_ptr<InProcessStore> shared_;
+};
+
+TEST_P(StoreSemantics, SetGetCheckErase) {
+  auto s = client();
+  const std::string k1 = "a/1";
+  const std::string k2 = "a/2";
+  EXPECT_FALSE(s->check(std::span(&k1, 1)));
+  s->set(k1, "hello");
+  EXPECT_EQ(text(s->get(k1)), "hello");
+  EXPECT_TRUE(s->check(std::span(&k1, 1)));
+  const std::string both[] = {k1, k2};
+  EXPECT_FALSE(s->check(both));
+  // Binary values keep their zero bytes; an empty value is a value.
+  const std::byte binary[] = {std::byte{0}, std::byte{0xFF}, std::byte{0}, std::byte{7}};
+  s->set(k2, binary);
+  EXPECT_EQ(s->get(k2), Bytes(std::begin(binary), std::end(binary)));
+  EXPECT_TRUE(s->check(both));
+  s->set(k1, "");
+  EXPECT_TRUE(s->get(k1).empty());
+  EXPECT_TRUE(s->erase(k1));
+  EXPECT_FALSE(s->erase(k1));
+  EXPECT_FALSE(s->check(std::span(&k1, 1)));
+}
+
+TEST_P(StoreSemantics, GetWaitsForALaterSet) {
+  auto getter = client();
+  auto setter = client();
+  std::thread t([&] { EXPECT_EQ(text(getter->get("later", 5s)), "value"); });
+  if (is_tcp()) {
+    EXPECT_TRUE(eventually([&] { return server_->waiting() == 1; }, 5s));
+  }
+  setter->set("later", "value");
+  t.join();
+}
+
+TEST_P(StoreSemantics, AddCountsAndRefusesNonCounters) {
+  auto s = client();
+  EXPECT_EQ(s->add("n", 5), 5);
+  EXPECT_EQ(s->add("n", -7), -2);
+  EXPECT_EQ(s->add("n", 0), -2);
+  EXPECT_EQ(s->get("n").size(), 8u);  // 8 little-endian bytes
+  s->set("text", "abc");
+  expect_error([&] { s->add("text", 1); }, Status::kInvalidArgument, "not a counter");
+  // The store (and for TCP the connection) is still usable.
+  EXPECT_EQ(s->add("n", 2), 0);
+}
+
+TEST_P(StoreSemantics, EmptyKeysAreInvalid) {
+  auto s = client();
+  expect_error([&] { s->set("", "x"); }, Status::kInvalidArgument, "empty key");
+  expect_error([&] { s->get("", 10ms); }, Status::kInvalidArgument, "empty key");
+  s->set("still", "works");
+}
+
+TEST_P(StoreSemantics, GetAndWaitTimeOutOnTime) {
+  auto s = client();
+  auto t0 = SteadyClock::now();
+  expect_error([&] { s->get("missing-key", 300ms); }, Status::kTimeout, "missing-key");
+  EXPECT_GE(since(t0), 300ms);
+  EXPECT_LT(since(t0), 300ms + kSlack);
+
+  // The timeout of a multi-key wait is for all keys together, and names the missing key.
+  s->set("present", "1");
+  const std::string keys[] = {"present", "absent-1", "absent-2", "absent-3"};
+  t0 = SteadyClock::now();
+  expect_error([&] { s->wait(keys, 300ms); }, Status::kTimeout, "absent-1");
+  EXPECT_GE(since(t0), 300ms);
+  EXPECT_LT(since(t0), 300ms + kSlack);
+
+  // The client is still usable after a timeout.
+  EXPECT_EQ(text(s->get("present")), "1");
+  t0 = SteadyClock::now();
+  expect_error([&] { s->get("missing-key", 0ms); }, Status::kTimeout, "missing-key");
+  EXPECT_LT(since(t0), kSlack);
+}
+
+// 16 threads hammer one counter and exchange keys; every increment is seen exactly once.
+TEST_P(StoreSemantics, ConcurrentClientsAddExactly) {
+  constexpr int kThreads = 16;
+  constexpr int kAdds = 100;
+  std::vector<std::shared_ptr<Store>> clients;
+  for (int i = 0; i < kThreads; ++i) clients.push_back(client());
+  std::mutex mu;
+  std::vector<std::int64_t> seen;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        Store& s = *clients[static_cast<std::size_t>(i)];
+        std::vector<std::int64_t> mine;
+        for (int k = 0; k < kAdds; ++k) mine.push_back(s.add("counter", 1));
+        s.set("t/" + std::to_string(i), "from " + std::to_string(i));
+        std::vector<std::string> keys;
+        for (int j = 0; j < kThreads; ++j) keys.push_back("t/" + std::to_string(j));
+        s.wait(keys, 10s);
+        for (int j = 0; j < kThreads; ++j) {
+          if (text(s.get(keys[static_cast<std::size_t>(j)])) != "from " + std::to_string(j))
+            failures.fetch_add(1);
+        }
+        std::lock_guard lock(mu);
+        seen.insert(seen.end(), mine.begin(), mine.end());
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "thread " << i << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  // Every value 1..N was returned to exactly one add.
+  std::sort(seen.begin(), seen.end());
+  ASSERT_EQ(seen.size(), std::size_t{kThreads * kAdds});
+  for (std::size_t i = 0; i < seen.size(); ++i)
+    ASSERT_EQ(seen[i], static_cast<std::int64_t>(i + 1));
+  EXPECT_EQ(clients[0]->add("counter", 0), kThreads * kAdds);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreSemantics, ::testing::Values("in_process", "tcp"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// ---------------------------------------------------------------------------------------------
+// TCP store: processes, failures, limits.
+
+TEST(TcpStore, ForkedProcessesShareTheStore) {
+  constexpr int kProcs = 4;
+  constexpr int kAdds = 100;
+  TcpStoreServer server(TcpStoreServerConfig{});
+  const int port = server.port();
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kProcs; ++i) {
+    pids.push_back(fork_child([port, i] {
+      TcpStore s(client_config(port));
+      for (int k = 0; k < kAdds; ++k) s.add("procs/counter", 1);
+      s.set("procs/" + std::to_string(i), "value " + std::to_string(i));
+      std::vector<std::string> keys;
+      for (int j = 0; j < kProcs; ++j) keys.push_back("procs/" + std::to_string(j));
+      s.wait(keys, 10s);
+      for (int j = 0; j < kProcs; ++j) {
+        if (text(s.get(keys[static_cast<std::size_t>(j)])) != "value " + std::to_string(j))
+          throw std::runtime_error("wrong value for " + keys[static_cast<std::size_t>(j)]);
+      }
+    }));
+  }
+  for (pid_t pid : pids) EXPECT_EQ(wait_child(pid, 20s), 0);
+  TcpStore s(client_config(port));
+  EXPECT_EQ(s.add("procs/counter", 0), kProcs * kAdds);
+}
+
+TEST(TcpStore, ClientDyingMidWaitReleasesItsServerThread) {
+  TcpStoreServer server(TcpStoreServerConfig{});
+  TcpStore observer(client_config(server.port()));
+  observer.set("before", "1");
+  ASSERT_EQ(server.connections(), 1);
+  const int port = server.port();
+  pid_t pid = fork_child([port] {
+    TcpStore s(client_config(port));
+    s.get("never-set", 60s);
+  });
+  ASSERT_TRUE(eventually([&] { return server.waiting() == 1; }, 5s));
+  ASSERT_EQ(server.connections(), 2);
+  ::kill(pid, SIGKILL);
+  EXPECT_EQ(wait_child(pid, 5s), 128 + SIGKILL);
+  // The server notices the hang-up within its poll interval, long before the 60 s timeout.
+  EXPECT_TRUE(eventually([&] { return server.waiting() == 0 && server.connections() == 1; }, 2s))
+      << "waiting " << server.waiting() << ", connections " << server.connections();
+  EXPECT_EQ(text(observer.get("before")), "1");
+  TcpStore after(client_config(port));
+  EXPECT_EQ(text(after.get("before")), "1");
+}
+
+TEST(TcpStore, TokenIsRequiredWhenConfigured) {
+  TcpStoreServerConfig config;
+  config.token = "s3cret";
+  TcpStoreServer server(config);
+  expect_error([&] { TcpStore s(client_config(server.port())); }, Status::kInvalidArgument,
+               "requires a token");
+  expect_error([&] { TcpStore s(client_config(server.port(), "nope")); }, Status::kInvalidArgument,
+               "wrong token");
+  EXPECT_EQ(server.rejected_frames(), 2);
+  TcpStore good(client_config(server.port(), "s3cret"));
+  good.set("k", "v");
+  EXPECT_EQ(text(good.get("k")), "v");
+}
+
+TEST(TcpStore, HostedServerUsesTheClientToken) {
+  TcpStore::Config config;
+  config.host_server = true;
+  config.token = "t0ken";
+  config.timeout = 5s;
+  config.linger = 0ms;
+  TcpStore host(config);
+  host.set("shared", "yes");
+  EXPECT_GT(host.port(), 0);
+  TcpStore peer(client_config(host.port(), "t0ken"));
+  EXPECT_EQ(text(peer.get("shared")), "yes");
+  expect_error([&] { TcpStore s(client_config(host.port())); }, Status::kInvalidArgument, "token");
+}
+
+TEST(TcpStore, ConnectsToAServerThatStartsLater) {
+  const int port = net::free_port();
+  std::optional<TcpStoreServer> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(200ms);  // the scenario: clients first, server later
+    TcpStoreServerConfig config;
+    config.port = port;
+    server.emplace(config);
+  });
+  TcpStore client(client_config(port));
+  starter.join();
+  client.set("k", "v");
+  EXPECT_EQ(text(client.get("k")), "v");
+}
+
+TEST(TcpStore, ConnectGivesUpAtItsTimeout) {
+  TcpStore::Config config = client_config(net::free_port());
+  config.timeout = 300ms;
+  auto t0 = SteadyClock::now();
+  expect_error([&] { TcpStore s(config); }, Status::kTimeout, "no store server");
+  EXPECT_GE(since(t0), 300ms);
+  EXPECT_LT(since(t0), 300ms + kSlack);
+}
+
+TEST(TcpStore, LostServerIsASystemError) {
+  TcpStoreServer server(TcpStoreServerConfig{});
+  TcpStore client(client_config(server.port()));
+  client.set("k", "v");
+  std::thread waiter([&] {
+    auto t0 = SteadyClock::now();
+    expect_error([&] { client.get("never", 10s); }, Status::kSystemError, "lost");
+    EXPECT_LT(since(t0), 5s);
+  });
+  EXPECT_TRUE(eventually([&] { return server.waiting() == 1; }, 5s));
+  server.stop();
+  waiter.join();
+  expect_error([&] { client.set("k", "v"); }, Status::kSystemError, "unusable");
+}
+
+TEST(TcpStore, SharedClientWaitsItsTurnWithinItsTimeout) {
+  TcpStoreServer server(TcpStoreServerConfig{});
+  TcpStore shared(client_config(server.port()));
+  std::thread blocker(
+      [&] { expect_error([&] { shared.get("never", 1000ms); }, Status::kTimeout, "never"); });
+  EXPECT_TRUE(eventually([&] { return server.waiting() == 1; }, 5s));
+  // The connection is busy with the GET: this SET times out on its own deadline.
+  auto t0 = SteadyClock::now();
+  expect_error([&] { shared.set("k", "v", 200ms); }, Status::kTimeout, "another operation");
+  EXPECT_GE(since(t0), 200ms);
+  EXPECT_LT(since(t0), 200ms + kSlack);
+  blocker.join();
+  shared.set("k", "v");
+  EXPECT_EQ(text(shared.get("k")), "v");
+}
+
+TEST(TcpStore, OversizedRequestsAreRefused) {
+  TcpStoreServerConfig sc;
+  sc.max_value_bytes = 1000;
+  sc.max_key_bytes = 64;
+  TcpStoreServer server(sc);
+  // A client that knows the limits refuses locally and stays usable.
+  TcpStore::Config knows = client_config(server.port());
+  knows.server = sc;
+  TcpStore careful(knows);
+  expect_error([&] { careful.set("k", std::string(1001, 'x')); }, Status::kInvalidArgument,
+               "longer than the limit of 1000");
+  expect_error([&] { careful.get(std::string(65, 'k'), 10ms); }, Status::kInvalidArgument,
+               "longer than the limit of 64");
+  careful.set("k", std::string(1000, 'x'));
+  EXPECT_EQ(server.rejected_frames(), 0);
+  // A client with larger limits is refused by the server, and its connection is closed.
+  TcpStore eager(client_config(server.port()));
+  expect_error([&] { eager.set("k", std::string(1001, 'x')); }, Status::kInvalidArgument,
+               "longer than 1000");
+  EXPECT_EQ(server.rejected_frames(), 1);
+  expect_error([&] { eager.set("k", "small"); }, Status::kSystemError, "unusable");
+  EXPECT_EQ(text(careful.get("k")).size(), 1000u);
+}
+
+TEST(TcpStore, RefusesConnectionsBeyondTheLimit) {
+  TcpStoreServerConfig sc;
+  sc.max_connections = 2;
+  TcpStoreServer server(sc);
+  auto a = std::make_unique<TcpStore>(client_config(server.port()));
+  TcpStore b(client_config(server.port()));
+  expect_error([&] { TcpStore c(client_config(server.port())); }, Status::kUnavailable,
+               "maximum of 2 connections");
+  a.reset();
+  ASSERT_TRUE(eventually([&] { return server.connections() == 1; }, 2s));
+  TcpStore d(client_config(server.port()));
+  d.set("k", "v");
+  EXPECT_EQ(text(b.get("k")), "v");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile input over raw sockets: each attack closes only its own connection.
+
+class RawClient {
+ public:
+  explicit RawClient(int port) : sock_(net::connect_tcp("127.0.0.1", port, deadline_after(2s))) {}
+
+  void send(std::span<const std::byte> data) {
+    ASSERT_EQ(net::send_all(sock_.get(), data, deadline_after(2s)).status, net::Io::kOk);
+  }
+  void send_header(const wire::RequestHeader& h) { send(wire::encode(h)); }
+  void hello(std::string_view token = "") {
+    send_header({.opcode = wire::Opcode::kHello, .value_len = token.size()});
+    send(std::as_bytes(std::span(token.data(), token.size())));
+    auto r = read_reply();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, wire::ReplyCode::kOk);
+  }
+  // The next reply and its payload as text; nullopt when the connection ended instead.
+  std::optional<std::pair<wire::ReplyHeader, std::string>> read_reply() {
+    wire::ReplyBytes b;
+    if (net::recv_all(sock_.get(), b, deadline_after(5s)).status != net::Io::kOk)
+      return std::nullopt;
+    wire::ReplyHeader h = wire::decode_reply(b);
+    if (h.value_len > 4096) return std::nullopt;
+    std::string payload(h.value_len, '\0');
+    if (net::recv_all(sock_.get(),
+                      std::as_writable_bytes(std::span(payload.data(), payload.size())),
+                      deadline_after(5s))
+            .status != net::Io::kOk)
+      return std::nullopt;
+    return std::pair{h, payload};
+  }
+  // True when the server closes the connection within 5 s.
+  bool closed_by_server() {
+    std::byte b[64];
+    for (;;) {
+      net::IoResult r = net::recv_all(sock_.get(), std::span(b, 1), deadline_after(5s));
+      if (r.status == net::Io::kClosed) return true;
+      if (r.status != net::Io::kOk) return false;
+    }
+  }
+  void shutdown_write() { ::shutdown(sock_.get(), SHUT_WR); }
+  void close() { sock_.reset(); }
+
+ private:
+  net::Socket sock_;
+};
+
+class HostileInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TcpStoreServerConfig config;
+    config.frame_timeout = 300ms;
+    config.max_key_bytes = 256;
+    config.max_value_bytes = 1 << 20;
+    server_.emplace(config);
+    before_.emplace(client_config(server_->port()));
+    before_->set("before", "1");
+  }
+
+  // Runs `attack`; expects an error reply with `code` (unless nullopt), the connection closed,
+  // one more rejected frame, and well-behaved clients (one connected before, one after) served.
+  void expect_rejected(const std::function<void(RawClient&)>& attack,
+                       std::optional<wire::ReplyCode> code) {
+    const std::int64_t rejected = server_->rejected_frames();
+    RawClient raw(server_->port());
+    attack(raw);
+    if (code) {
+      auto reply = raw.read_reply();
+      ASSERT_TRUE(reply.has_value()) << "no error reply";
+      EXPECT_EQ(reply->first.code, *code) << reply->second;
+      EXPECT_FALSE(reply->second.empty());
+      EXPECT_TRUE(raw.closed_by_server());
+    }
+    EXPECT_TRUE(eventually([&] { return server_->rejected_frames() == rejected + 1; }, 5s))
+        << server_->rejected_frames() << " rejected frames, expected " << rejected + 1;
+    EXPECT_EQ(text(before_->get("before")), "1");
+    EXPECT_EQ(before_->add("served", 1), ++served_);
+    TcpStore after(client_config(server_->port()));
+    EXPECT_EQ(text(after.get("before")), "1");
+  }
+
+  std::optional<TcpStoreServer> server_;
+  std::optional<TcpStore> before_;
+  std::int64_t served_ = 0;
+};
+
+TEST_F(HostileInput, TruncatedFrameThenClose) {
+  expect_rejected(
+      [](RawClient& raw) {
+        auto h = wire::encode(wire::RequestHeader{.opcode = wire::Opcode::kHello});
+        raw.send(std::span(h.data(), 10));
+        raw.close();
+      },
+      std::nullopt);
+}
+
+TEST_F(HostileInput, TruncatedPayloadThenHalfClose) {
+  expect_rejected(
+      [](RawClient& raw) {
+        raw.hello();
+        raw.send_header({.opcode = wire::Opcode::kSet, .key_len = 3, .value_len = 100});
+        raw.send(std::as_bytes(std::span("key-and-a-bit", 13)));
+        raw.shutdown_write();
+      },
+      wire::ReplyCode::kProtocolError);
+}
+
+TEST_F(HostileInput, HugeLengthPrefix) {
+  expect_rejected(
+      [](RawClient& raw) {
+        raw.hello();
+        raw.send_header(
+            {.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = std::uint64_t{1} << 40});
+      },
+      wire::ReplyCode::kTooLarge);
+}
+
+TEST_F(HostileInput, HugeKey) {
+  expect_rejected(
+      [](RawClient& raw) {
+        raw.hello();
+        raw.send_header({.opcode = wire::Opcode::kGet, .key_len = 0xFFFFFFFF});
+      },
+      wire::ReplyCode::kTooLarge);
+}
+
+TEST_F(HostileInput, WrongMagic) {
+  expect_rejected(
+      [](RawClient& raw) {
+        raw.hello();
+        raw.send_header({.magic = 0x12345678, .opcode = wire::Opcode::kCheck, .key_len = 1});
+      },
+      wire::ReplyCode::kProtocolError);
+}
+
+TEST_F(HostileInput, UnknownOpcode) {
+  expect_rejected(
+      [](RawClient& raw) {
+        raw.hello();
+        raw.send_header({.opcode = static_cast<wire::Opcode>(42), .key_len = 1});
+      },
+      wire::ReplyCode::kProtocolError);
+}
+
+TEST_F(HostileInput, NoHelloFirst) {
+  expect_rejected(
+      [](RawClient& raw) {
+        raw.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = 1});
+        raw.send(std::as_bytes(std::span("kv", 2)));
+      },
+      wire::ReplyCode::kUnauthenticated);
+}
+
+TEST_F(HostileInput, WrongToken) {
+  // This fixture's server has no token: any token but the empty one is wrong.
+  expect_rejected(
+      [](RawClient& raw) {
+        raw.send_header({.opcode = wire::Opcode::kHello, .value_len = 4});
+        raw.send(std::as_bytes(std::span("oops", 4)));
+      },
+      wire::ReplyCode::kUnauthenticated);
+}
+
+TEST_F(HostileInput, GarbageBytes) {
+  expect_rejected(
+      [](RawClient& raw) {
+        std::mt19937 rng(42);
+        std::vector<std::byte> junk(200);
+        for (auto& b : junk) b = static_cast<std::byte>(rng());
+        raw.send(junk);
+      },
+      wire::ReplyCode::kProtocolError);
+}
+
+TEST_F(HostileInput, StalledFrameIsDroppedAfterTheFrameTimeout) {
+  auto t0 = SteadyClock::now();
+  expect_rejected(
+      [](RawClient& raw) {
+        raw.hello();
+        auto h = wire::encode(wire::RequestHeader{.opcode = wire::Opcode::kGet, .key_len = 1});
+        raw.send(std::span(h.data(), 20));
+      },
+      wire::ReplyCode::kProtocolError);
+  EXPECT_GE(since(t0), 300ms);
+}
+
+TEST_F(HostileInput, SilentConnectionIsDroppedBeforeHello) {
+  expect_rejected([](RawClient&) {}, wire::ReplyCode::kUnauthenticated);
+}
+
+TEST_F(HostileInput, SecondHello) {
+  expect_rejected(
+      [](RawClient& raw) {
+        raw.hello();
+        raw.send_header({.opcode = wire::Opcode::kHello});
+      },
+      wire::ReplyCode::kProtocolError);
+}
+
+}  // namespace
+}  // namespace tpcomm
