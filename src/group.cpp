@@ -118,7 +118,7 @@ struct Group::Impl {
   bool any_call = false;
   cudaEvent_t order_event = nullptr;
   bool scope_open = false;
-  std::optional<NcclComm::StateScope> nccl_scope;
+  bool nccl_was_enabled = true;  // NCCL's state before the capture scope enabled it
 
   explicit Impl(Bootstrap b) : boot(std::move(b)) {}
   ~Impl() {
@@ -424,7 +424,10 @@ Group::CaptureScope Group::capture(Stream stream) {
   m.any_call = true;
   m.last_stream = stream;
   m.scope_open = true;
-  if (m.nccl != nullptr) m.nccl_scope.emplace(m.nccl->comm().scope(true));
+  if (m.nccl != nullptr) {
+    m.nccl_was_enabled = m.nccl->comm().enabled();
+    m.nccl->comm().set_enabled(true);
+  }
   if (m.custom != nullptr) m.custom->impl().begin_capture();
   return CaptureScope(this);
 }
@@ -443,7 +446,7 @@ Status Group::CaptureScope::close() noexcept {
   Impl& m = *group_->impl_;
   group_ = nullptr;
   m.scope_open = false;
-  m.nccl_scope.reset();
+  if (m.nccl != nullptr) m.nccl->comm().set_enabled(m.nccl_was_enabled);
   if (m.custom == nullptr) return Status::kOk;
   if (Status s = m.custom->impl().end_capture(); s != Status::kOk)
     return m.fail(s, m.custom->impl().error_message());

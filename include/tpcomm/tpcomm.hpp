@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+// Everything a user of tpcomm includes.
+#pragma once
+
+#include "tpcomm/bootstrap.hpp"
+#include "tpcomm/group.hpp"
+#include "tpcomm/options.hpp"
+#include "tpcomm/parallel_groups.hpp"
+#include "tpcomm/status.hpp"
+#include "tpcomm/store.hpp"
+#include "tpcomm/tensor.hpp"
+#include "tpcomm/types.hpp"
