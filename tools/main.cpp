@@ -12,8 +12,6 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", TPCOMM_VERSION);
   tpcomm::tools::Command run;
   tpcomm::tools::add_info_command(app, run);
-  tpcomm::tools::add_launch_command(app, run);
-  tpcomm::tools::add_store_command(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
