@@ -235,7 +235,7 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   std::string nccl_why;
   if (want_nccl) {
     try {
-      info.nccl_version = NcclLib::load(options.nccl_path).version;
+      info.nccl_version = NcclLib::load(options.nccl_path).version();
       info.nccl_loadable = 1;
     } catch (const Error& e) {
       nccl_why = e.what();

@@ -65,23 +65,35 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, 1000000));
   cmd.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per size")->check(CLI::Range(0, 1000000));
   cmd.add_option("-c,--check", o.check, "checked iterations per size (0: no check)")->check(CLI::Range(0, 1000));
-  std::map<std::string, DType> dtypes;
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI8, DType::kU8, DType::kI32,
-                  DType::kU32, DType::kI64, DType::kU64, DType::kF8E4M3, DType::kF8E5M2})
-    dtypes.emplace(std::string(to_string(t)), t);
-  dtypes.emplace("bf16", DType::kBF16);
-  dtypes.emplace("f16", DType::kF16);
-  dtypes.emplace("f32", DType::kF32);
-  cmd.add_option("-d,--datatype", o.dtype, "element type (float, half, bfloat16, int32, ...)")
-      ->transform(CLI::CheckedTransformer(dtypes, CLI::ignore_case));
-  std::map<std::string, ReduceOp> redops;
-  for (ReduceOp r : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg})
-    redops.emplace(std::string(to_string(r)), r);
-  cmd.add_option("-o,--redop", o.redop, "reduction operator")->transform(CLI::CheckedTransformer(redops, CLI::ignore_case));
-  std::map<std::string, kernels::Collective> colls;
-  for (const auto& [k, n] : kCollNames) colls.emplace(std::string(n), k);
-  cmd.add_option("--op", o.op, "collective: allreduce, allgather, reducescatter, alltoall, broadcast")
-      ->transform(CLI::CheckedTransformer(colls, CLI::ignore_case));
+  // Names map to values through the parsers the rest of tpcomm uses.
+  cmd.add_option_function<std::string>(
+      "-d,--datatype",
+      [&o](const std::string& name) {
+        auto t = parse_dtype(name);
+        if (!t) throw CLI::ValidationError("-d", "unknown type " + name + " (float, half, bfloat16, int32, ...)");
+        o.dtype = *t;
+      },
+      "element type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64, f8e4m3, f8e5m2");
+  cmd.add_option_function<std::string>(
+      "-o,--redop",
+      [&o](const std::string& name) {
+        auto r = parse_reduce_op(name);
+        if (!r) throw CLI::ValidationError("-o", "unknown reduction " + name + " (sum, prod, max, min, avg)");
+        o.redop = *r;
+      },
+      "reduction operator: sum, prod, max, min, avg");
+  cmd.add_option_function<std::string>(
+      "--op",
+      [&o](const std::string& name) {
+        for (const auto& [k, n] : kCollNames) {
+          if (n == name) {
+            o.op = k;
+            return;
+          }
+        }
+        throw CLI::ValidationError("--op", "unknown collective " + name);
+      },
+      "collective: allreduce, allgather, reducescatter, alltoall, broadcast");
   cmd.add_option("-r,--root", o.root, "root of broadcast")->check(CLI::NonNegativeNumber);
   cmd.add_flag("-G,--graph", o.graph, "capture the iterations in a CUDA graph and time its replays");
   cmd.add_option("--graph-replays", o.graph_replays, "replays of the captured graph (median reported)")

@@ -14,8 +14,10 @@ int main(int argc, char** argv) {
   tpcomm::tools::add_info_command(app, run);
   tpcomm::tools::add_launch_command(app, run);
   tpcomm::tools::add_store_command(app, run);
+#ifdef TPCOMM_WITH_KERNELS
   tpcomm::tools::add_bench_command(app, run);
   tpcomm::tools::add_tune_command(app, run);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

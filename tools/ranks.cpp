@@ -57,11 +57,11 @@ int for_each_rank(const RankPlan& plan, const std::function<int(Bootstrap&, int)
     LaunchSpec spec;
     spec.nprocs = plan.gpus;
     spec.argv = relaunch_args();
-    spec.deadline = std::chrono::seconds(plan.timeout_s);
+    spec.timeout = std::chrono::seconds(plan.timeout_s);
     spec.env = plan.child_env;
     spec.env.emplace_back(kChildVariable, "1");
     LaunchResult r = launch_local(spec);
-    if (r.exit_code != 0) std::fprintf(stderr, "tpcomm: %s\n", r.report.c_str());
+    if (r.exit_code != 0) std::fprintf(stderr, "tpcomm: %s\n", r.message.c_str());
     return r.exit_code;
   }
   if (plan.virtual_ranks > 0) {

@@ -8,6 +8,7 @@
 
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/options.hpp"
+#include "tpcomm/status.hpp"
 #include "tpcomm/tensor.hpp"
 #include "tune/algo.hpp"
 #include "tune/selector.hpp"

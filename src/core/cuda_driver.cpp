@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/cuda_driver.hpp"
 
-#include <memory>
+#include <optional>
 
 #include "core/check.hpp"
 #include "core/dl.hpp"
@@ -13,30 +13,30 @@ namespace {
 #define TPCOMM_STRINGIFY(x) TPCOMM_STRINGIFY_(x)
 
 struct Loaded {
-  std::unique_ptr<DynamicLibrary> lib;
+  std::optional<DynamicLibrary> lib;
   CudaDriver table;
   std::string error;  // empty when loaded
 };
 
 Loaded load() {
   Loaded out;
-  try {
-    out.lib = std::make_unique<DynamicLibrary>("libcuda.so.1");
-  } catch (const Error& e) {
-    out.error = std::string("no CUDA driver: ") + e.what();
+  std::string why;
+  out.lib = DynamicLibrary::try_open("libcuda.so.1", &why);
+  if (!out.lib) {
+    out.error = "not found (" + why + ")";
     return out;
   }
   const DynamicLibrary& lib = *out.lib;
-#define TPCOMM_RESOLVE(name)                                                     \
+#define TPCOMM_RESOLVE(name)                                                              \
   out.table.name = reinterpret_cast<decltype(&::name)>(lib.find(TPCOMM_STRINGIFY(name))); \
-  if (out.table.name == nullptr) {                                               \
-    out.error = "CUDA driver lacks " TPCOMM_STRINGIFY(name) " (driver too old?)"; \
-    return out;                                                                  \
+  if (out.table.name == nullptr) {                                                        \
+    out.error = "too old (lacks " TPCOMM_STRINGIFY(name) ")";                             \
+    return out;                                                                           \
   }
   TPCOMM_CUDA_DRIVER_SYMBOLS(TPCOMM_RESOLVE)
 #undef TPCOMM_RESOLVE
   if (CUresult r = out.table.cuInit(0); r != CUDA_SUCCESS) {
-    out.error = "cuInit failed: " + out.table.error_string(r);
+    out.error = "cuInit failed (" + out.table.error_string(r) + ")";
   }
   return out;
 }
@@ -60,7 +60,7 @@ const CudaDriver* CudaDriver::try_get(std::string* why) noexcept {
 const CudaDriver& CudaDriver::get() {
   std::string why;
   const CudaDriver* d = try_get(&why);
-  if (d == nullptr) TPCOMM_THROW(Status::kUnavailable, why);
+  if (d == nullptr) TPCOMM_THROW(Status::kUnavailable, "CUDA driver: ", why);
   return *d;
 }
 

@@ -37,9 +37,11 @@ struct CudaDriver {
 
   /// The process-wide table, loaded and `cuInit(0)`-ed on first use. Throws
   /// `Error(kUnavailable)` when libcuda.so.1 cannot be loaded, a symbol is missing, or cuInit
-  /// fails (the message says which: "no CUDA driver", "no device", ...). Thread-safe.
+  /// fails; the message says which (see `try_get`). Thread-safe.
   static const CudaDriver& get();
-  /// Like `get()` but returns nullptr and fills `why` instead of throwing.
+  /// Like `get()` but returns nullptr and fills `why` instead of throwing. `why` is a short
+  /// phrase that reads after "CUDA driver: ": "not found (<dlerror text>)", "too old (lacks
+  /// cuX)" or "cuInit failed (CUDA_ERROR_NO_DEVICE: ...)".
   static const CudaDriver* try_get(std::string* why = nullptr) noexcept;
 
   /// "CUDA_ERROR_X: description" for a driver result.

@@ -10,13 +10,30 @@
 
 namespace tpcomm {
 
-DynamicLibrary::DynamicLibrary(const std::string& path) : path_(path) {
+void* DynamicLibrary::open_handle(const std::string& path, std::string& why) {
   dlerror();
-  handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle_ == nullptr) {
-    const char* why = dlerror();
-    TPCOMM_THROW(Status::kUnavailable, "cannot load ", path, ": ", why ? why : "unknown dlopen error");
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* text = dlerror();
+    why = text != nullptr ? text : path + ": unknown dlopen error";
   }
+  return handle;
+}
+
+DynamicLibrary::DynamicLibrary(const std::string& path) : path_(path) {
+  std::string why;
+  handle_ = open_handle(path, why);
+  if (handle_ == nullptr) TPCOMM_THROW(Status::kUnavailable, "cannot load ", path, ": ", why);
+}
+
+std::optional<DynamicLibrary> DynamicLibrary::try_open(const std::string& path, std::string* why) {
+  std::string text;
+  void* handle = open_handle(path, text);
+  if (handle == nullptr) {
+    if (why != nullptr) *why = std::move(text);
+    return std::nullopt;
+  }
+  return DynamicLibrary(handle, path);
 }
 
 DynamicLibrary::~DynamicLibrary() {

@@ -2,7 +2,9 @@
 // dlopen/dlsym with errors that say what was missing.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace tpcomm {
 
@@ -12,6 +14,10 @@ class DynamicLibrary {
   /// Opens `path` (a soname or a path) with RTLD_NOW | RTLD_LOCAL. Throws
   /// `Error(kUnavailable)` carrying dlerror()'s text when it cannot be opened.
   explicit DynamicLibrary(const std::string& path);
+  /// Like the constructor, but returns nullopt and stores dlerror()'s text in `why` (when not
+  /// null) instead of throwing: for optional libraries whose absence is not an error.
+  static std::optional<DynamicLibrary> try_open(const std::string& path,
+                                                std::string* why = nullptr);
   ~DynamicLibrary();
   DynamicLibrary(DynamicLibrary&& other) noexcept;
   DynamicLibrary& operator=(DynamicLibrary&& other) noexcept;
@@ -28,6 +34,11 @@ class DynamicLibrary {
   [[nodiscard]] std::string resolved_path() const;
 
  private:
+  DynamicLibrary(void* handle, std::string path) noexcept
+      : handle_(handle), path_(std::move(path)) {}
+  /// dlopen with RTLD_NOW | RTLD_LOCAL; nullptr and dlerror()'s text in `why` on failure.
+  static void* open_handle(const std::string& path, std::string& why);
+
   void* handle_ = nullptr;
   std::string path_;
 };

@@ -33,12 +33,24 @@ TEST(DynamicLibrary, FindsAndMissesSymbols) {
   EXPECT_NE(libc.resolved_path().find("libc"), std::string::npos);
 }
 
+TEST(DynamicLibrary, TryOpenExplainsInsteadOfThrowing) {
+  std::string why;
+  EXPECT_FALSE(DynamicLibrary::try_open("libtpcomm-does-not-exist.so.9", &why).has_value());
+  EXPECT_NE(why.find("libtpcomm-does-not-exist.so.9"), std::string::npos) << why;
+  auto libc = DynamicLibrary::try_open("libc.so.6");
+  ASSERT_TRUE(libc.has_value());
+  EXPECT_NE(libc->find("strlen"), nullptr);
+}
+
 // On a machine without a driver the table reports why; with one it resolves every symbol.
 TEST(CudaDriver, LoadsOrExplains) {
   std::string why;
   const CudaDriver* d = CudaDriver::try_get(&why);
   if (d == nullptr) {
-    EXPECT_FALSE(why.empty());
+    // A phrase that reads after "CUDA driver: ", as `tpcomm info` prints it.
+    EXPECT_TRUE(why.rfind("not found (", 0) == 0 || why.rfind("too old (", 0) == 0 ||
+                why.rfind("cuInit failed (", 0) == 0)
+        << why;
     EXPECT_THROW(CudaDriver::get(), Error);
   } else {
     EXPECT_NE(d->cuDeviceGetCount, nullptr);

@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tpcomm info` runs anywhere: it exits 0 and reports the driver, even where there is none.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "support/run_program.hpp"
+
+namespace tpcomm {
+namespace {
+
+TEST(InfoCommand, PrintsTheDriverLineAndExitsZero) {
+  const auto r = test::run_program(std::string(TPCOMM_CLI_PATH) + " info");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\nCUDA driver: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nNCCL: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nbackends\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("TPCOMM_TIMEOUT_MS"), std::string::npos) << r.output;
+}
+
+TEST(InfoCommand, JsonHasEverySection) {
+  const auto r = test::run_program(std::string(TPCOMM_CLI_PATH) + " info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j.at("tpcomm").at("version"), TPCOMM_VERSION);
+  EXPECT_TRUE(j.at("driver").at("available").is_boolean());
+  if (!j["driver"]["available"]) {
+    EXPECT_FALSE(j["driver"].at("reason").get<std::string>().empty());
+    EXPECT_TRUE(j.at("gpus").empty());
+  }
+  EXPECT_TRUE(j.at("gpus").is_array());
+  EXPECT_TRUE(j.at("peers").is_array());
+  EXPECT_TRUE(j.at("nvml").at("available").is_boolean());
+  EXPECT_TRUE(j.at("nccl").at("available").is_boolean());
+  EXPECT_TRUE(j.at("backends").at("nccl").at("usable").is_boolean());
+  EXPECT_TRUE(j.at("backends").at("custom_ar").at("usable").is_boolean());
+  EXPECT_TRUE(j.at("knobs").at("TPCOMM_NCCL_PATH").is_string());
+}
+
+TEST(InfoCommand, NeverPrintsTheStoreToken) {
+  const auto r = test::run_program("TPCOMM_STORE_TOKEN=s3cr3t-token " +
+                                   std::string(TPCOMM_CLI_PATH) + " info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("s3cr3t-token"), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(r.output)["knobs"]["TPCOMM_STORE_TOKEN"], "(set)");
+}
+
+TEST(InfoCommand, ReportsAnInvalidKnobAndStillExitsZero) {
+  const auto r =
+      test::run_program("TPCOMM_TIMEOUT_MS=soon " + std::string(TPCOMM_CLI_PATH) + " info");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("TPCOMM_TIMEOUT_MS=\"soon\""), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace tpcomm
