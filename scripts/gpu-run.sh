@@ -58,5 +58,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   done
 fi
 
+echo "== failures"
+grep -h -E "^\[  FAILED  \]|Failure$|failed:|tpcomm: " "$out"/*.txt | sort -u | head -40
 echo "== summary"
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -24,12 +24,12 @@ TEST(InfoCommandOnGpu, NamesTheGpu) {
   const std::string name = device_zero_name();
   ASSERT_FALSE(name.empty());
 
-  const auto text = test::run_program(std::string(TPCOMM_CLI_PATH) + " info");
+  const auto text = test::run_program(test::built_file(TPCOMM_CLI_PATH) + " info");
   EXPECT_EQ(text.exit_code, 0) << text.output;
   EXPECT_NE(text.output.find(name), std::string::npos) << text.output;
   EXPECT_EQ(text.output.find("GPU sections skipped"), std::string::npos) << text.output;
 
-  const auto json = test::run_program(std::string(TPCOMM_CLI_PATH) + " info --json");
+  const auto json = test::run_program(test::built_file(TPCOMM_CLI_PATH) + " info --json");
   ASSERT_EQ(json.exit_code, 0) << json.output;
   const nlohmann::json j = nlohmann::json::parse(json.output);
   EXPECT_EQ(j.at("driver").at("available"), true);

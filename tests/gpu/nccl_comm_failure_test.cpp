@@ -8,6 +8,8 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include "support/run_program.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -41,7 +43,7 @@ enum class ScriptedMode : int {
 /// The scripted library, opened a second time: dlopen returns the handle NcclLib holds.
 class Script {
  public:
-  Script() : handle_(dlopen(TPCOMM_SCRIPTED_NCCL, RTLD_NOW | RTLD_LOCAL)) {}
+  Script() : handle_(dlopen(test::built_file(TPCOMM_SCRIPTED_NCCL).c_str(), RTLD_NOW | RTLD_LOCAL)) {}
   ~Script() {
     if (handle_ != nullptr) dlclose(handle_);
   }
@@ -88,7 +90,7 @@ constexpr std::int64_t kTimeoutMs = 200;
 
 Options scripted_options() {
   Options o;
-  o.nccl_path = TPCOMM_SCRIPTED_NCCL;
+  o.nccl_path = test::built_file(TPCOMM_SCRIPTED_NCCL);
   o.timeout_ms = kTimeoutMs;
   return o;
 }
@@ -127,7 +129,7 @@ class NcclCommFailures : public ::testing::Test {
 };
 
 TEST_F(NcclCommFailures, TheScriptedLibraryLoadsWithoutAllToAll) {
-  const NcclLib& lib = NcclLib::load(TPCOMM_SCRIPTED_NCCL);
+  const NcclLib& lib = NcclLib::load(test::built_file(TPCOMM_SCRIPTED_NCCL));
   EXPECT_EQ(lib.version_string(), "2.28.9");
   EXPECT_TRUE(lib.has_comm_finalize);
   EXPECT_FALSE(lib.has_all_to_all);

@@ -4,8 +4,11 @@
 
 #include <sys/wait.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 namespace tpcomm::test {
@@ -28,6 +31,19 @@ inline ProgramResult run_program(const std::string& command) {
   const int status = pclose(pipe);
   if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
   return result;
+}
+
+/// A file the build made, given its path at build time. When the build tree was moved (to run
+/// the tests on another machine), finds it beside this executable or in ../lib.
+inline std::string built_file(const char* build_path) {
+  namespace fs = std::filesystem;
+  if (fs::exists(build_path)) return build_path;
+  std::error_code ec;
+  const fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  const fs::path name = fs::path(build_path).filename();
+  for (const fs::path& candidate : {exe_dir / name, exe_dir / ".." / "lib" / name})
+    if (fs::exists(candidate)) return candidate.string();
+  return build_path;
 }
 
 }  // namespace tpcomm::test
