@@ -54,7 +54,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   step bench "$bin/tpcomm" bench -b 4 -e 64M -f 8 -d float -n 200 -w 20 --algo nccl,nccl_direct
   step bench "$bin/tpcomm" bench -b 4 -e 64M -f 8 -d float -n 50 --graph --graph-replays 20 --algo nccl,nccl_direct
   for r in 2 4 8; do
-    step tune env TPCOMM_TUNE_FILE="$out/tune-w$r.txt" "$bin/tpcomm" tune --virtual-ranks "$r"
+    step tune env TPCOMM_TUNE_FILE="/tmp/tpcomm-tune-w$r.txt" "$bin/tpcomm" tune --virtual-ranks "$r"
   done
 fi
 
