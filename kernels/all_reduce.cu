@@ -46,6 +46,18 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, Stream st
   return e == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 
+Status preload_all_reduce(int world_size) noexcept {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (Algo a : {Algo::kOneShot, Algo::kTwoShot}) {
+      const void* kernel = nullptr;
+      if (Status s = find_kernel(a, t, world_size, &kernel); s != Status::kOk) return s;
+      cudaFuncAttributes attributes{};
+      if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) return Status::kCudaError;
+    }
+  }
+  return Status::kOk;
+}
+
 int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexcept {
   const void* kernel = nullptr;
   if (find_kernel(algo, dtype, world_size, &kernel) != Status::kOk) return 0;

@@ -47,6 +47,11 @@ static_assert(std::is_trivially_copyable_v<AllReduceParams>);
 /// launch fails. Sum only; f32, f16, bf16; world sizes 2..8.
 Status launch_all_reduce(const AllReduceParams& params, Choice choice, Stream stream) noexcept;
 
+/// Loads every all-reduce kernel of `world_size` ranks now, so that no first launch has to
+/// load one while a peer's kernel spins waiting for it (lazy module loading can wait for the
+/// device to go idle). kCudaError when one cannot be loaded.
+Status preload_all_reduce(int world_size) noexcept;
+
 /// Most blocks of `threads` threads of `algo` that one SM can hold at once (occupancy).
 int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexcept;
 

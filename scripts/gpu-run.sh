@@ -37,7 +37,7 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
   np=$(( gpus >= 2 ? gpus : 2 ))
   [ "$np" -gt 4 ] && np=4
   step mgpu "$bin/tpcomm" launch -n "$np" --timeout 600 -- "$bin/tpcomm_mgpu_tests"
-  step mgpu TPCOMM_MGPU_DEAD_PEER=1 TPCOMM_TIMEOUT_MS=5000 "$bin/tpcomm" launch -n 2 --timeout 300 -- \
+  step mgpu env TPCOMM_MGPU_DEAD_PEER=1 TPCOMM_TIMEOUT_MS=5000 "$bin/tpcomm" launch -n 2 --timeout 300 -- \
     "$bin/tpcomm_mgpu_tests" --gtest_filter='*DeadPeer*'
 fi
 

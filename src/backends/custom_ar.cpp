@@ -77,6 +77,8 @@ struct CustomAllReduce::Impl {
   /// Allocates and probes; throws on a local failure.
   void setup_local() {
     DeviceGuard guard(device);
+    TPCOMM_CHECK(kernels::preload_all_reduce(world) == Status::kOk, Status::kCudaError,
+                 "loading the all-reduce kernels failed");
     // Mappings written by peers, read back locally: a real check of every path.
     for (int r = 0; r < world; ++r) {
       if (r == rank) continue;

@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 int main(int argc, char** argv) {
+  // Virtual ranks spin on one GPU waiting for each other; a kernel loaded lazily on its first
+  // launch can wait for the device to go idle meanwhile. Load every kernel up front.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   testing::InitGoogleTest(&argc, argv);
   if (!GTEST_FLAG_GET(list_tests)) {
     int count = 0;
