@@ -297,6 +297,8 @@ class Bench {
     Measure m;
     m.ran = true;
     auto [in, out] = pointers(s, in_place);
+    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": ", s.in, " elements", in_place ? " in place" : "",
+                     ": checking");
     std::uint64_t wrong = 0;
     const int checks = runner.checkable() ? o_.check : 0;
     for (int i = 0; i < checks && m.failure.empty(); ++i)
@@ -306,12 +308,15 @@ class Bench {
     for (int i = 0; i < o_.warmup && m.failure.empty(); ++i)
       if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
         m.failure = std::string(to_string(st)) + ": " + runner.last_error();
+    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": timing");
     double t = 0;
     if (m.failure.empty()) t = o_.graph ? time_graph(runner, in, out, s, m) : time_eager(runner, in, out, s, m);
     if (o_.graph && m.failure.empty() && !in_place && checks > 0) {
       // The captured path, checked too: refill, poison, replay once.
       m.failure = check_graph(runner, s, size_index, wrong);
     }
+    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": timed ", t, " us", m.failure.empty() ? "" : ", failed: ",
+                     m.failure);
     // Average the time over ranks and sum the errors, as nccl-tests does.
     struct Result {
       double t;

@@ -7,6 +7,8 @@
 #include "tpcomm/status.hpp"
 
 int main(int argc, char** argv) {
+  // Results appear line by line even when stdout is a file or a pipe.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"tpcomm: collectives for tensor-parallel LLM inference"};
   app.require_subcommand(1);
   app.set_version_flag("--version", TPCOMM_VERSION);
