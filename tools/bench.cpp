@@ -315,6 +315,7 @@ class Bench {
       // The captured path, checked too: refill, poison, replay once.
       m.failure = check_graph(runner, s, size_index, wrong);
     }
+    graph_.reset();  // NOTE [graphs of virtual ranks]: before the collective below
     TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": timed ", t, " us", m.failure.empty() ? "" : ", failed: ",
                      m.failure);
     // Average the time over ranks and sum the errors, as nccl-tests does.
@@ -351,7 +352,6 @@ class Bench {
   /// Captures `iters` operations into one graph and returns the median time per operation over
   /// `graph_replays` replays.
   double time_graph(Runner& runner, void* in, void* out, const Shape& s, Measure& m) {
-    graph_.reset();
     graph_ = std::make_unique<CapturedGraph>();
     std::optional<Group::CaptureScope> scope;
     if (runner.group() != nullptr) scope.emplace(runner.group()->capture(stream()));
@@ -373,6 +373,13 @@ class Bench {
       m.failure = "graph capture failed";
       return 0;
     }
+    // NOTE [graphs of virtual ranks]: instantiating, uploading and destroying a graph may wait
+    // for the device to go idle, which never happens while a peer's kernel on the same GPU spins
+    // waiting for this rank. So every rank instantiates and uploads before any rank launches
+    // (the barrier below), and destroys its graph before the next collective (`measure`).
+    cudaGraphUpload(graph_->exec, stream_);
+    cudaStreamSynchronize(stream_);
+    boot_.barrier();
     cudaGraphLaunch(graph_->exec, stream_);
     cudaStreamSynchronize(stream_);
     std::vector<cudaEvent_t> events(static_cast<std::size_t>(o_.graph_replays) + 1);

@@ -43,6 +43,11 @@ double time_candidate(CustomAllReduce& ar, Bootstrap& boot, const TensorView& in
                "x", c.threads, " failed: ", to_string(launched));
   TPCOMM_CUDA_CHECK(ended);
   TPCOMM_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+  // Ranks sharing a GPU: instantiating and uploading may wait for the device to go idle, which
+  // a peer's spinning kernel prevents, so every rank uploads before any rank launches.
+  TPCOMM_CUDA_CHECK(cudaGraphUpload(g.exec, s));
+  TPCOMM_CUDA_CHECK(cudaStreamSynchronize(s));
+  boot.barrier();
   TPCOMM_CUDA_CHECK(cudaGraphLaunch(g.exec, s));  // warm-up
   TPCOMM_CUDA_CHECK(cudaStreamSynchronize(s));
   boot.barrier();  // replays of all ranks overlap
@@ -53,6 +58,7 @@ double time_candidate(CustomAllReduce& ar, Bootstrap& boot, const TensorView& in
   if (Status h = ar.health(); h != Status::kOk) TPCOMM_THROW(h, "tuning: ", ar.error_message());
   float ms = 0;
   TPCOMM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  // `g` is destroyed on return, before the collective that follows, for the same reason.
   return static_cast<double>(ms) * 1000.0 / (kReplays * kOpsPerGraph);
 }
 
