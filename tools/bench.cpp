@@ -352,6 +352,14 @@ class Bench {
   /// Captures `iters` operations into one graph and returns the median time per operation over
   /// `graph_replays` replays.
   double time_graph(Runner& runner, void* in, void* out, const Shape& s, Measure& m) {
+    // NOTE [graphs of virtual ranks]: instantiating, uploading and destroying a graph can wait
+    // for the device to go idle. Where ranks share a GPU, that never happens while one rank's
+    // kernel spins waiting for a peer whose thread is blocked in such a call. So: no rank
+    // captures while kernels are in flight (the warm-up iterations above), every rank
+    // instantiates and uploads before any rank launches, and each destroys its graph before
+    // the next collective (`measure`).
+    cudaStreamSynchronize(stream_);
+    boot_.barrier();
     graph_ = std::make_unique<CapturedGraph>();
     std::optional<Group::CaptureScope> scope;
     if (runner.group() != nullptr) scope.emplace(runner.group()->capture(stream()));
@@ -373,10 +381,6 @@ class Bench {
       m.failure = "graph capture failed";
       return 0;
     }
-    // NOTE [graphs of virtual ranks]: instantiating, uploading and destroying a graph may wait
-    // for the device to go idle, which never happens while a peer's kernel on the same GPU spins
-    // waiting for this rank. So every rank instantiates and uploads before any rank launches
-    // (the barrier below), and destroys its graph before the next collective (`measure`).
     cudaGraphUpload(graph_->exec, stream_);
     cudaStreamSynchronize(stream_);
     boot_.barrier();
