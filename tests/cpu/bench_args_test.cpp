@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tpcomm bench`'s arguments (nccl-tests' flags) and the arithmetic of its report.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tools/bench_args.hpp"
+
+namespace tpcomm::tools {
+namespace {
+
+/// Parses `args` as the bench subcommand would; throws CLI::Error on bad input.
+BenchOptions parse(std::vector<std::string> args) {
+  BenchOptions o;
+  CLI::App app;
+  add_bench_options(app, o);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  app.parse(reversed);
+  return o;
+}
+
+TEST(BenchArgs, NcclTestsFlags) {
+  BenchOptions o = parse({"-b", "1K", "-e", "64M", "-f", "2", "-n", "50", "-w", "3", "-c", "2", "-d",
+                          "bfloat16", "-o", "max", "--op", "reducescatter", "-u", "3", "--graph",
+                          "--json", "out.json", "--virtual-ranks", "4", "--seed", "7"});
+  EXPECT_EQ(o.min_bytes, 1024);
+  EXPECT_EQ(o.max_bytes, 64 << 20);
+  EXPECT_EQ(o.step_factor, 2);
+  EXPECT_EQ(o.iters, 50);
+  EXPECT_EQ(o.warmup, 3);
+  EXPECT_EQ(o.check, 2);
+  EXPECT_EQ(o.dtype, DType::kBF16);
+  EXPECT_EQ(o.redop, ReduceOp::kMax);
+  EXPECT_EQ(o.op, kernels::Collective::kReduceScatter);
+  EXPECT_EQ(o.unalign, 3);
+  EXPECT_TRUE(o.graph);
+  EXPECT_EQ(o.json, "out.json");
+  EXPECT_EQ(o.virtual_ranks, 4);
+  EXPECT_EQ(o.seed, 7u);
+}
+
+TEST(BenchArgs, Defaults) {
+  BenchOptions o = parse({});
+  EXPECT_EQ(o.min_bytes, 32 << 20);
+  EXPECT_EQ(o.max_bytes, 32 << 20);
+  EXPECT_EQ(o.dtype, DType::kF32);
+  EXPECT_EQ(o.redop, ReduceOp::kSum);
+  EXPECT_EQ(o.op, kernels::Collective::kAllReduce);
+  EXPECT_EQ(o.algos, std::vector<BenchAlgo>{BenchAlgo::kAuto});
+  EXPECT_FALSE(o.graph);
+}
+
+TEST(BenchArgs, AlgorithmLists) {
+  EXPECT_EQ(parse({"--algo", "one_shot,two_shot"}).algos,
+            (std::vector<BenchAlgo>{BenchAlgo::kOneShot, BenchAlgo::kTwoShot}));
+  EXPECT_EQ(parse({"--algo", "nccl-direct,memcpy"}).algos,
+            (std::vector<BenchAlgo>{BenchAlgo::kNcclDirect, BenchAlgo::kMemcpy}));
+  EXPECT_EQ(parse({"--algo", "all"}).algos.size(), 6u);
+}
+
+TEST(BenchArgs, BadInputIsRefused) {
+  for (std::vector<std::string> bad : std::vector<std::vector<std::string>>{
+           {"-b", "1X"},
+           {"-b", "64M", "-e", "1K"},
+           {"-f", "1"},
+           {"-f", "2", "-i", "1M"},
+           {"-d", "float7"},
+           {"-o", "mulsum"},
+           {"--op", "allscatter"},
+           {"--algo", "fastest"},
+           {"-n", "0"},
+           {"-g", "2", "--virtual-ranks", "2"},
+           {"--virtual-ranks", "9"}}) {
+    EXPECT_THROW(parse(bad), CLI::Error) << bad[0] << " " << (bad.size() > 1 ? bad[1] : "");
+  }
+}
+
+TEST(BenchArgs, SizesStepLikeNcclTests) {
+  BenchOptions o;
+  o.min_bytes = 1024;
+  o.max_bytes = 8192;
+  o.step_factor = 2;
+  EXPECT_EQ(bench_sizes(o), (std::vector<std::int64_t>{1024, 2048, 4096, 8192}));
+  o.step_factor = 3;
+  EXPECT_EQ(bench_sizes(o), (std::vector<std::int64_t>{1024, 3072}));
+  o.step_factor = 0;
+  o.step_bytes = 3000;
+  EXPECT_EQ(bench_sizes(o), (std::vector<std::int64_t>{1024, 4024, 7024}));
+  o.min_bytes = o.max_bytes = 4;
+  EXPECT_EQ(bench_sizes(o), (std::vector<std::int64_t>{4}));
+}
+
+TEST(BenchArgs, BusFactorsAreNcclTests) {
+  using C = kernels::Collective;
+  EXPECT_DOUBLE_EQ(bus_factor(C::kAllReduce, 8), 2.0 * 7 / 8);
+  EXPECT_DOUBLE_EQ(bus_factor(C::kAllReduce, 1), 0.0);
+  EXPECT_DOUBLE_EQ(bus_factor(C::kAllGather, 4), 3.0 / 4);
+  EXPECT_DOUBLE_EQ(bus_factor(C::kReduceScatter, 2), 0.5);
+  EXPECT_DOUBLE_EQ(bus_factor(C::kAllToAll, 8), 7.0 / 8);
+  EXPECT_DOUBLE_EQ(bus_factor(C::kBroadcast, 8), 1.0);
+}
+
+TEST(BenchArgs, CountsSplitEvenlyWhereTheCollectiveNeedsIt) {
+  using C = kernels::Collective;
+  EXPECT_EQ(bench_count(C::kAllReduce, 1000, DType::kF32, 8), 250);
+  EXPECT_EQ(bench_count(C::kAllReduce, 1001, DType::kBF16, 8), 500);
+  EXPECT_EQ(bench_count(C::kAllGather, 1000, DType::kF32, 8), 248);
+  EXPECT_EQ(bench_count(C::kReduceScatter, 1000, DType::kF32, 3), 249);
+  EXPECT_EQ(bench_count(C::kAllToAll, 64, DType::kF64, 8), 8);
+  EXPECT_EQ(bench_count(C::kBroadcast, 10, DType::kF32, 8), 2);
+}
+
+}  // namespace
+}  // namespace tpcomm::tools
