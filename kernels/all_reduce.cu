@@ -14,9 +14,12 @@ namespace {
 template <class T, int R>
 const void* kernel_of(Algo algo) {
   switch (algo) {
-    case Algo::kOneShot: return reinterpret_cast<const void*>(&all_reduce_one_shot_kernel<T, R>);
-    case Algo::kTwoShot: return reinterpret_cast<const void*>(&all_reduce_two_shot_kernel<T, R>);
-    case Algo::kNone: break;
+    case Algo::kOneShot:
+      return reinterpret_cast<const void*>(&all_reduce_one_shot_kernel<T, R>);
+    case Algo::kTwoShot:
+      return reinterpret_cast<const void*>(&all_reduce_two_shot_kernel<T, R>);
+    case Algo::kNone:
+      break;
   }
   return nullptr;
 }
@@ -37,7 +40,8 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, Stream st
       choice.threads > 1024 || choice.threads % 32 != 0 || choice.threads < params.world_size)
     return Status::kInvalidArgument;
   const void* kernel = nullptr;
-  if (Status s = find_kernel(choice.algo, params.dtype, params.world_size, &kernel); s != Status::kOk)
+  if (Status s = find_kernel(choice.algo, params.dtype, params.world_size, &kernel);
+      s != Status::kOk)
     return s;
   AllReduceParams copy = params;
   void* args[] = {&copy};
@@ -62,7 +66,8 @@ int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexc
   const void* kernel = nullptr;
   if (find_kernel(algo, dtype, world_size, &kernel) != Status::kOk) return 0;
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess) return 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess)
+    return 0;
   return blocks;
 }
 

@@ -46,10 +46,12 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
     Pack<T> parts[R];
 #pragma unroll
     for (int s = 0; s < R; ++s)
-      if (const std::int64_t v = s * slice + i; v < packs) parts[s] = load_pack_ws(scratch_of<T>(p, s), v);
+      if (const std::int64_t v = s * slice + i; v < packs)
+        parts[s] = load_pack_ws(scratch_of<T>(p, s), v);
 #pragma unroll
     for (int s = 0; s < R; ++s)
-      if (const std::int64_t v = s * slice + i; v < packs) store_pack(out, v, count, out_aligned, parts[s]);
+      if (const std::int64_t v = s * slice + i; v < packs)
+        store_pack(out, v, count, out_aligned, parts[s]);
   }
 
   // The next operation's reduce-scatter overwrites scratch only after its start barrier, so

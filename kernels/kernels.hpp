@@ -58,7 +58,13 @@ int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexc
 // ---- exact test data (tests and `tpcomm bench --check`) ----------------------------------
 
 /// What the checked collective was, for `check_data`.
-enum class Collective : std::uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
+enum class Collective : std::uint8_t {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kBroadcast
+};
 
 /// Fills `count` elements with rank `rank`'s exact test values for `op` (small integers whose
 /// every partial result is representable in `dtype`), starting at element index `first`.

@@ -43,11 +43,15 @@ __device__ std::int64_t value_of(std::uint64_t seed, int rank, std::int64_t inde
 
 __device__ std::int64_t combine(std::int64_t a, std::int64_t b, ReduceOp op) {
   switch (op) {
-    case ReduceOp::kProd: return a * b;
-    case ReduceOp::kMax: return a > b ? a : b;
-    case ReduceOp::kMin: return a < b ? a : b;
+    case ReduceOp::kProd:
+      return a * b;
+    case ReduceOp::kMax:
+      return a > b ? a : b;
+    case ReduceOp::kMin:
+      return a < b ? a : b;
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: break;
+    case ReduceOp::kAvg:
+      break;
   }
   return a + b;
 }
@@ -55,36 +59,72 @@ __device__ std::int64_t combine(std::int64_t a, std::int64_t b, ReduceOp op) {
 /// Writes `v` as element `i` of a `dtype` array.
 __device__ void store_as(void* p, std::int64_t i, DType dtype, double v) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kF64: static_cast<double*>(p)[i] = v; break;
-    case DType::kF16: static_cast<__half*>(p)[i] = __double2half(v); break;
-    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __double2bfloat16(v); break;
-    case DType::kI8: static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(v); break;
-    case DType::kU8: static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(v); break;
-    case DType::kI32: static_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v); break;
-    case DType::kU32: static_cast<std::uint32_t*>(p)[i] = static_cast<std::uint32_t>(v); break;
-    case DType::kI64: static_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v); break;
-    case DType::kU64: static_cast<std::uint64_t*>(p)[i] = static_cast<std::uint64_t>(v); break;
-    case DType::kF8E4M3: static_cast<__nv_fp8_e4m3*>(p)[i] = __nv_fp8_e4m3(static_cast<float>(v)); break;
-    case DType::kF8E5M2: static_cast<__nv_fp8_e5m2*>(p)[i] = __nv_fp8_e5m2(static_cast<float>(v)); break;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DType::kF64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<__half*>(p)[i] = __double2half(v);
+      break;
+    case DType::kBF16:
+      static_cast<__nv_bfloat16*>(p)[i] = __double2bfloat16(v);
+      break;
+    case DType::kI8:
+      static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(v);
+      break;
+    case DType::kU8:
+      static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(v);
+      break;
+    case DType::kI32:
+      static_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v);
+      break;
+    case DType::kU32:
+      static_cast<std::uint32_t*>(p)[i] = static_cast<std::uint32_t>(v);
+      break;
+    case DType::kI64:
+      static_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v);
+      break;
+    case DType::kU64:
+      static_cast<std::uint64_t*>(p)[i] = static_cast<std::uint64_t>(v);
+      break;
+    case DType::kF8E4M3:
+      static_cast<__nv_fp8_e4m3*>(p)[i] = __nv_fp8_e4m3(static_cast<float>(v));
+      break;
+    case DType::kF8E5M2:
+      static_cast<__nv_fp8_e5m2*>(p)[i] = __nv_fp8_e5m2(static_cast<float>(v));
+      break;
   }
 }
 
 /// Element `i` of a `dtype` array as a double (exact for every value the tests produce).
 __device__ double load_as(const void* p, std::int64_t i, DType dtype) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kI8: return static_cast<const std::int8_t*>(p)[i];
-    case DType::kU8: return static_cast<const std::uint8_t*>(p)[i];
-    case DType::kI32: return static_cast<const std::int32_t*>(p)[i];
-    case DType::kU32: return static_cast<const std::uint32_t*>(p)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const std::int64_t*>(p)[i]);
-    case DType::kU64: return static_cast<double>(static_cast<const std::uint64_t*>(p)[i]);
-    case DType::kF8E4M3: return static_cast<float>(static_cast<const __nv_fp8_e4m3*>(p)[i]);
-    case DType::kF8E5M2: return static_cast<float>(static_cast<const __nv_fp8_e5m2*>(p)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF64:
+      return static_cast<const double*>(p)[i];
+    case DType::kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kI8:
+      return static_cast<const std::int8_t*>(p)[i];
+    case DType::kU8:
+      return static_cast<const std::uint8_t*>(p)[i];
+    case DType::kI32:
+      return static_cast<const std::int32_t*>(p)[i];
+    case DType::kU32:
+      return static_cast<const std::uint32_t*>(p)[i];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const std::int64_t*>(p)[i]);
+    case DType::kU64:
+      return static_cast<double>(static_cast<const std::uint64_t*>(p)[i]);
+    case DType::kF8E4M3:
+      return static_cast<float>(static_cast<const __nv_fp8_e4m3*>(p)[i]);
+    case DType::kF8E5M2:
+      return static_cast<float>(static_cast<const __nv_fp8_e5m2*>(p)[i]);
   }
   return 0.0;
 }
@@ -94,7 +134,8 @@ __device__ bool equals_bitwise(const void* p, std::int64_t i, DType dtype, doubl
   const std::size_t w = dtype_size(dtype);
   unsigned char want[8] = {};
   store_as(want, 0, dtype, expected);
-  const unsigned char* got = static_cast<const unsigned char*>(p) + i * static_cast<std::int64_t>(w);
+  const unsigned char* got =
+      static_cast<const unsigned char*>(p) + i * static_cast<std::int64_t>(w);
   for (std::size_t b = 0; b < w; ++b)
     if (got[b] != want[b]) return false;
   return true;
@@ -111,9 +152,8 @@ __global__ void check_kernel(const void* out, DType dtype, std::int64_t count, s
                              int rank, int world, ReduceOp op, Collective coll, int root,
                              unsigned long long* wrong) {
   unsigned long long bad = 0;
-  const std::int64_t per = coll == Collective::kAllGather || coll == Collective::kAllToAll
-                               ? count / world
-                               : count;
+  const std::int64_t per =
+      coll == Collective::kAllGather || coll == Collective::kAllToAll ? count / world : count;
   for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < count;
        j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     double expected = 0;
@@ -123,11 +163,13 @@ __global__ void check_kernel(const void* out, DType dtype, std::int64_t count, s
         const std::int64_t index = coll == Collective::kAllReduce ? j : rank * count + j;
         std::int64_t acc = value_of(seed, 0, index, dtype, op);
         for (int s = 1; s < world; ++s) acc = combine(acc, value_of(seed, s, index, dtype, op), op);
-        expected = op == ReduceOp::kAvg ? static_cast<double>(acc) / world : static_cast<double>(acc);
+        expected =
+            op == ReduceOp::kAvg ? static_cast<double>(acc) / world : static_cast<double>(acc);
         break;
       }
       case Collective::kAllGather:
-        expected = static_cast<double>(value_of(seed, static_cast<int>(j / per), j % per, dtype, op));
+        expected =
+            static_cast<double>(value_of(seed, static_cast<int>(j / per), j % per, dtype, op));
         break;
       case Collective::kAllToAll:
         expected = static_cast<double>(
@@ -138,7 +180,8 @@ __global__ void check_kernel(const void* out, DType dtype, std::int64_t count, s
         break;
     }
     bool ok;
-    if (op == ReduceOp::kAvg && (coll == Collective::kAllReduce || coll == Collective::kReduceScatter)) {
+    if (op == ReduceOp::kAvg &&
+        (coll == Collective::kAllReduce || coll == Collective::kReduceScatter)) {
       // An average divides by the world size, which is inexact for most sizes: allow the
       // rounding of one step of the output type.
       const double got = load_as(out, j, dtype);

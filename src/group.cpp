@@ -32,7 +32,8 @@ class LocalBackend final : public Backend {
     if (r.op == Op::kSend || r.op == Op::kRecv) return Status::kInvalidArgument;
     if (r.in.data == r.out.data || r.out.nbytes() == 0) return Status::kOk;
     TPCOMM_CUDA_TRY(cudaMemcpyAsync(r.out.data, r.in.data, static_cast<std::size_t>(r.out.nbytes()),
-                                    cudaMemcpyDeviceToDevice, reinterpret_cast<cudaStream_t>(stream)));
+                                    cudaMemcpyDeviceToDevice,
+                                    reinterpret_cast<cudaStream_t>(stream)));
     return Status::kOk;
   }
 };
@@ -40,7 +41,8 @@ class LocalBackend final : public Backend {
 /// The custom one-shot/two-shot all-reduce; the selector decides per size.
 class CustomArBackend final : public Backend {
  public:
-  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, const Options& options, const TuneTable* const* table)
+  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, const Options& options,
+                  const TuneTable* const* table)
       : ar_(std::move(ar)), forced_(options.algo), table_(table) {}
   std::string_view name() const noexcept override { return "custom_ar"; }
   CustomAllReduce& impl() noexcept { return *ar_; }
@@ -50,7 +52,8 @@ class CustomArBackend final : public Backend {
   }
   Support supports(const Request& r) const noexcept override {
     if (r.op != Op::kAllReduce) return Support::no("only all-reduce");
-    if (choose(r).algo == Algo::kNone) return Support::no("size, dtype or op outside the custom kernels");
+    if (choose(r).algo == Algo::kNone)
+      return Support::no("size, dtype or op outside the custom kernels");
     return Support::yes();
   }
   Status run(const Request& r, Stream stream) noexcept override {
@@ -74,14 +77,22 @@ class NcclBackend final : public Backend {
     const auto n = static_cast<std::size_t>(r.out.numel());
     const int world = comm_->world_size();
     switch (r.op) {
-      case Op::kAllReduce: return comm_->all_reduce(r.in.data, r.out.data, n, r.in.dtype, r.reduce, s);
+      case Op::kAllReduce:
+        return comm_->all_reduce(r.in.data, r.out.data, n, r.in.dtype, r.reduce, s);
       case Op::kAllGather:
-        return comm_->all_gather(r.in.data, r.out.data, static_cast<std::size_t>(r.in.numel()), r.in.dtype, s);
-      case Op::kReduceScatter: return comm_->reduce_scatter(r.in.data, r.out.data, n, r.in.dtype, r.reduce, s);
-      case Op::kAllToAll: return comm_->all_to_all(r.in.data, r.out.data, n / world, r.in.dtype, s);
-      case Op::kBroadcast: return comm_->broadcast(r.in.data, r.out.data, n, r.out.dtype, r.peer, s);
-      case Op::kSend: return comm_->send(r.in.data, static_cast<std::size_t>(r.in.numel()), r.in.dtype, r.peer, s);
-      case Op::kRecv: return comm_->recv(r.out.data, n, r.out.dtype, r.peer, s);
+        return comm_->all_gather(r.in.data, r.out.data, static_cast<std::size_t>(r.in.numel()),
+                                 r.in.dtype, s);
+      case Op::kReduceScatter:
+        return comm_->reduce_scatter(r.in.data, r.out.data, n, r.in.dtype, r.reduce, s);
+      case Op::kAllToAll:
+        return comm_->all_to_all(r.in.data, r.out.data, n / world, r.in.dtype, s);
+      case Op::kBroadcast:
+        return comm_->broadcast(r.in.data, r.out.data, n, r.out.dtype, r.peer, s);
+      case Op::kSend:
+        return comm_->send(r.in.data, static_cast<std::size_t>(r.in.numel()), r.in.dtype, r.peer,
+                           s);
+      case Op::kRecv:
+        return comm_->recv(r.out.data, n, r.out.dtype, r.peer, s);
     }
     return Status::kInternal;
   }
@@ -138,7 +149,8 @@ struct Group::Impl {
   Status poll_health() noexcept {
     if (health != Status::kOk) return health;
     if (custom != nullptr) {
-      if (Status h = custom->impl().health(); h != Status::kOk) return fail(h, custom->impl().error_message());
+      if (Status h = custom->impl().health(); h != Status::kOk)
+        return fail(h, custom->impl().error_message());
     }
     return Status::kOk;
   }
@@ -149,8 +161,8 @@ struct Group::Impl {
     if (!v.is_contiguous())
       return fail(Status::kInvalidArgument, detail::concat(op, ": ", what, " is not contiguous"));
     if (v.device >= 0 && v.device != device)
-      return fail(Status::kInvalidArgument,
-                  detail::concat(op, ": ", what, " is on device ", v.device, ", the group on ", device));
+      return fail(Status::kInvalidArgument, detail::concat(op, ": ", what, " is on device ",
+                                                           v.device, ", the group on ", device));
     return Status::kOk;
   }
 
@@ -164,9 +176,10 @@ struct Group::Impl {
       return fail(Status::kInvalidArgument, detail::concat(op, ": input is ", to_string(in.dtype),
                                                            ", output is ", to_string(out.dtype)));
     if (in.numel() * out_factor != out.numel() * in_factor)
-      return fail(Status::kInvalidArgument,
-                  detail::concat(op, ": output has ", out.numel(), " elements, expected ",
-                                 in.numel() * out_factor / in_factor, " for an input of ", in.numel()));
+      return fail(
+          Status::kInvalidArgument,
+          detail::concat(op, ": output has ", out.numel(), " elements, expected ",
+                         in.numel() * out_factor / in_factor, " for an input of ", in.numel()));
     return Status::kOk;
   }
 
@@ -197,8 +210,9 @@ struct Group::Impl {
     Status s = chain.run(req, stream, &served);
     if (s == Status::kOk) return s;
     if (s == Status::kUnsupported)
-      return fail(s, detail::concat(to_string(req.op), ": no backend can serve ", req.in.numel(), " ",
-                                    to_string(req.in.dtype), " elements (", to_string(req.reduce), ")"));
+      return fail(
+          s, detail::concat(to_string(req.op), ": no backend can serve ", req.in.numel(), " ",
+                            to_string(req.in.dtype), " elements (", to_string(req.reduce), ")"));
     std::string message = detail::concat(to_string(req.op), " on ", served ? served->name() : "?",
                                          " failed: ", to_string(s));
     if (served == custom && custom != nullptr && !custom->impl().error_message().empty())
@@ -228,7 +242,8 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   info.nonce = process_nonce();
   info.node = boot.node_id();
   info.device = device;
-  TPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(info.bus_id.data(), static_cast<int>(info.bus_id.size()), device));
+  TPCOMM_CUDA_CHECK(
+      cudaDeviceGetPCIBusId(info.bus_id.data(), static_cast<int>(info.bus_id.size()), device));
   // TPCOMM_ALGO=nccl means NCCL for everything, even at world size 1 (to measure it).
   const bool nccl_only = options.algo == AlgoChoice::kNccl;
   const bool want_nccl = config.nccl && !options.disable_nccl && (world > 1 || nccl_only);
@@ -246,7 +261,8 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   int shared_with = -1;
   for (int r = 0; r < world; ++r) {
     const RankInfo& o = infos[static_cast<std::size_t>(r)];
-    if (o.node != info.node || std::strcmp(o.bus_id.data(), info.bus_id.data()) != 0) one_gpu = false;
+    if (o.node != info.node || std::strcmp(o.bus_id.data(), info.bus_id.data()) != 0)
+      one_gpu = false;
     for (int q = 0; q < r; ++q) {
       const RankInfo& p = infos[static_cast<std::size_t>(q)];
       if (p.node == o.node && std::strcmp(p.bus_id.data(), o.bus_id.data()) == 0 && shared_with < 0)
@@ -280,7 +296,8 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
         TPCOMM_LOG_WARN("NCCL not used: ranks ", shared_with / 1000, " and ", shared_with % 1000,
                         " share one GPU, which NCCL refuses");
     } else {
-      auto backend = std::make_unique<NcclBackend>(std::make_unique<NcclComm>(m.boot, device, options));
+      auto backend =
+          std::make_unique<NcclBackend>(std::make_unique<NcclComm>(m.boot, device, options));
       m.nccl = backend.get();
       m.chain.add(std::move(backend));
     }
@@ -312,7 +329,8 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
     }
     auto shared = m.boot.broadcast(std::as_bytes(std::span(text.data(), text.size())), 0);
     if (!shared.empty()) {
-      m.table_storage = TuneTable::parse(std::string_view(reinterpret_cast<const char*>(shared.data()), shared.size()));
+      m.table_storage = TuneTable::parse(
+          std::string_view(reinterpret_cast<const char*>(shared.data()), shared.size()));
       m.table = &*m.table_storage;
     }
   }
@@ -338,7 +356,8 @@ void Group::abort() noexcept {
   if (m.health == Status::kOk) m.fail(Status::kAborted, "group aborted");
 }
 
-Status Group::all_reduce(const TensorView& in, const TensorView& out, Stream stream, ReduceOp op) noexcept {
+Status Group::all_reduce(const TensorView& in, const TensorView& out, Stream stream,
+                         ReduceOp op) noexcept {
   Impl& m = *impl_;
   TPCOMM_TRY(m.poll_health());
   TPCOMM_TRY(m.check_pair(in, out, 1, 1, "all_reduce"));
@@ -352,7 +371,8 @@ Status Group::all_gather(const TensorView& in, const TensorView& out, Stream str
   return m.dispatch(Request{Op::kAllGather, in, out, ReduceOp::kSum, -1, false}, stream);
 }
 
-Status Group::reduce_scatter(const TensorView& in, const TensorView& out, Stream stream, ReduceOp op) noexcept {
+Status Group::reduce_scatter(const TensorView& in, const TensorView& out, Stream stream,
+                             ReduceOp op) noexcept {
   Impl& m = *impl_;
   TPCOMM_TRY(m.poll_health());
   TPCOMM_TRY(m.check_pair(in, out, world_size(), 1, "reduce_scatter"));
@@ -370,12 +390,13 @@ Status Group::all_to_all(const TensorView& in, const TensorView& out, Stream str
   return m.dispatch(Request{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false}, stream);
 }
 
-Status Group::broadcast(const TensorView& in, const TensorView& out, int root, Stream stream) noexcept {
+Status Group::broadcast(const TensorView& in, const TensorView& out, int root,
+                        Stream stream) noexcept {
   Impl& m = *impl_;
   TPCOMM_TRY(m.poll_health());
   if (root < 0 || root >= world_size())
-    return m.fail(Status::kInvalidArgument, detail::concat("broadcast: root ", root, " is not a rank of ",
-                                                           world_size()));
+    return m.fail(Status::kInvalidArgument,
+                  detail::concat("broadcast: root ", root, " is not a rank of ", world_size()));
   if (rank() == root) {
     TPCOMM_TRY(m.check_pair(in, out, 1, 1, "broadcast"));
   } else {
@@ -390,8 +411,8 @@ Status Group::send(const TensorView& buf, int peer, Stream stream) noexcept {
   TPCOMM_TRY(m.poll_health());
   TPCOMM_TRY(m.check_view(buf, "buffer", "send"));
   if (peer < 0 || peer >= world_size() || peer == rank())
-    return m.fail(Status::kInvalidArgument, detail::concat("send: peer ", peer, " is not another rank of ",
-                                                           world_size()));
+    return m.fail(Status::kInvalidArgument,
+                  detail::concat("send: peer ", peer, " is not another rank of ", world_size()));
   return m.dispatch(Request{Op::kSend, buf, buf, ReduceOp::kSum, peer, false}, stream);
 }
 
@@ -400,8 +421,8 @@ Status Group::recv(const TensorView& buf, int peer, Stream stream) noexcept {
   TPCOMM_TRY(m.poll_health());
   TPCOMM_TRY(m.check_view(buf, "buffer", "recv"));
   if (peer < 0 || peer >= world_size() || peer == rank())
-    return m.fail(Status::kInvalidArgument, detail::concat("recv: peer ", peer, " is not another rank of ",
-                                                           world_size()));
+    return m.fail(Status::kInvalidArgument,
+                  detail::concat("recv: peer ", peer, " is not another rank of ", world_size()));
   return m.dispatch(Request{Op::kRecv, buf, buf, ReduceOp::kSum, peer, false}, stream);
 }
 

@@ -13,11 +13,13 @@ struct ParallelGroups::Impl {
   std::array<Group*, kGroupKindCount> groups{};
 };
 
-ParallelGroups::ParallelGroups(Bootstrap& world, int device, const ParallelConfig& config, Options options)
+ParallelGroups::ParallelGroups(Bootstrap& world, int device, const ParallelConfig& config,
+                               Options options)
     : impl_(std::make_unique<Impl>()) {
   const ParallelLayout layout = make_parallel_layout(world.world_size(), config);
   // Every rank builds the kinds in the same order; a kind laid out like TP is TP itself.
-  for (GroupKind kind : {GroupKind::kTp, GroupKind::kAttnTp, GroupKind::kMoeEp, GroupKind::kMoeTp}) {
+  for (GroupKind kind :
+       {GroupKind::kTp, GroupKind::kAttnTp, GroupKind::kMoeEp, GroupKind::kMoeTp}) {
     const auto k = static_cast<std::size_t>(kind);
     const GroupLayout& l = layout.layout(kind);
     if (kind != GroupKind::kTp && l.is_tp_group) {
@@ -26,8 +28,8 @@ ParallelGroups::ParallelGroups(Bootstrap& world, int device, const ParallelConfi
     }
     const std::vector<int>& ranks = layout.group_of(kind, world.rank());
     Bootstrap sub = world.split(ranks, to_string(kind));
-    impl_->owned[k] = std::make_unique<Group>(sub, device, options,
-                                              GroupConfig{l.comms.custom_ar, l.comms.nccl});
+    impl_->owned[k] =
+        std::make_unique<Group>(sub, device, options, GroupConfig{l.comms.custom_ar, l.comms.nccl});
     impl_->groups[k] = impl_->owned[k].get();
   }
 }
@@ -36,9 +38,17 @@ ParallelGroups::~ParallelGroups() = default;
 ParallelGroups::ParallelGroups(ParallelGroups&&) noexcept = default;
 ParallelGroups& ParallelGroups::operator=(ParallelGroups&&) noexcept = default;
 
-Group& ParallelGroups::tp() noexcept { return *impl_->groups[static_cast<std::size_t>(GroupKind::kTp)]; }
-Group& ParallelGroups::attn_tp() noexcept { return *impl_->groups[static_cast<std::size_t>(GroupKind::kAttnTp)]; }
-Group& ParallelGroups::moe_ep() noexcept { return *impl_->groups[static_cast<std::size_t>(GroupKind::kMoeEp)]; }
-Group& ParallelGroups::moe_tp() noexcept { return *impl_->groups[static_cast<std::size_t>(GroupKind::kMoeTp)]; }
+Group& ParallelGroups::tp() noexcept {
+  return *impl_->groups[static_cast<std::size_t>(GroupKind::kTp)];
+}
+Group& ParallelGroups::attn_tp() noexcept {
+  return *impl_->groups[static_cast<std::size_t>(GroupKind::kAttnTp)];
+}
+Group& ParallelGroups::moe_ep() noexcept {
+  return *impl_->groups[static_cast<std::size_t>(GroupKind::kMoeEp)];
+}
+Group& ParallelGroups::moe_tp() noexcept {
+  return *impl_->groups[static_cast<std::size_t>(GroupKind::kMoeTp)];
+}
 
 }  // namespace tpcomm

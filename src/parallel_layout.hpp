@@ -44,7 +44,6 @@
 
 namespace tpcomm {
 
-
 /// The groups a layout describes.
 enum class GroupKind : std::uint8_t {
   /// Tensor parallelism: dense layers, the LM head.

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // `tpcomm bench`: an nccl-tests-style sweep over every way tpcomm can serve a collective.
 #include <cuda_runtime.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -36,11 +36,14 @@ struct Shape {
 
 Shape shape_of(Collective op, std::int64_t count, int world) {
   switch (op) {
-    case Collective::kAllGather: return {count / world, count};
-    case Collective::kReduceScatter: return {count, count / world};
+    case Collective::kAllGather:
+      return {count / world, count};
+    case Collective::kReduceScatter:
+      return {count, count / world};
     case Collective::kAllReduce:
     case Collective::kAllToAll:
-    case Collective::kBroadcast: break;
+    case Collective::kBroadcast:
+      break;
   }
   return {count, count};
 }
@@ -59,12 +62,20 @@ class Runner {
   Runner(Bootstrap& boot, int device, const BenchOptions& o, BenchAlgo algo) : o_(o), algo_(algo) {
     Options opt = Options::from_env();
     switch (algo) {
-      case BenchAlgo::kAuto: break;
-      case BenchAlgo::kOneShot: opt.algo = AlgoChoice::kOneShot; break;
-      case BenchAlgo::kTwoShot: opt.algo = AlgoChoice::kTwoShot; break;
-      case BenchAlgo::kNccl: opt.algo = AlgoChoice::kNccl; break;
+      case BenchAlgo::kAuto:
+        break;
+      case BenchAlgo::kOneShot:
+        opt.algo = AlgoChoice::kOneShot;
+        break;
+      case BenchAlgo::kTwoShot:
+        opt.algo = AlgoChoice::kTwoShot;
+        break;
+      case BenchAlgo::kNccl:
+        opt.algo = AlgoChoice::kNccl;
+        break;
       case BenchAlgo::kNcclDirect:
-      case BenchAlgo::kMemcpy: break;
+      case BenchAlgo::kMemcpy:
+        break;
     }
     if (algo == BenchAlgo::kMemcpy) {
       // nothing to build
@@ -86,19 +97,24 @@ class Runner {
     const DType t = o_.dtype;
     if (algo_ == BenchAlgo::kMemcpy) {
       const auto bytes = static_cast<std::size_t>(s.in) * dtype_size(t);
-      return cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, reinterpret_cast<cudaStream_t>(stream)) ==
-                     cudaSuccess
+      return cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice,
+                             reinterpret_cast<cudaStream_t>(stream)) == cudaSuccess
                  ? Status::kOk
                  : Status::kCudaError;
     }
     if (direct_) {
       NcclComm& c = *direct_;
       switch (o_.op) {
-        case Collective::kAllReduce: return c.all_reduce(in, out, s.in, t, o_.redop, stream);
-        case Collective::kAllGather: return c.all_gather(in, out, s.in, t, stream);
-        case Collective::kReduceScatter: return c.reduce_scatter(in, out, s.out, t, o_.redop, stream);
-        case Collective::kAllToAll: return c.all_to_all(in, out, s.in / world_, t, stream);
-        case Collective::kBroadcast: return c.broadcast(in, out, s.in, t, o_.root, stream);
+        case Collective::kAllReduce:
+          return c.all_reduce(in, out, s.in, t, o_.redop, stream);
+        case Collective::kAllGather:
+          return c.all_gather(in, out, s.in, t, stream);
+        case Collective::kReduceScatter:
+          return c.reduce_scatter(in, out, s.out, t, o_.redop, stream);
+        case Collective::kAllToAll:
+          return c.all_to_all(in, out, s.in / world_, t, stream);
+        case Collective::kBroadcast:
+          return c.broadcast(in, out, s.in, t, o_.root, stream);
       }
       return Status::kInternal;
     }
@@ -106,11 +122,16 @@ class Runner {
     auto iv = TensorView::flat(const_cast<void*>(in), t, s.in, g.device());
     auto ov = TensorView::flat(out, t, s.out, g.device());
     switch (o_.op) {
-      case Collective::kAllReduce: return g.all_reduce(iv, ov, stream, o_.redop);
-      case Collective::kAllGather: return g.all_gather(iv, ov, stream);
-      case Collective::kReduceScatter: return g.reduce_scatter(iv, ov, stream, o_.redop);
-      case Collective::kAllToAll: return g.all_to_all(iv, ov, stream);
-      case Collective::kBroadcast: return g.broadcast(iv, ov, o_.root, stream);
+      case Collective::kAllReduce:
+        return g.all_reduce(iv, ov, stream, o_.redop);
+      case Collective::kAllGather:
+        return g.all_gather(iv, ov, stream);
+      case Collective::kReduceScatter:
+        return g.reduce_scatter(iv, ov, stream, o_.redop);
+      case Collective::kAllToAll:
+        return g.all_to_all(iv, ov, stream);
+      case Collective::kBroadcast:
+        return g.broadcast(iv, ov, o_.root, stream);
     }
     return Status::kInternal;
   }
@@ -181,8 +202,9 @@ class Bench {
       const bool nccl_path = algo == BenchAlgo::kNccl || algo == BenchAlgo::kNcclDirect;
       if (nccl_path && world > 1 && shares_gpu()) {
         if (boot_.rank() == 0)
-          std::printf("#\n# %s: skipped: NCCL refuses two ranks on one GPU (run with -g on several GPUs)\n",
-                      std::string(to_string(algo)).c_str());
+          std::printf(
+              "#\n# %s: skipped: NCCL refuses two ranks on one GPU (run with -g on several GPUs)\n",
+              std::string(to_string(algo)).c_str());
         continue;
       }
       const bool custom_only = algo == BenchAlgo::kOneShot || algo == BenchAlgo::kTwoShot;
@@ -200,7 +222,8 @@ class Bench {
         why = e.what();
       }
       if (!runner) {
-        if (boot_.rank() == 0) std::printf("#\n# %s: skipped: %s\n", std::string(to_string(algo)).c_str(), why.c_str());
+        if (boot_.rank() == 0)
+          std::printf("#\n# %s: skipped: %s\n", std::string(to_string(algo)).c_str(), why.c_str());
         continue;
       }
       print_header(algo);
@@ -218,7 +241,8 @@ class Bench {
           const std::string served = runner->served_by(s);
           print_row(bytes, count, oop, ip, served);
           rows.push_back(row_json(algo, bytes, count, oop, ip, served));
-          std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n", std::string(to_string(algo)).c_str(),
+          std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n",
+                       std::string(to_string(algo)).c_str(),
                        std::string(collective_name(o_.op)).c_str(), k + 1, sizes.size());
         }
         if (failed) break;
@@ -258,9 +282,12 @@ class Bench {
     if (!in_place) return {in, out};
     const int r = boot_.rank();
     switch (o_.op) {
-      case Collective::kAllGather: return {in + r * s.in * es, in};
-      case Collective::kReduceScatter: return {in, in + r * s.out * es};
-      default: return {in, in};
+      case Collective::kAllGather:
+        return {in + r * s.in * es, in};
+      case Collective::kReduceScatter:
+        return {in, in + r * s.out * es};
+      default:
+        return {in, in};
     }
   }
 
@@ -270,7 +297,8 @@ class Bench {
   }
 
   /// Fresh exact input, poisoned output, one operation, bitwise check.
-  std::uint64_t check_once(Runner& runner, const Shape& s, bool in_place, std::uint64_t seed, std::string& failure) {
+  std::uint64_t check_once(Runner& runner, const Shape& s, bool in_place, std::uint64_t seed,
+                           std::string& failure) {
     const int world = boot_.world_size();
     auto [in, out] = pointers(s, in_place);
     const std::int64_t es = static_cast<std::int64_t>(dtype_size(o_.dtype));
@@ -288,7 +316,8 @@ class Bench {
                         bufs_.wrong, stream());
     unsigned long long wrong = 0;
     cudaMemcpyAsync(&wrong, bufs_.wrong, sizeof(wrong), cudaMemcpyDeviceToHost, stream_);
-    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) failure = cudaGetErrorString(e);
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
+      failure = cudaGetErrorString(e);
     (void)es;
     return wrong;
   }
@@ -297,8 +326,8 @@ class Bench {
     Measure m;
     m.ran = true;
     auto [in, out] = pointers(s, in_place);
-    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": ", s.in, " elements", in_place ? " in place" : "",
-                     ": checking");
+    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": ", s.in, " elements",
+                     in_place ? " in place" : "", ": checking");
     std::uint64_t wrong = 0;
     const int checks = runner.checkable() ? o_.check : 0;
     for (int i = 0; i < checks && m.failure.empty(); ++i)
@@ -310,14 +339,15 @@ class Bench {
         m.failure = std::string(to_string(st)) + ": " + runner.last_error();
     TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": timing");
     double t = 0;
-    if (m.failure.empty()) t = o_.graph ? time_graph(runner, in, out, s, m) : time_eager(runner, in, out, s, m);
+    if (m.failure.empty())
+      t = o_.graph ? time_graph(runner, in, out, s, m) : time_eager(runner, in, out, s, m);
     if (o_.graph && m.failure.empty() && !in_place && checks > 0) {
       // The captured path, checked too: refill, poison, replay once.
       m.failure = check_graph(runner, s, size_index, wrong);
     }
     graph_.reset();  // NOTE [graphs of virtual ranks]: before the collective below
-    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": timed ", t, " us", m.failure.empty() ? "" : ", failed: ",
-                     m.failure);
+    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": timed ", t, " us",
+                     m.failure.empty() ? "" : ", failed: ", m.failure);
     // Average the time over ranks and sum the errors, as nccl-tests does.
     struct Result {
       double t;
@@ -343,7 +373,8 @@ class Bench {
       if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
         m.failure = std::string(to_string(st)) + ": " + runner.last_error();
     cudaEventRecord(stop_, stream_);
-    if (cudaError_t e = cudaEventSynchronize(stop_); e != cudaSuccess) m.failure = cudaGetErrorString(e);
+    if (cudaError_t e = cudaEventSynchronize(stop_); e != cudaSuccess)
+      m.failure = cudaGetErrorString(e);
     float ms = 0;
     cudaEventElapsedTime(&ms, start_, stop_);
     return ms * 1000.0 / o_.iters;
@@ -377,7 +408,8 @@ class Bench {
         m.failure = std::string("capture registration: ") + runner.last_error();
     }
     if (!m.failure.empty()) return 0;
-    if (ended != cudaSuccess || cudaGraphInstantiate(&graph_->exec, graph_->graph, 0) != cudaSuccess) {
+    if (ended != cudaSuccess ||
+        cudaGraphInstantiate(&graph_->exec, graph_->graph, 0) != cudaSuccess) {
       m.failure = "graph capture failed";
       return 0;
     }
@@ -394,11 +426,13 @@ class Bench {
       cudaGraphLaunch(graph_->exec, stream_);
       cudaEventRecord(events[static_cast<std::size_t>(r) + 1], stream_);
     }
-    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) m.failure = cudaGetErrorString(e);
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
+      m.failure = cudaGetErrorString(e);
     std::vector<double> per_op;
     for (int r = 0; r < o_.graph_replays; ++r) {
       float ms = 0;
-      cudaEventElapsedTime(&ms, events[static_cast<std::size_t>(r)], events[static_cast<std::size_t>(r) + 1]);
+      cudaEventElapsedTime(&ms, events[static_cast<std::size_t>(r)],
+                           events[static_cast<std::size_t>(r) + 1]);
       per_op.push_back(ms * 1000.0 / o_.iters);
     }
     for (auto& e : events) cudaEventDestroy(e);
@@ -408,7 +442,8 @@ class Bench {
     return per_op[per_op.size() / 2];
   }
 
-  std::string check_graph(Runner& runner, const Shape& s, std::size_t size_index, std::uint64_t& wrong) {
+  std::string check_graph(Runner& runner, const Shape& s, std::size_t size_index,
+                          std::uint64_t& wrong) {
     auto [in, out] = pointers(s, false);
     const std::uint64_t seed = seed_for(size_index, false, 1000);
     cudaMemsetAsync(bufs_.wrong, 0, sizeof(unsigned long long), stream_);
@@ -416,24 +451,28 @@ class Bench {
     if (o_.op != Collective::kBroadcast || boot_.rank() == o_.root)
       kernels::fill_data(in, o_.dtype, s.in, seed, boot_.rank(), o_.redop, 0, stream());
     cudaGraphLaunch(graph_->exec, stream_);
-    kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), boot_.world_size(), o_.redop, o_.op, o_.root,
-                        bufs_.wrong, stream());
+    kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), boot_.world_size(), o_.redop,
+                        o_.op, o_.root, bufs_.wrong, stream());
     unsigned long long w = 0;
     cudaMemcpyAsync(&w, bufs_.wrong, sizeof(w), cudaMemcpyDeviceToHost, stream_);
-    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) return cudaGetErrorString(e);
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
+      return cudaGetErrorString(e);
     wrong += w;
-    if (runner.group() != nullptr && runner.group()->health() != Status::kOk) return runner.group()->last_error();
+    if (runner.group() != nullptr && runner.group()->health() != Status::kOk)
+      return runner.group()->last_error();
     return {};
   }
 
   void print_header(BenchAlgo algo) {
     if (boot_.rank() != 0) return;
-    std::printf("#\n# algo: %s%s\n", std::string(to_string(algo)).c_str(), o_.graph ? " (CUDA graph replay)" : "");
+    std::printf("#\n# algo: %s%s\n", std::string(to_string(algo)).c_str(),
+                o_.graph ? " (CUDA graph replay)" : "");
     std::printf("#%64s%36s\n", "out-of-place", "in-place");
-    std::printf("#%11s %12s %9s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s  %s\n", "size", "count", "type", "redop",
-                "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "served by");
-    std::printf("#%11s %12s %9s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
-                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    std::printf("#%11s %12s %9s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s  %s\n", "size", "count",
+                "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+                "busbw", "#wrong", "served by");
+    std::printf("#%11s %12s %9s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s\n", "(B)", "(elements)", "",
+                "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
   }
 
   std::string column(std::int64_t bytes, const Measure& m) const {
@@ -447,18 +486,20 @@ class Bench {
     return buf;
   }
 
-  void print_row(std::int64_t bytes, std::int64_t count, const Measure& oop, const Measure& ip, const std::string& served) {
+  void print_row(std::int64_t bytes, std::int64_t count, const Measure& oop, const Measure& ip,
+                 const std::string& served) {
     const int root = o_.op == Collective::kBroadcast ? o_.root : -1;
-    std::printf(" %11lld %12lld %9s %6s %5d%s%s  %s\n", static_cast<long long>(bytes), static_cast<long long>(count),
-                std::string(to_string(o_.dtype)).c_str(), std::string(to_string(o_.redop)).c_str(), root,
-                column(bytes, oop).c_str(), column(bytes, ip).c_str(), served.c_str());
+    std::printf(" %11lld %12lld %9s %6s %5d%s%s  %s\n", static_cast<long long>(bytes),
+                static_cast<long long>(count), std::string(to_string(o_.dtype)).c_str(),
+                std::string(to_string(o_.redop)).c_str(), root, column(bytes, oop).c_str(),
+                column(bytes, ip).c_str(), served.c_str());
     for (const Measure* m : {&oop, &ip})
       if (!m->failure.empty()) std::printf("#   failure: %s\n", m->failure.c_str());
     std::fflush(stdout);
   }
 
-  nlohmann::json row_json(BenchAlgo algo, std::int64_t bytes, std::int64_t count, const Measure& oop,
-                          const Measure& ip, const std::string& served) const {
+  nlohmann::json row_json(BenchAlgo algo, std::int64_t bytes, std::int64_t count,
+                          const Measure& oop, const Measure& ip, const std::string& served) const {
     auto col = [&](const Measure& m) -> nlohmann::json {
       if (!m.ran) return nullptr;
       if (!m.failure.empty()) return {{"failure", m.failure}};
@@ -468,10 +509,17 @@ class Bench {
               {"busbw_gbps", algbw * bus_factor(o_.op, boot_.world_size())},
               {"wrong", m.wrong}};
     };
-    return {{"algo", to_string(algo)}, {"op", collective_name(o_.op)}, {"size", bytes}, {"count", count},
-            {"type", to_string(o_.dtype)}, {"redop", to_string(o_.redop)}, {"graph", o_.graph},
-            {"world_size", boot_.world_size()}, {"served_by", served},
-            {"out_of_place", col(oop)}, {"in_place", col(ip)}};
+    return {{"algo", to_string(algo)},
+            {"op", collective_name(o_.op)},
+            {"size", bytes},
+            {"count", count},
+            {"type", to_string(o_.dtype)},
+            {"redop", to_string(o_.redop)},
+            {"graph", o_.graph},
+            {"world_size", boot_.world_size()},
+            {"served_by", served},
+            {"out_of_place", col(oop)},
+            {"in_place", col(ip)}};
   }
 
   struct CapturedGraph {
@@ -500,8 +548,9 @@ void print_banner(const BenchOptions& o, int world, const char* mode, std::uint6
   cudaGetDeviceCount(&devices);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("# tpcomm bench %s: %s, %d rank(s) (%s), %d GPU(s) visible: %s, driver %d\n", TPCOMM_VERSION,
-              std::string(collective_name(o.op)).c_str(), world, mode, devices, prop.name, driver);
+  std::printf("# tpcomm bench %s: %s, %d rank(s) (%s), %d GPU(s) visible: %s, driver %d\n",
+              TPCOMM_VERSION, std::string(collective_name(o.op)).c_str(), world, mode, devices,
+              prop.name, driver);
   std::printf("# sizes %lld..%lld B, %s, iters %d, warmup %d, check %d, unalign %lld, seed %llu\n",
               static_cast<long long>(o.min_bytes), static_cast<long long>(o.max_bytes),
               o.graph ? "CUDA graph replay (median)" : "eager (mean)", o.iters, o.warmup, o.check,
@@ -521,11 +570,15 @@ int finish(const BenchOptions& o, nlohmann::json& rows, std::int64_t wrong, int 
         sum += r[col]["busbw_gbps"].get<double>();
         ++n;
       }
-  std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong), wrong == 0 ? "OK" : "FAILED");
+  std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
+              wrong == 0 ? "OK" : "FAILED");
   std::printf("# Avg bus bandwidth    : %g\n#\n", n ? sum / n : 0.0);
   if (!o.json.empty()) {
-    nlohmann::json doc{{"tool", "tpcomm bench"}, {"version", TPCOMM_VERSION}, {"world_size", world},
-                       {"wrong", wrong}, {"rows", rows}};
+    nlohmann::json doc{{"tool", "tpcomm bench"},
+                       {"version", TPCOMM_VERSION},
+                       {"world_size", world},
+                       {"wrong", wrong},
+                       {"rows", rows}};
     std::ofstream(o.json) << doc.dump(2) << "\n";
   }
   return wrong == 0 ? 0 : 2;
@@ -535,8 +588,10 @@ int run_bench(const BenchOptions& o) {
   RankPlan plan{o.virtual_ranks, o.gpus, o.timeout_s, {}};
   // Every rank must use the same data: a self-launch passes the seed on.
   std::uint64_t seed = o.seed;
-  if (const char* s = std::getenv("TPCOMM_BENCH_SEED"); s != nullptr && seed == 0) seed = std::strtoull(s, nullptr, 10);
-  if (seed == 0) seed = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+  if (const char* s = std::getenv("TPCOMM_BENCH_SEED"); s != nullptr && seed == 0)
+    seed = std::strtoull(s, nullptr, 10);
+  if (seed == 0)
+    seed = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   plan.child_env.emplace_back("TPCOMM_BENCH_SEED", std::to_string(seed));
   const std::string mode = rank_mode(plan);
   return for_each_rank(plan, [&](Bootstrap& boot, int device) {
@@ -552,7 +607,8 @@ int run_bench(const BenchOptions& o) {
 }  // namespace
 
 void add_bench_command(CLI::App& app, Command& run) {
-  auto* cmd = app.add_subcommand("bench", "nccl-tests-style sweep of a collective over every algorithm");
+  auto* cmd =
+      app.add_subcommand("bench", "nccl-tests-style sweep of a collective over every algorithm");
   auto o = std::make_shared<BenchOptions>();
   add_bench_options(*cmd, *o);
   cmd->final_callback([o, &run] { run = [o] { return run_bench(*o); }; });

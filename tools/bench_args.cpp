@@ -63,22 +63,29 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
                 ->transform(bytes_validator());
   f->excludes(i);
   cmd.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, 1000000));
-  cmd.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per size")->check(CLI::Range(0, 1000000));
-  cmd.add_option("-c,--check", o.check, "checked iterations per size (0: no check)")->check(CLI::Range(0, 1000));
+  cmd.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per size")
+      ->check(CLI::Range(0, 1000000));
+  cmd.add_option("-c,--check", o.check, "checked iterations per size (0: no check)")
+      ->check(CLI::Range(0, 1000));
   // Names map to values through the parsers the rest of tpcomm uses.
   cmd.add_option_function<std::string>(
       "-d,--datatype",
       [&o](const std::string& name) {
         auto t = parse_dtype(name);
-        if (!t) throw CLI::ValidationError("-d", "unknown type " + name + " (float, half, bfloat16, int32, ...)");
+        if (!t)
+          throw CLI::ValidationError(
+              "-d", "unknown type " + name + " (float, half, bfloat16, int32, ...)");
         o.dtype = *t;
       },
-      "element type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64, f8e4m3, f8e5m2");
+      "element type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64, "
+      "f8e4m3, f8e5m2");
   cmd.add_option_function<std::string>(
       "-o,--redop",
       [&o](const std::string& name) {
         auto r = parse_reduce_op(name);
-        if (!r) throw CLI::ValidationError("-o", "unknown reduction " + name + " (sum, prod, max, min, avg)");
+        if (!r)
+          throw CLI::ValidationError("-o",
+                                     "unknown reduction " + name + " (sum, prod, max, min, avg)");
         o.redop = *r;
       },
       "reduction operator: sum, prod, max, min, avg");
@@ -95,10 +102,13 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
       },
       "collective: allreduce, allgather, reducescatter, alltoall, broadcast");
   cmd.add_option("-r,--root", o.root, "root of broadcast")->check(CLI::NonNegativeNumber);
-  cmd.add_flag("-G,--graph", o.graph, "capture the iterations in a CUDA graph and time its replays");
-  cmd.add_option("--graph-replays", o.graph_replays, "replays of the captured graph (median reported)")
+  cmd.add_flag("-G,--graph", o.graph,
+               "capture the iterations in a CUDA graph and time its replays");
+  cmd.add_option("--graph-replays", o.graph_replays,
+                 "replays of the captured graph (median reported)")
       ->check(CLI::Range(1, 100000));
-  cmd.add_option("-u,--unalign", o.unalign, "offset both buffers by this many elements")->check(CLI::Range(0, 1024));
+  cmd.add_option("-u,--unalign", o.unalign, "offset both buffers by this many elements")
+      ->check(CLI::Range(0, 1024));
   std::map<std::string, BenchAlgo> algos;
   for (const auto& [k, n] : kAlgoNames) algos.emplace(std::string(n), k);
   algos.emplace("nccl-direct", BenchAlgo::kNcclDirect);
@@ -115,26 +125,32 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
              }
              auto it = algos.find(n);
              if (it == algos.end())
-               throw CLI::ValidationError("--algo", "unknown algorithm " + n +
-                                                        " (auto, one_shot, two_shot, nccl, nccl_direct, memcpy, all)");
+               throw CLI::ValidationError(
+                   "--algo", "unknown algorithm " + n +
+                                 " (auto, one_shot, two_shot, nccl, nccl_direct, memcpy, all)");
              o.algos.push_back(it->second);
            }
          },
-         "how to serve the collective, comma-separated: auto, one_shot, two_shot, nccl, nccl_direct, "
+         "how to serve the collective, comma-separated: auto, one_shot, two_shot, nccl, "
+         "nccl_direct, "
          "memcpy (a device copy of the same bytes, for reference), all")
       ->delimiter(',');
   cmd.add_option("--json", o.json, "also write the results as JSON to this file");
-  auto* g = cmd.add_option("-g,--ngpus", o.gpus, "start this many processes, one per GPU")->check(CLI::Range(1, 64));
-  auto* v = cmd.add_option("--virtual-ranks", o.virtual_ranks, "run this many ranks as threads on GPU 0")
-                ->check(CLI::Range(1, 8));
+  auto* g = cmd.add_option("-g,--ngpus", o.gpus, "start this many processes, one per GPU")
+                ->check(CLI::Range(1, 64));
+  auto* v =
+      cmd.add_option("--virtual-ranks", o.virtual_ranks, "run this many ranks as threads on GPU 0")
+          ->check(CLI::Range(1, 8));
   g->excludes(v);
-  cmd.add_option("--timeout", o.timeout_s, "seconds before a self-launched run is stopped")->check(CLI::Range(1, 86400));
+  cmd.add_option("--timeout", o.timeout_s, "seconds before a self-launched run is stopped")
+      ->check(CLI::Range(1, 86400));
   cmd.add_option("--seed", o.seed, "seed of the test data (0: random)");
   cmd.callback([&o] {
     if (o.min_bytes <= 0 || o.max_bytes < o.min_bytes)
       throw CLI::ValidationError("-b/-e", "need 0 < minbytes <= maxbytes");
     if (o.step_factor == 1) throw CLI::ValidationError("-f", "a step factor of 1 never ends");
-    if (o.step_factor == 0 && o.step_bytes <= 0) throw CLI::ValidationError("-i", "step must be positive");
+    if (o.step_factor == 0 && o.step_bytes <= 0)
+      throw CLI::ValidationError("-i", "step must be positive");
   });
 }
 
@@ -152,24 +168,31 @@ std::vector<std::int64_t> bench_sizes(const BenchOptions& o) {
 double bus_factor(kernels::Collective op, int world_size) noexcept {
   const double n = world_size;
   switch (op) {
-    case kernels::Collective::kAllReduce: return 2.0 * (n - 1) / n;
+    case kernels::Collective::kAllReduce:
+      return 2.0 * (n - 1) / n;
     case kernels::Collective::kAllGather:
     case kernels::Collective::kReduceScatter:
-    case kernels::Collective::kAllToAll: return (n - 1) / n;
-    case kernels::Collective::kBroadcast: return 1.0;
+    case kernels::Collective::kAllToAll:
+      return (n - 1) / n;
+    case kernels::Collective::kBroadcast:
+      return 1.0;
   }
   return 1.0;
 }
 
-std::int64_t bench_count(kernels::Collective op, std::int64_t bytes, DType dtype, int world_size) noexcept {
+std::int64_t bench_count(kernels::Collective op, std::int64_t bytes, DType dtype,
+                         int world_size) noexcept {
   const auto es = static_cast<std::int64_t>(dtype_size(dtype));
   std::int64_t count = bytes / es;
   switch (op) {
     case kernels::Collective::kAllGather:
     case kernels::Collective::kReduceScatter:
-    case kernels::Collective::kAllToAll: count -= count % world_size; break;
+    case kernels::Collective::kAllToAll:
+      count -= count % world_size;
+      break;
     case kernels::Collective::kAllReduce:
-    case kernels::Collective::kBroadcast: break;
+    case kernels::Collective::kBroadcast:
+      break;
   }
   return count;
 }

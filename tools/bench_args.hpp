@@ -36,16 +36,16 @@ struct BenchOptions {
   DType dtype = DType::kF32;          // -d
   ReduceOp redop = ReduceOp::kSum;    // -o
   kernels::Collective op = kernels::Collective::kAllReduce;  // --op
-  int root = 0;                       // -r
-  bool graph = false;                 // --graph
-  int graph_replays = 10;             // --graph-replays
-  std::int64_t unalign = 0;           // -u (elements)
-  std::vector<BenchAlgo> algos{BenchAlgo::kAuto};  // --algo
-  std::string json;                   // --json FILE
-  int gpus = 0;                       // -g N: launch N processes, one per GPU
-  int virtual_ranks = 0;              // --virtual-ranks N: N threads on GPU 0
-  int timeout_s = 600;                // deadline of a self-launched run
-  std::uint64_t seed = 0;             // --seed (0 = random)
+  int root = 0;                                              // -r
+  bool graph = false;                                        // --graph
+  int graph_replays = 10;                                    // --graph-replays
+  std::int64_t unalign = 0;                                  // -u (elements)
+  std::vector<BenchAlgo> algos{BenchAlgo::kAuto};            // --algo
+  std::string json;                                          // --json FILE
+  int gpus = 0;            // -g N: launch N processes, one per GPU
+  int virtual_ranks = 0;   // --virtual-ranks N: N threads on GPU 0
+  int timeout_s = 600;     // deadline of a self-launched run
+  std::uint64_t seed = 0;  // --seed (0 = random)
 };
 
 /// Adds the options to `cmd` (the `bench` subcommand) and validates them after parsing.
@@ -61,7 +61,8 @@ double bus_factor(kernels::Collective op, int world_size) noexcept;
 /// Elements of the buffer whose size nccl-tests reports (the per-rank all-reduce buffer, the
 /// gathered/scattered total, the all-to-all total), rounded down to whole elements that split
 /// evenly over the ranks where the collective needs that.
-std::int64_t bench_count(kernels::Collective op, std::int64_t bytes, DType dtype, int world_size) noexcept;
+std::int64_t bench_count(kernels::Collective op, std::int64_t bytes, DType dtype,
+                         int world_size) noexcept;
 
 /// "allreduce", "allgather", ...
 std::string_view collective_name(kernels::Collective op) noexcept;

@@ -69,7 +69,8 @@ int for_each_rank(const RankPlan& plan, const std::function<int(Bootstrap&, int)
     return r.exit_code;
   }
   if (plan.virtual_ranks > 0) {
-    auto boots = Bootstrap::in_process(plan.virtual_ranks, Milliseconds(Options::from_env().timeout_ms));
+    auto boots =
+        Bootstrap::in_process(plan.virtual_ranks, Milliseconds(Options::from_env().timeout_ms));
     std::vector<int> codes(static_cast<std::size_t>(plan.virtual_ranks), 0);
     std::vector<std::thread> threads;
     std::mutex m;

@@ -22,7 +22,8 @@ int run_tune(const TuneOptions& t) {
   if (!t.max_bytes.empty()) {
     auto b = parse_bytes(t.max_bytes);
     if (!b || *b <= 0 || *b % 16 != 0) {
-      std::fprintf(stderr, "tpcomm tune: --max-bytes %s is not a positive multiple of 16\n", t.max_bytes.c_str());
+      std::fprintf(stderr, "tpcomm tune: --max-bytes %s is not a positive multiple of 16\n",
+                   t.max_bytes.c_str());
       return 2;
     }
     options.custom_ar_max_bytes = *b;
@@ -33,8 +34,9 @@ int run_tune(const TuneOptions& t) {
     if (boot.rank() != 0) return 0;
     const TuneTable* table = g.tune_table();
     if (table == nullptr) {
-      std::printf("tpcomm tune: the custom all-reduce is not available in this group (see the log); "
-                  "nothing to tune\n");
+      std::printf(
+          "tpcomm tune: the custom all-reduce is not available in this group (see the log); "
+          "nothing to tune\n");
       return 1;
     }
     std::printf("%s", table->to_text().c_str());
@@ -46,14 +48,17 @@ int run_tune(const TuneOptions& t) {
 }  // namespace
 
 void add_tune_command(CLI::App& app, Command& run) {
-  auto* cmd = app.add_subcommand("tune", "measure the custom all-reduce per size and store the table");
+  auto* cmd =
+      app.add_subcommand("tune", "measure the custom all-reduce per size and store the table");
   auto t = std::make_shared<TuneOptions>();
   auto* g = cmd->add_option("-g,--ngpus", t->plan.gpus, "start this many processes, one per GPU")
                 ->check(CLI::Range(2, 8));
-  auto* v = cmd->add_option("--virtual-ranks", t->plan.virtual_ranks, "tune for this many ranks as threads on GPU 0")
+  auto* v = cmd->add_option("--virtual-ranks", t->plan.virtual_ranks,
+                            "tune for this many ranks as threads on GPU 0")
                 ->check(CLI::Range(2, 8));
   g->excludes(v);
-  cmd->add_option("--max-bytes", t->max_bytes, "largest size to tune (default: TPCOMM_CUSTOM_AR_MAX_BYTES)");
+  cmd->add_option("--max-bytes", t->max_bytes,
+                  "largest size to tune (default: TPCOMM_CUSTOM_AR_MAX_BYTES)");
   cmd->add_option("--timeout", t->plan.timeout_s, "seconds before a self-launched run is stopped");
   cmd->final_callback([t, &run] { run = [t] { return run_tune(*t); }; });
 }

@@ -44,7 +44,8 @@ class Group {
   /// of this rank. Throws `Error` when the group cannot be built at
   /// all; a backend that cannot be built (no NCCL, no peer access) is left out, on every rank
   /// alike, with a log line.
-  Group(Bootstrap& boot, int device, Options options = Options::from_env(), GroupConfig config = {});
+  Group(Bootstrap& boot, int device, Options options = Options::from_env(),
+        GroupConfig config = {});
   ~Group();
   Group(Group&&) noexcept;
   Group& operator=(Group&&) noexcept;
@@ -62,14 +63,16 @@ class Group {
                                   ReduceOp op = ReduceOp::kSum) noexcept;
   /// out = the concatenation of every rank's `in` (rank order); out has world_size() times
   /// the elements of `in`.
-  [[nodiscard]] Status all_gather(const TensorView& in, const TensorView& out, Stream stream) noexcept;
+  [[nodiscard]] Status all_gather(const TensorView& in, const TensorView& out,
+                                  Stream stream) noexcept;
   /// out = rank r's slice of the reduction of `in` (`in` has world_size() times the elements of
   /// `out`).
   [[nodiscard]] Status reduce_scatter(const TensorView& in, const TensorView& out, Stream stream,
                                       ReduceOp op = ReduceOp::kSum) noexcept;
   /// Equal-split all-to-all over the flattened tensors: chunk j of `in` (numel / world_size
   /// elements) goes to rank j, and chunk i of `out` comes from rank i.
-  [[nodiscard]] Status all_to_all(const TensorView& in, const TensorView& out, Stream stream) noexcept;
+  [[nodiscard]] Status all_to_all(const TensorView& in, const TensorView& out,
+                                  Stream stream) noexcept;
   /// out = root's `in` on every rank (`in` is only read on the root; may be empty elsewhere).
   [[nodiscard]] Status broadcast(const TensorView& in, const TensorView& out, int root,
                                  Stream stream) noexcept;

@@ -45,8 +45,7 @@ std::string_view to_string(Status s) noexcept;
 /// underlying CUDA/NCCL/system error string.
 class Error : public std::runtime_error {
  public:
-  Error(Status status, const std::string& message)
-      : std::runtime_error(message), status_(status) {}
+  Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
   [[nodiscard]] Status status() const noexcept { return status_; }
 
  private:

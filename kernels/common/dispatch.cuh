@@ -15,10 +15,14 @@ namespace tpcomm::kernels {
 template <class F>
 Status dispatch_float_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kF32: return f.template operator()<float>();
-    case DType::kF16: return f.template operator()<__half>();
-    case DType::kBF16: return f.template operator()<__nv_bfloat16>();
-    default: return Status::kInvalidArgument;
+    case DType::kF32:
+      return f.template operator()<float>();
+    case DType::kF16:
+      return f.template operator()<__half>();
+    case DType::kBF16:
+      return f.template operator()<__nv_bfloat16>();
+    default:
+      return Status::kInvalidArgument;
   }
 }
 
@@ -26,14 +30,22 @@ Status dispatch_float_dtype(DType dtype, F&& f) {
 template <class F>
 Status dispatch_world_size(int world_size, F&& f) {
   switch (world_size) {
-    case 2: return f.template operator()<2>();
-    case 3: return f.template operator()<3>();
-    case 4: return f.template operator()<4>();
-    case 5: return f.template operator()<5>();
-    case 6: return f.template operator()<6>();
-    case 7: return f.template operator()<7>();
-    case 8: return f.template operator()<8>();
-    default: return Status::kInvalidArgument;
+    case 2:
+      return f.template operator()<2>();
+    case 3:
+      return f.template operator()<3>();
+    case 4:
+      return f.template operator()<4>();
+    case 5:
+      return f.template operator()<5>();
+    case 6:
+      return f.template operator()<6>();
+    case 7:
+      return f.template operator()<7>();
+    case 8:
+      return f.template operator()<8>();
+    default:
+      return Status::kInvalidArgument;
   }
 }
 

@@ -82,7 +82,8 @@ __device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target
         report(w, ErrorWord::kTimeout, peer);
         return false;
       }
-      if ((spins & 1023u) == 0 && *reinterpret_cast<const volatile std::uint32_t*>(w.abort_flag) != 0) {
+      if ((spins & 1023u) == 0 &&
+          *reinterpret_cast<const volatile std::uint32_t*>(w.abort_flag) != 0) {
         report(w, ErrorWord::kAborted, peer);
         return false;
       }

@@ -13,11 +13,11 @@ namespace tpcomm::kernels {
 /// What one launch of an all-reduce kernel resolved at its start.
 template <class T, int R>
 struct AllReduceFrame {
-  SignalPad* pads[R];   // every rank's signal pad, as mapped here
-  const T* src[R];      // where rank r's input is read from (registered buffer or staging)
-  T* staging_self;      // this rank's staging half of this operation
-  std::uint32_t seq;    // this operation's number (NOTE [signal pad])
-  bool stage_self;      // this rank copies its input into `staging_self` first
+  SignalPad* pads[R];  // every rank's signal pad, as mapped here
+  const T* src[R];     // where rank r's input is read from (registered buffer or staging)
+  T* staging_self;     // this rank's staging half of this operation
+  std::uint32_t seq;   // this operation's number (NOTE [signal pad])
+  bool stage_self;     // this rank copies its input into `staging_self` first
   WaitContext wait;
 
   __device__ std::uint32_t barrier_value(std::uint32_t phase) const {
@@ -42,14 +42,16 @@ __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams
   __shared__ std::uint32_t seq_shared;
   AllReduceFrame<T, R> f;
 #pragma unroll
-  for (int r = 0; r < R; ++r) f.pads[r] = reinterpret_cast<SignalPad*>(p.workspaces[r] + p.layout.signal);
+  for (int r = 0; r < R; ++r)
+    f.pads[r] = reinterpret_cast<SignalPad*>(p.workspaces[r] + p.layout.signal);
   if (threadIdx.x == 0) seq_shared = f.pads[p.rank]->op_seq + 1u;
   __syncthreads();
   f.seq = seq_shared;
   const RankPtrs in = p.registered != nullptr ? *p.registered : p.inputs;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    f.src[r] = in.ptr[r] != nullptr ? static_cast<const T*>(in.ptr[r]) : staging_half<T>(p, r, f.seq);
+    f.src[r] =
+        in.ptr[r] != nullptr ? static_cast<const T*>(in.ptr[r]) : staging_half<T>(p, r, f.seq);
   }
   f.staging_self = staging_half<T>(p, p.rank, f.seq);
   f.stage_self = in.ptr[p.rank] == nullptr;

@@ -7,13 +7,20 @@ namespace tpcomm {
 
 std::string_view to_string(Op op) noexcept {
   switch (op) {
-    case Op::kAllReduce: return "all_reduce";
-    case Op::kAllGather: return "all_gather";
-    case Op::kReduceScatter: return "reduce_scatter";
-    case Op::kAllToAll: return "all_to_all";
-    case Op::kBroadcast: return "broadcast";
-    case Op::kSend: return "send";
-    case Op::kRecv: return "recv";
+    case Op::kAllReduce:
+      return "all_reduce";
+    case Op::kAllGather:
+      return "all_gather";
+    case Op::kReduceScatter:
+      return "reduce_scatter";
+    case Op::kAllToAll:
+      return "all_to_all";
+    case Op::kBroadcast:
+      return "broadcast";
+    case Op::kSend:
+      return "send";
+    case Op::kRecv:
+      return "recv";
   }
   return "unknown";
 }
@@ -49,7 +56,8 @@ void BackendChain::note_fallback(std::size_t index, const char* reason) noexcept
                   "); falling back");
 }
 
-Status BackendChain::run(const Request& request, Stream stream, const Backend** served_by) noexcept {
+Status BackendChain::run(const Request& request, Stream stream,
+                         const Backend** served_by) noexcept {
   for (std::size_t i = 0; i < backends_.size(); ++i) {
     Backend& b = *backends_[i];
     if (Support s = b.supports(request); !s.ok()) {

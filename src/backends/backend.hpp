@@ -14,7 +14,15 @@
 namespace tpcomm {
 
 /// The collective a request asks for.
-enum class Op : std::uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kSend, kRecv };
+enum class Op : std::uint8_t {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kBroadcast,
+  kSend,
+  kRecv
+};
 
 std::string_view to_string(Op op) noexcept;
 

@@ -22,7 +22,8 @@ namespace {
 constexpr std::int64_t kRegistrySlots = 8192;
 
 std::uint64_t probe_value(int from, int to) {
-  return 0x7470636f00000000ull | (static_cast<std::uint64_t>(from) << 8) | static_cast<std::uint64_t>(to);
+  return 0x7470636f00000000ull | (static_cast<std::uint64_t>(from) << 8) |
+         static_cast<std::uint64_t>(to);
 }
 
 /// One recorded buffer, as sent to the peers when a capture scope closes.
@@ -56,7 +57,7 @@ struct CustomAllReduce::Impl {
   ErrorWord* error_dev = nullptr;
   std::uint32_t* abort_host = nullptr;  // host-mapped
   std::uint32_t* abort_dev = nullptr;
-  RankPtrs* registry = nullptr;  // device, kRegistrySlots entries
+  RankPtrs* registry = nullptr;       // device, kRegistrySlots entries
   std::vector<const void*> recorded;  // this scope's buffers; nullptr = staged
   std::int64_t scope_first_slot = 0;
   std::map<std::pair<int, std::array<char, sizeof(cudaIpcMemHandle_t)>>, char*> opened;
@@ -90,11 +91,13 @@ struct CustomAllReduce::Impl {
     TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_host), sizeof(ErrorWord),
                                     cudaHostAllocMapped));
     std::memset(error_host, 0, sizeof(ErrorWord));
-    TPCOMM_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev), error_host, 0));
+    TPCOMM_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev), error_host, 0));
     TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&abort_host), sizeof(std::uint32_t),
                                     cudaHostAllocMapped));
     *abort_host = 0;
-    TPCOMM_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_dev), abort_host, 0));
+    TPCOMM_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_dev), abort_host, 0));
     TPCOMM_CUDA_CHECK(cudaMalloc(&registry, kRegistrySlots * sizeof(RankPtrs)));
   }
 
@@ -129,7 +132,8 @@ struct CustomAllReduce::Impl {
 };
 
 std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int device,
-                                                         const Options& options, std::string* why_not) {
+                                                         const Options& options,
+                                                         std::string* why_not) {
   const int world = boot.world_size();
   auto fail = [&](std::string why) -> std::unique_ptr<CustomAllReduce> {
     if (why_not != nullptr) *why_not = std::move(why);
@@ -139,7 +143,8 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   if (options.disable_custom_ar) return fail("disabled by TPCOMM_DISABLE_CUSTOM_AR");
   if (options.algo == AlgoChoice::kNccl) return fail("TPCOMM_ALGO=nccl");
   if (world < 2 || world > kMaxRanks)
-    return fail("world size " + std::to_string(world) + " is outside 2.." + std::to_string(kMaxRanks));
+    return fail("world size " + std::to_string(world) + " is outside 2.." +
+                std::to_string(kMaxRanks));
 
   auto impl = std::make_unique<Impl>();
   impl->boot = &boot;
@@ -156,7 +161,8 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   } catch (const Error& e) {
     return fail(e.what());
   }
-  for (int r = 0; r < world; ++r) impl->workspaces[r] = static_cast<char*>(impl->workspace->peer(r));
+  for (int r = 0; r < world; ++r)
+    impl->workspaces[r] = static_cast<char*>(impl->workspace->peer(r));
 
   // Local setup and probe; then every rank votes.
   std::string local_error;
@@ -206,7 +212,8 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   caps.max_blocks = std::min(kMaxBlocks, resident);
   // The smallest of the ranks' limits, so every rank launches the same grid.
   std::int32_t mine = caps.max_blocks;
-  for (std::int32_t v : boot.all_gather_value(mine)) caps.max_blocks = std::min(caps.max_blocks, static_cast<int>(v));
+  for (std::int32_t v : boot.all_gather_value(mine))
+    caps.max_blocks = std::min(caps.max_blocks, static_cast<int>(v));
   TPCOMM_LOG_INFO("custom all-reduce ready: rank ", impl->rank, "/", world, ", ",
                   impl->layout.total, " workspace bytes, up to ", caps.max_blocks,
                   " blocks per kernel", sharing > 1 ? " (ranks share a GPU)" : "");
@@ -224,10 +231,11 @@ Status CustomAllReduce::health() noexcept {
   const std::uint32_t code = e->code;
   if (code == 0) return Status::kOk;
   health_ = code == ErrorWord::kAborted ? Status::kAborted : Status::kTimeout;
-  error_message_ = detail::concat(
-      "custom all-reduce: rank ", e->rank,
-      code == ErrorWord::kAborted ? " was aborted while waiting for rank " : " timed out waiting for rank ",
-      e->peer, " (block ", e->block, ")");
+  error_message_ =
+      detail::concat("custom all-reduce: rank ", e->rank,
+                     code == ErrorWord::kAborted ? " was aborted while waiting for rank "
+                                                 : " timed out waiting for rank ",
+                     e->peer, " (block ", e->block, ")");
   TPCOMM_LOG_ERROR(error_message_);
   return health_;
 }
@@ -280,7 +288,8 @@ Status CustomAllReduce::end_capture() noexcept {
       std::size_t size = 0;
       const auto ptr = reinterpret_cast<CUdeviceptr>(m.recorded[i]);
       if (CUresult r = cu.cuMemGetAddressRange(&base, &size, ptr); r != CUDA_SUCCESS)
-        TPCOMM_THROW(Status::kCudaError, "finding the allocation of a captured buffer: ", cu.error_string(r));
+        TPCOMM_THROW(Status::kCudaError,
+                     "finding the allocation of a captured buffer: ", cu.error_string(r));
       e.ptr = ptr;
       e.offset = ptr - base;
       TPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&e.handle, reinterpret_cast<void*>(base)));
@@ -290,10 +299,12 @@ Status CustomAllReduce::end_capture() noexcept {
   }
   // Exchange; every rank learns about every failure and every count.
   Bytes blob(sizeof(RegistryHeader) + entries.size() * sizeof(RegistryEntry));
-  RegistryHeader header{process_nonce(), local_error.empty() ? 1 : 0, static_cast<std::int32_t>(entries.size())};
+  RegistryHeader header{process_nonce(), local_error.empty() ? 1 : 0,
+                        static_cast<std::int32_t>(entries.size())};
   std::memcpy(blob.data(), &header, sizeof(header));
   if (!entries.empty())
-    std::memcpy(blob.data() + sizeof(header), entries.data(), entries.size() * sizeof(RegistryEntry));
+    std::memcpy(blob.data() + sizeof(header), entries.data(),
+                entries.size() * sizeof(RegistryEntry));
   std::vector<Bytes> all;
   try {
     all = m.boot->all_gather(blob);
@@ -310,18 +321,21 @@ Status CustomAllReduce::end_capture() noexcept {
   };
   std::vector<RegistryHeader> headers(m.world);
   for (int r = 0; r < m.world; ++r) {
-    if (all[r].size() < sizeof(RegistryHeader)) return fail(Status::kProtocolError, "registration: short message");
+    if (all[r].size() < sizeof(RegistryHeader))
+      return fail(Status::kProtocolError, "registration: short message");
     std::memcpy(&headers[r], all[r].data(), sizeof(RegistryHeader));
     if (headers[r].ok == 0)
-      return fail(Status::kCudaError, detail::concat("registering captured buffers failed on rank ", r,
-                                                     r == m.rank ? ": " + local_error : std::string()));
+      return fail(Status::kCudaError,
+                  detail::concat("registering captured buffers failed on rank ", r,
+                                 r == m.rank ? ": " + local_error : std::string()));
   }
   for (int r = 1; r < m.world; ++r) {
     if (headers[r].count != headers[0].count)
-      return fail(Status::kInvalidArgument,
-                  detail::concat("ranks captured different numbers of custom all-reduce calls (rank 0: ",
-                                 headers[0].count, ", rank ", r, ": ", headers[r].count,
-                                 "); every rank must capture the same calls"));
+      return fail(
+          Status::kInvalidArgument,
+          detail::concat("ranks captured different numbers of custom all-reduce calls (rank 0: ",
+                         headers[0].count, ", rank ", r, ": ", headers[r].count,
+                         "); every rank must capture the same calls"));
   }
   // Map every peer's buffers and fill the slots.
   const std::size_t n = entries.size();
@@ -331,7 +345,9 @@ Status CustomAllReduce::end_capture() noexcept {
     DeviceGuard guard(m.device);
     for (int r = 0; r < m.world; ++r) {
       std::vector<RegistryEntry> theirs(n);
-      if (n != 0) std::memcpy(theirs.data(), all[r].data() + sizeof(RegistryHeader), n * sizeof(RegistryEntry));
+      if (n != 0)
+        std::memcpy(theirs.data(), all[r].data() + sizeof(RegistryHeader),
+                    n * sizeof(RegistryEntry));
       for (std::size_t i = 0; i < n; ++i) {
         const RegistryEntry& e = theirs[i];
         const void* p = nullptr;
@@ -345,7 +361,8 @@ Status CustomAllReduce::end_capture() noexcept {
           auto it = m.opened.find({r, key});
           if (it == m.opened.end()) {
             void* base = nullptr;
-            TPCOMM_CUDA_CHECK(cudaIpcOpenMemHandle(&base, e.handle, cudaIpcMemLazyEnablePeerAccess));
+            TPCOMM_CUDA_CHECK(
+                cudaIpcOpenMemHandle(&base, e.handle, cudaIpcMemLazyEnablePeerAccess));
             it = m.opened.emplace(std::make_pair(r, key), static_cast<char*>(base)).first;
           }
           p = it->second + e.offset;
@@ -354,8 +371,8 @@ Status CustomAllReduce::end_capture() noexcept {
       }
     }
     if (n != 0)
-      TPCOMM_CUDA_CHECK(cudaMemcpy(m.registry + m.scope_first_slot, slots.data(), n * sizeof(RankPtrs),
-                                   cudaMemcpyHostToDevice));
+      TPCOMM_CUDA_CHECK(cudaMemcpy(m.registry + m.scope_first_slot, slots.data(),
+                                   n * sizeof(RankPtrs), cudaMemcpyHostToDevice));
   } catch (const Error& err) {
     map_error = err.what();
   }
@@ -369,10 +386,12 @@ Status CustomAllReduce::end_capture() noexcept {
   }
   for (int r = 0; r < m.world; ++r) {
     if (oks[r] == 0)
-      return fail(Status::kCudaError, detail::concat("mapping captured buffers failed on rank ", r,
-                                                     r == m.rank ? ": " + map_error : std::string()));
+      return fail(Status::kCudaError,
+                  detail::concat("mapping captured buffers failed on rank ", r,
+                                 r == m.rank ? ": " + map_error : std::string()));
   }
-  TPCOMM_LOG_DEBUG("registered ", n, " captured buffers (slots ", m.scope_first_slot, "..", next_slot_, ")");
+  TPCOMM_LOG_DEBUG("registered ", n, " captured buffers (slots ", m.scope_first_slot, "..",
+                   next_slot_, ")");
   m.recorded.clear();
   return Status::kOk;
 }

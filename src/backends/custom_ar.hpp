@@ -26,8 +26,8 @@ class CustomAllReduce {
   /// Collective. Allocates and maps the workspaces, probes every mapping with a real write and
   /// read, and agrees across ranks: returns nullptr on every rank (with `why_not`) when any rank
   /// cannot take part, so that all ranks then use NCCL alike.
-  static std::unique_ptr<CustomAllReduce> create(Bootstrap& boot, int device, const Options& options,
-                                                 std::string* why_not);
+  static std::unique_ptr<CustomAllReduce> create(Bootstrap& boot, int device,
+                                                 const Options& options, std::string* why_not);
   ~CustomAllReduce();
   CustomAllReduce(const CustomAllReduce&) = delete;
   CustomAllReduce& operator=(const CustomAllReduce&) = delete;
@@ -40,8 +40,8 @@ class CustomAllReduce {
   /// capture scope; large messages then read the caller's buffer in place and record it for
   /// registration. Returns the sticky failure status once a wait timed out or the group was
   /// aborted; kUnsupported when the registry is full.
-  [[nodiscard]] Status run(const TensorView& in, const TensorView& out, Choice choice, bool capturing,
-                           Stream stream) noexcept;
+  [[nodiscard]] Status run(const TensorView& in, const TensorView& out, Choice choice,
+                           bool capturing, Stream stream) noexcept;
 
   /// A capture scope opened: subsequent captured calls may register buffers.
   void begin_capture() noexcept;

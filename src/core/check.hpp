@@ -26,12 +26,12 @@ std::string concat(const Args&... args) {
 }  // namespace tpcomm::detail
 
 /// Throws `Error(status)` with the streamed message when `cond` is false.
-#define TPCOMM_CHECK(cond, status, ...)                                                  \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]] {                                                          \
-      ::tpcomm::detail::throw_error((status), __FILE__, __LINE__,                        \
-                                    ::tpcomm::detail::concat(__VA_ARGS__));              \
-    }                                                                                    \
+#define TPCOMM_CHECK(cond, status, ...)                                     \
+  do {                                                                      \
+    if (!(cond)) [[unlikely]] {                                             \
+      ::tpcomm::detail::throw_error((status), __FILE__, __LINE__,           \
+                                    ::tpcomm::detail::concat(__VA_ARGS__)); \
+    }                                                                       \
   } while (0)
 
 /// Throws `Error(status)` with the streamed message.
@@ -39,8 +39,8 @@ std::string concat(const Args&... args) {
   ::tpcomm::detail::throw_error((status), __FILE__, __LINE__, ::tpcomm::detail::concat(__VA_ARGS__))
 
 /// Evaluates an expression returning `Status` and returns it from the caller unless `kOk`.
-#define TPCOMM_TRY(expr)                                    \
-  do {                                                      \
+#define TPCOMM_TRY(expr)                                                        \
+  do {                                                                          \
     if (::tpcomm::Status s_ = (expr); s_ != ::tpcomm::Status::kOk) [[unlikely]] \
-      return s_;                                            \
+      return s_;                                                                \
   } while (0)

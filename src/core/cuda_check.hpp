@@ -7,18 +7,18 @@
 #include "core/check.hpp"
 
 /// Throws `Error(kCudaError)` naming the call and CUDA's error when `expr` fails.
-#define TPCOMM_CUDA_CHECK(expr)                                                              \
-  do {                                                                                       \
-    if (cudaError_t e_ = (expr); e_ != cudaSuccess) [[unlikely]]                             \
-      TPCOMM_THROW(::tpcomm::Status::kCudaError, #expr, " failed: ", cudaGetErrorName(e_), \
-                   ": ", cudaGetErrorString(e_));                                            \
+#define TPCOMM_CUDA_CHECK(expr)                                                                  \
+  do {                                                                                           \
+    if (cudaError_t e_ = (expr); e_ != cudaSuccess) [[unlikely]]                                 \
+      TPCOMM_THROW(::tpcomm::Status::kCudaError, #expr, " failed: ", cudaGetErrorName(e_), ": ", \
+                   cudaGetErrorString(e_));                                                      \
   } while (0)
 
 /// Returns `Status::kCudaError` from the caller when `expr` fails (hot path).
-#define TPCOMM_CUDA_TRY(expr)                                      \
-  do {                                                             \
-    if ((expr) != cudaSuccess) [[unlikely]]                        \
-      return ::tpcomm::Status::kCudaError;                         \
+#define TPCOMM_CUDA_TRY(expr)               \
+  do {                                      \
+    if ((expr) != cudaSuccess) [[unlikely]] \
+      return ::tpcomm::Status::kCudaError;  \
   } while (0)
 
 namespace tpcomm {

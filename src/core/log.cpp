@@ -47,21 +47,31 @@ std::mutex& write_mutex() noexcept {
 
 constexpr char letter(LogLevel l) noexcept {
   switch (l) {
-    case LogLevel::kError: return 'E';
-    case LogLevel::kWarn: return 'W';
-    case LogLevel::kInfo: return 'I';
-    case LogLevel::kDebug: return 'D';
-    case LogLevel::kTrace: return 'T';
-    case LogLevel::kOff: break;
+    case LogLevel::kError:
+      return 'E';
+    case LogLevel::kWarn:
+      return 'W';
+    case LogLevel::kInfo:
+      return 'I';
+    case LogLevel::kDebug:
+      return 'D';
+    case LogLevel::kTrace:
+      return 'T';
+    case LogLevel::kOff:
+      break;
   }
   return '?';
 }
 
 }  // namespace
 
-LogLevel level() noexcept { return static_cast<LogLevel>(level_storage().load(std::memory_order_relaxed)); }
+LogLevel level() noexcept {
+  return static_cast<LogLevel>(level_storage().load(std::memory_order_relaxed));
+}
 
-void set_level(LogLevel l) noexcept { level_storage().store(static_cast<int>(l), std::memory_order_relaxed); }
+void set_level(LogLevel l) noexcept {
+  level_storage().store(static_cast<int>(l), std::memory_order_relaxed);
+}
 
 void write(LogLevel l, std::string_view message) noexcept {
   std::lock_guard lock(write_mutex());

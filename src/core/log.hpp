@@ -24,10 +24,10 @@ bool once(LogLevel l, const std::string& key, std::string_view message) noexcept
 
 }  // namespace tpcomm::log
 
-#define TPCOMM_LOG_AT(lvl, ...)                                                     \
-  do {                                                                              \
-    if (::tpcomm::log::enabled(lvl))                                                \
-      ::tpcomm::log::write((lvl), ::tpcomm::detail::concat(__VA_ARGS__));           \
+#define TPCOMM_LOG_AT(lvl, ...)                                           \
+  do {                                                                    \
+    if (::tpcomm::log::enabled(lvl))                                      \
+      ::tpcomm::log::write((lvl), ::tpcomm::detail::concat(__VA_ARGS__)); \
   } while (0)
 #define TPCOMM_LOG_ERROR(...) TPCOMM_LOG_AT(::tpcomm::LogLevel::kError, __VA_ARGS__)
 #define TPCOMM_LOG_WARN(...) TPCOMM_LOG_AT(::tpcomm::LogLevel::kWarn, __VA_ARGS__)

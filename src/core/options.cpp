@@ -118,8 +118,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept {
   return std::nullopt;
 }
 
-Options Options::from_lookup(
-    const std::function<std::optional<std::string>(const char*)>& getenv) {
+Options Options::from_lookup(const std::function<std::optional<std::string>(const char*)>& getenv) {
   Options o;
   auto bad = [](const char* name, const std::string& value, std::string_view expected) {
     TPCOMM_THROW(Status::kInvalidArgument, name, "=\"", value, "\" is not valid: expected ",

@@ -13,17 +13,28 @@ namespace tpcomm {
 
 std::string_view to_string(Status s) noexcept {
   switch (s) {
-    case Status::kOk: return "ok";
-    case Status::kUnsupported: return "unsupported";
-    case Status::kInvalidArgument: return "invalid argument";
-    case Status::kCudaError: return "CUDA error";
-    case Status::kNcclError: return "NCCL error";
-    case Status::kTimeout: return "timeout";
-    case Status::kAborted: return "aborted";
-    case Status::kUnavailable: return "unavailable";
-    case Status::kSystemError: return "system error";
-    case Status::kProtocolError: return "protocol error";
-    case Status::kInternal: return "internal error";
+    case Status::kOk:
+      return "ok";
+    case Status::kUnsupported:
+      return "unsupported";
+    case Status::kInvalidArgument:
+      return "invalid argument";
+    case Status::kCudaError:
+      return "CUDA error";
+    case Status::kNcclError:
+      return "NCCL error";
+    case Status::kTimeout:
+      return "timeout";
+    case Status::kAborted:
+      return "aborted";
+    case Status::kUnavailable:
+      return "unavailable";
+    case Status::kSystemError:
+      return "system error";
+    case Status::kProtocolError:
+      return "protocol error";
+    case Status::kInternal:
+      return "internal error";
   }
   return "unknown status";
 }
@@ -36,17 +47,17 @@ struct DTypeName {
 };
 
 constexpr std::array kDTypeNames{
-    DTypeName{DType::kF32, "float"},      DTypeName{DType::kF16, "half"},
-    DTypeName{DType::kBF16, "bfloat16"},  DTypeName{DType::kF64, "double"},
-    DTypeName{DType::kI8, "int8"},        DTypeName{DType::kU8, "uint8"},
-    DTypeName{DType::kI32, "int32"},      DTypeName{DType::kU32, "uint32"},
-    DTypeName{DType::kI64, "int64"},      DTypeName{DType::kU64, "uint64"},
-    DTypeName{DType::kF8E4M3, "f8e4m3"},  DTypeName{DType::kF8E5M2, "f8e5m2"},
-    DTypeName{DType::kF32, "f32"},        DTypeName{DType::kF32, "fp32"},
-    DTypeName{DType::kF32, "float32"},    DTypeName{DType::kF16, "f16"},
-    DTypeName{DType::kF16, "fp16"},       DTypeName{DType::kF16, "float16"},
-    DTypeName{DType::kBF16, "bf16"},      DTypeName{DType::kF64, "f64"},
-    DTypeName{DType::kF64, "fp64"},       DTypeName{DType::kF8E4M3, "fp8_e4m3"},
+    DTypeName{DType::kF32, "float"},       DTypeName{DType::kF16, "half"},
+    DTypeName{DType::kBF16, "bfloat16"},   DTypeName{DType::kF64, "double"},
+    DTypeName{DType::kI8, "int8"},         DTypeName{DType::kU8, "uint8"},
+    DTypeName{DType::kI32, "int32"},       DTypeName{DType::kU32, "uint32"},
+    DTypeName{DType::kI64, "int64"},       DTypeName{DType::kU64, "uint64"},
+    DTypeName{DType::kF8E4M3, "f8e4m3"},   DTypeName{DType::kF8E5M2, "f8e5m2"},
+    DTypeName{DType::kF32, "f32"},         DTypeName{DType::kF32, "fp32"},
+    DTypeName{DType::kF32, "float32"},     DTypeName{DType::kF16, "f16"},
+    DTypeName{DType::kF16, "fp16"},        DTypeName{DType::kF16, "float16"},
+    DTypeName{DType::kBF16, "bf16"},       DTypeName{DType::kF64, "f64"},
+    DTypeName{DType::kF64, "fp64"},        DTypeName{DType::kF8E4M3, "fp8_e4m3"},
     DTypeName{DType::kF8E5M2, "fp8_e5m2"},
 };
 
@@ -84,8 +95,8 @@ std::optional<ReduceOp> parse_reduce_op(std::string_view name) noexcept {
   return std::nullopt;
 }
 
-TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
-                                  int device) {
+TensorView TensorView::contiguous(void* data, DType dtype,
+                                  std::initializer_list<std::int64_t> shape, int device) {
   TPCOMM_CHECK(shape.size() <= static_cast<std::size_t>(kMaxDims), Status::kInvalidArgument,
                "TensorView: ", shape.size(), " dimensions, at most ", kMaxDims, " supported");
   TensorView v;

@@ -61,10 +61,10 @@ static_assert(sizeof(RankPtrs) == kMaxRanks * sizeof(void*));
 
 /// Byte offsets of the parts of one rank's workspace (the same on every rank).
 struct WorkspaceLayout {
-  std::int64_t signal = 0;     // SignalPad
-  std::int64_t staging = 0;    // two halves of `half_bytes`
-  std::int64_t scratch = 0;    // two-shot's reduced slices, `half_bytes`
-  std::int64_t half_bytes = 0; // capacity of one staging half, in bytes
+  std::int64_t signal = 0;      // SignalPad
+  std::int64_t staging = 0;     // two halves of `half_bytes`
+  std::int64_t scratch = 0;     // two-shot's reduced slices, `half_bytes`
+  std::int64_t half_bytes = 0;  // capacity of one staging half, in bytes
   std::int64_t total = 0;
 
   /// The layout for messages of up to `max_bytes` bytes.

@@ -74,7 +74,8 @@ struct PeerBuffer::Impl {
   }
 };
 
-PeerBuffer::PeerBuffer(Bootstrap& boot, int device, std::size_t bytes) : impl_(std::make_unique<Impl>()) {
+PeerBuffer::PeerBuffer(Bootstrap& boot, int device, std::size_t bytes)
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.boot = &boot;
   m.device = device;
@@ -96,7 +97,8 @@ PeerBuffer::PeerBuffer(Bootstrap& boot, int device, std::size_t bytes) : impl_(s
   if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.handle, m.local);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    set_why(mine, std::string("allocating ") + std::to_string(bytes) + " bytes: " + cudaGetErrorString(e));
+    set_why(mine, std::string("allocating ") + std::to_string(bytes) +
+                      " bytes: " + cudaGetErrorString(e));
   }
   mine.ptr = reinterpret_cast<std::uint64_t>(m.local);
 
@@ -126,7 +128,8 @@ PeerBuffer::PeerBuffer(Bootstrap& boot, int device, std::size_t bytes) : impl_(s
       if (rec.device != device) {
         int can = 0;
         cudaDeviceCanAccessPeer(&can, device, rec.device);
-        cudaError_t pe = can ? cudaDeviceEnablePeerAccess(rec.device, 0) : cudaErrorPeerAccessUnsupported;
+        cudaError_t pe =
+            can ? cudaDeviceEnablePeerAccess(rec.device, 0) : cudaErrorPeerAccessUnsupported;
         if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) {
           set_why(verdict, "no peer access from device " + std::to_string(device) + " to device " +
                                std::to_string(rec.device) + ": " + cudaGetErrorString(pe));
@@ -147,7 +150,8 @@ PeerBuffer::PeerBuffer(Bootstrap& boot, int device, std::size_t bytes) : impl_(s
       }
     } else {
       m.in_process = false;
-      set_why(verdict, "rank " + std::to_string(r) + " is on another node; peer memory spans one node");
+      set_why(verdict,
+              "rank " + std::to_string(r) + " is on another node; peer memory spans one node");
     }
   }
   const auto verdicts = boot.all_gather_value(verdict);
@@ -176,7 +180,8 @@ PeerBuffer::~PeerBuffer() {
   try {
     m.boot->barrier();
   } catch (const Error& err) {
-    TPCOMM_LOG_WARN("peer memory: barrier before freeing failed (", err.what(), "); freeing anyway");
+    TPCOMM_LOG_WARN("peer memory: barrier before freeing failed (", err.what(),
+                    "); freeing anyway");
   }
   m.free_local();
   cudaSetDevice(previous);
@@ -185,7 +190,9 @@ PeerBuffer::~PeerBuffer() {
 PeerBuffer::PeerBuffer(PeerBuffer&&) noexcept = default;
 
 void* PeerBuffer::local() const noexcept { return impl_->local; }
-void* PeerBuffer::peer(int rank) const noexcept { return impl_->peers[static_cast<std::size_t>(rank)]; }
+void* PeerBuffer::peer(int rank) const noexcept {
+  return impl_->peers[static_cast<std::size_t>(rank)];
+}
 std::size_t PeerBuffer::bytes() const noexcept { return impl_->bytes; }
 int PeerBuffer::world_size() const noexcept { return static_cast<int>(impl_->peers.size()); }
 bool PeerBuffer::in_process() const noexcept { return impl_->in_process; }

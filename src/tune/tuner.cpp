@@ -31,16 +31,17 @@ struct GraphGuard {
 };
 
 /// Microseconds per all-reduce of `count` bf16 elements with `c`, from graph replays.
-double time_candidate(CustomAllReduce& ar, Bootstrap& boot, const TensorView& in, const TensorView& out,
-                      Choice c, cudaStream_t s, cudaEvent_t start, cudaEvent_t stop) {
+double time_candidate(CustomAllReduce& ar, Bootstrap& boot, const TensorView& in,
+                      const TensorView& out, Choice c, cudaStream_t s, cudaEvent_t start,
+                      cudaEvent_t stop) {
   GraphGuard g;
   TPCOMM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   Status launched = Status::kOk;
   for (int i = 0; i < kOpsPerGraph && launched == Status::kOk; ++i)
     launched = ar.run(in, out, c, /*capturing=*/false, reinterpret_cast<Stream>(s));
   const cudaError_t ended = cudaStreamEndCapture(s, &g.graph);
-  TPCOMM_CHECK(launched == Status::kOk, launched, "tuning: launching ", to_string(c.algo), " x", c.blocks,
-               "x", c.threads, " failed: ", to_string(launched));
+  TPCOMM_CHECK(launched == Status::kOk, launched, "tuning: launching ", to_string(c.algo), " x",
+               c.blocks, "x", c.threads, " failed: ", to_string(launched));
   TPCOMM_CUDA_CHECK(ended);
   TPCOMM_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
   // Ranks sharing a GPU: instantiating and uploading may wait for the device to go idle, which
@@ -68,7 +69,8 @@ std::vector<Choice> tune_candidates(std::int64_t bytes, int world_size, int max_
   std::vector<Choice> out;
   const std::int64_t packs = (bytes + 15) / 16;
   for (Algo algo : {Algo::kOneShot, Algo::kTwoShot}) {
-    const std::int64_t work = algo == Algo::kOneShot ? packs : (packs + world_size - 1) / world_size;
+    const std::int64_t work =
+        algo == Algo::kOneShot ? packs : (packs + world_size - 1) / world_size;
     for (int threads : {256, 512, 1024}) {
       // Blocks beyond one pack per thread only idle; keep one step past that.
       const std::int64_t useful = std::max<std::int64_t>(1, (work + threads - 1) / threads);
@@ -78,11 +80,13 @@ std::vector<Choice> tune_candidates(std::int64_t bytes, int world_size, int max_
       }
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const Choice& a, const Choice& b) { return a.blocks < b.blocks; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Choice& a, const Choice& b) { return a.blocks < b.blocks; });
   return out;
 }
 
-TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int device, const TuneKey& key) {
+TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int device,
+                                 const TuneKey& key) {
   DeviceGuard guard(device);
   const SelectorCaps& caps = ar.caps();
   const auto bounds = TuneTable::bucket_bounds(caps.max_bytes);
@@ -122,17 +126,19 @@ TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int devic
     const auto ov = TensorView::flat(out, DType::kBF16, count, device);
     const auto candidates = tune_candidates(bytes, caps.world_size, caps.max_blocks);
     std::vector<double> times;
-    for (const Choice& c : candidates) times.push_back(time_candidate(ar, boot, iv, ov, c, s, start, stop));
+    for (const Choice& c : candidates)
+      times.push_back(time_candidate(ar, boot, iv, ov, c, s, start, stop));
     // Rank 0's measurements decide for everyone.
     auto shared = boot.broadcast(std::as_bytes(std::span(times)), 0);
-    std::memcpy(times.data(), shared.data(), std::min(shared.size(), times.size() * sizeof(double)));
+    std::memcpy(times.data(), shared.data(),
+                std::min(shared.size(), times.size() * sizeof(double)));
     const double best = *std::min_element(times.begin(), times.end());
     std::size_t pick = 0;
     while (times[pick] > best * (1.0 + kTie)) ++pick;
     entries.push_back({bytes, candidates[pick], times[pick]});
-    TPCOMM_LOG_INFO("tune ", bytes, " B: ", to_string(candidates[pick].algo), " x", candidates[pick].blocks,
-                    " blocks x", candidates[pick].threads, " threads, ", times[pick], " us (",
-                    candidates.size(), " candidates)");
+    TPCOMM_LOG_INFO("tune ", bytes, " B: ", to_string(candidates[pick].algo), " x",
+                    candidates[pick].blocks, " blocks x", candidates[pick].threads, " threads, ",
+                    times[pick], " us (", candidates.size(), " candidates)");
   }
   return TuneTable(key, std::move(entries));
 }

@@ -14,7 +14,8 @@ namespace tpcomm {
 /// candidates in the same order (each is a collective); rank 0's times decide, so every rank
 /// returns the same table. Collective; throws `Error` when a measurement fails (a timed-out
 /// peer, a CUDA error).
-TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int device, const TuneKey& key);
+TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int device,
+                                 const TuneKey& key);
 
 /// The candidates measured for one bucket, fewest blocks first (so ties go to fewer blocks).
 std::vector<Choice> tune_candidates(std::int64_t bytes, int world_size, int max_blocks);

@@ -68,8 +68,8 @@ TEST(BackendChain, UnsupportedAtRunTimeMovesOn) {
 }
 
 TEST(BackendChain, RealErrorsPropagateWithoutFallback) {
-  for (Status error : {Status::kTimeout, Status::kCudaError, Status::kNcclError, Status::kInvalidArgument,
-                       Status::kAborted}) {
+  for (Status error : {Status::kTimeout, Status::kCudaError, Status::kNcclError,
+                       Status::kInvalidArgument, Status::kAborted}) {
     std::vector<std::string> trace;
     BackendChain chain;
     chain.add(std::make_unique<FakeBackend>("fails", nullptr, error, &trace));

@@ -21,9 +21,11 @@ BenchOptions parse(std::vector<std::string> args) {
 }
 
 TEST(BenchArgs, NcclTestsFlags) {
-  BenchOptions o = parse({"-b", "1K", "-e", "64M", "-f", "2", "-n", "50", "-w", "3", "-c", "2", "-d",
-                          "bfloat16", "-o", "max", "--op", "reducescatter", "-u", "3", "--graph",
-                          "--json", "out.json", "--virtual-ranks", "4", "--seed", "7"});
+  BenchOptions o = parse({"-b", "1K",       "-e",      "64M",    "-f",       "2",
+                          "-n", "50",       "-w",      "3",      "-c",       "2",
+                          "-d", "bfloat16", "-o",      "max",    "--op",     "reducescatter",
+                          "-u", "3",        "--graph", "--json", "out.json", "--virtual-ranks",
+                          "4",  "--seed",   "7"});
   EXPECT_EQ(o.min_bytes, 1024);
   EXPECT_EQ(o.max_bytes, 64 << 20);
   EXPECT_EQ(o.step_factor, 2);
@@ -60,18 +62,18 @@ TEST(BenchArgs, AlgorithmLists) {
 }
 
 TEST(BenchArgs, BadInputIsRefused) {
-  for (std::vector<std::string> bad : std::vector<std::vector<std::string>>{
-           {"-b", "1X"},
-           {"-b", "64M", "-e", "1K"},
-           {"-f", "1"},
-           {"-f", "2", "-i", "1M"},
-           {"-d", "float7"},
-           {"-o", "mulsum"},
-           {"--op", "allscatter"},
-           {"--algo", "fastest"},
-           {"-n", "0"},
-           {"-g", "2", "--virtual-ranks", "2"},
-           {"--virtual-ranks", "9"}}) {
+  for (std::vector<std::string> bad :
+       std::vector<std::vector<std::string>>{{"-b", "1X"},
+                                             {"-b", "64M", "-e", "1K"},
+                                             {"-f", "1"},
+                                             {"-f", "2", "-i", "1M"},
+                                             {"-d", "float7"},
+                                             {"-o", "mulsum"},
+                                             {"--op", "allscatter"},
+                                             {"--algo", "fastest"},
+                                             {"-n", "0"},
+                                             {"-g", "2", "--virtual-ranks", "2"},
+                                             {"--virtual-ranks", "9"}}) {
     EXPECT_THROW(parse(bad), CLI::Error) << bad[0] << " " << (bad.size() > 1 ? bad[1] : "");
   }
 }

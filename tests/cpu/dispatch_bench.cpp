@@ -18,11 +18,13 @@ class SelectingBackend final : public Backend {
   std::string_view name() const noexcept override { return "custom_ar"; }
   Support supports(const Request& r) const noexcept override {
     if (r.op != Op::kAllReduce) return Support::no("only all-reduce");
-    const Choice c = select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, caps_, AlgoChoice::kAuto, table_);
+    const Choice c =
+        select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, caps_, AlgoChoice::kAuto, table_);
     return c.algo == Algo::kNone ? Support::no("outside the custom kernels") : Support::yes();
   }
   Status run(const Request& r, Stream) noexcept override {
-    const Choice c = select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, caps_, AlgoChoice::kAuto, table_);
+    const Choice c =
+        select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, caps_, AlgoChoice::kAuto, table_);
     benchmark::DoNotOptimize(c);
     return Status::kOk;
   }

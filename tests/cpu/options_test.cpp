@@ -58,13 +58,12 @@ TEST(Options, ReadsEveryKnob) {
 }
 
 TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
-  for (auto [name, value] : std::map<std::string, std::string>{
-           {"TPCOMM_LOG", "loud"},
-           {"TPCOMM_TIMEOUT_MS", "-5"},
-           {"TPCOMM_TIMEOUT_MS", "10s"},
-           {"TPCOMM_ALGO", "fastest"},
-           {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
-           {"TPCOMM_DISABLE_NCCL", "maybe"}}) {
+  for (auto [name, value] : std::map<std::string, std::string>{{"TPCOMM_LOG", "loud"},
+                                                               {"TPCOMM_TIMEOUT_MS", "-5"},
+                                                               {"TPCOMM_TIMEOUT_MS", "10s"},
+                                                               {"TPCOMM_ALGO", "fastest"},
+                                                               {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
+                                                               {"TPCOMM_DISABLE_NCCL", "maybe"}}) {
     try {
       from({{name, value}});
       FAIL() << name << "=" << value << " accepted";

@@ -63,9 +63,12 @@ void run_case(Group& g, int rank, const Case& c, std::uint64_t seed, Stream s,
   DeviceBuffer wrong(sizeof(unsigned long long));
   void* in = in_buf.bytes_ptr() + c.in_offset * esize;
   void* out = c.in_place ? in : out_buf.bytes_ptr() + c.out_offset * esize;
-  ASSERT_EQ(kernels::poison(out_buf.get(), static_cast<std::int64_t>(out_buf.size()), s), Status::kOk);
-  ASSERT_EQ(kernels::fill_data(in, c.dtype, c.count, seed, rank, ReduceOp::kSum, 0, s), Status::kOk);
-  ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long), reinterpret_cast<cudaStream_t>(s)),
+  ASSERT_EQ(kernels::poison(out_buf.get(), static_cast<std::int64_t>(out_buf.size()), s),
+            Status::kOk);
+  ASSERT_EQ(kernels::fill_data(in, c.dtype, c.count, seed, rank, ReduceOp::kSum, 0, s),
+            Status::kOk);
+  ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long),
+                            reinterpret_cast<cudaStream_t>(s)),
             cudaSuccess);
   auto in_view = TensorView::flat(in, c.dtype, c.count, 0);
   auto out_view = TensorView::flat(out, c.dtype, c.count, 0);
@@ -79,7 +82,8 @@ void run_case(Group& g, int rank, const Case& c, std::uint64_t seed, Stream s,
   unsigned long long bad = 0;
   ASSERT_EQ(cudaMemcpy(&bad, wrong.get(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(bad, 0u) << "rank " << rank << " count " << c.count << " " << to_string(c.dtype)
-                     << " in+" << c.in_offset << " out+" << c.out_offset << (c.in_place ? " in place" : "");
+                     << " in+" << c.in_offset << " out+" << c.out_offset
+                     << (c.in_place ? " in place" : "");
   auto bytes = to_host(out, static_cast<std::size_t>(c.count) * esize);
   std::lock_guard lock(m);
   outputs[static_cast<std::size_t>(rank)] = std::move(bytes);
@@ -98,9 +102,9 @@ TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
   std::vector<Case> cases;
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
     const std::int64_t max_count = max_bytes / static_cast<std::int64_t>(dtype_size(t));
-    for (std::int64_t n : {std::int64_t{1}, std::int64_t{3}, std::int64_t{8}, std::int64_t{9},
-                           std::int64_t{63}, std::int64_t{1000}, std::int64_t{4097},
-                           std::int64_t{65536 + 5}, max_count})
+    for (std::int64_t n :
+         {std::int64_t{1}, std::int64_t{3}, std::int64_t{8}, std::int64_t{9}, std::int64_t{63},
+          std::int64_t{1000}, std::int64_t{4097}, std::int64_t{65536 + 5}, max_count})
       cases.push_back({n, t});
     cases.push_back({12345, t, 1, 0});        // misaligned input
     cases.push_back({12345, t, 0, 3});        // misaligned output
@@ -114,7 +118,8 @@ TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
   run_ranks(world, [&](int rank, Bootstrap& boot) {
     Group g(boot, 0, options_for(algo, max_bytes));
     StreamHolder stream;
-    const std::string expected = algo == AlgoChoice::kOneShot ? "custom_ar:one_shot" : "custom_ar:two_shot";
+    const std::string expected =
+        algo == AlgoChoice::kOneShot ? "custom_ar:one_shot" : "custom_ar:two_shot";
     for (std::size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
       auto v = TensorView::flat(reinterpret_cast<void*>(256), c.dtype, c.count, 0);
@@ -129,7 +134,8 @@ TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, CustomAllReduceSweep,
                          ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
-                                            ::testing::Values(AlgoChoice::kOneShot, AlgoChoice::kTwoShot)),
+                                            ::testing::Values(AlgoChoice::kOneShot,
+                                                              AlgoChoice::kTwoShot)),
                          [](const auto& info) {
                            return "world" + std::to_string(std::get<0>(info.param)) + "_" +
                                   std::string(to_string(std::get<1>(info.param)));
@@ -161,8 +167,10 @@ TEST(CustomAllReduce, OneShotAndTwoShotAgreeBitwise) {
 TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
   for (std::int64_t register_min : {std::int64_t{0}, std::int64_t{2} << 20}) {
     const int world = 4;
-    const std::vector<Case> cases = {{1000, DType::kBF16}, {262144 + 3, DType::kBF16},
-                                     {4096, DType::kF32, 0, 0, true}, {77777, DType::kF16, 1, 2},
+    const std::vector<Case> cases = {{1000, DType::kBF16},
+                                     {262144 + 3, DType::kBF16},
+                                     {4096, DType::kF32, 0, 0, true},
+                                     {77777, DType::kF16, 1, 2},
                                      {1 << 20, DType::kBF16, 0, 0, true}};
     run_ranks(world, [&](int rank, Bootstrap& boot) {
       Options o = options_for(AlgoChoice::kAuto, 4 << 20);
@@ -177,7 +185,8 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
         ins.push_back(std::make_unique<DeviceBuffer>((c.count + 8) * es));
         outs.push_back(std::make_unique<DeviceBuffer>((c.count + 8) * es));
         in_ptr.push_back(ins.back()->bytes_ptr() + c.in_offset * es);
-        out_ptr.push_back(c.in_place ? in_ptr.back() : outs.back()->bytes_ptr() + c.out_offset * es);
+        out_ptr.push_back(c.in_place ? in_ptr.back()
+                                     : outs.back()->bytes_ptr() + c.out_offset * es);
       }
       cudaGraph_t graph = nullptr;
       {
@@ -185,9 +194,10 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
         ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
         for (std::size_t i = 0; i < cases.size(); ++i) {
           const Case& c = cases[i];
-          EXPECT_EQ(g.all_reduce(TensorView::flat(in_ptr[i], c.dtype, c.count, 0),
-                                 TensorView::flat(out_ptr[i], c.dtype, c.count, 0), stream.stream()),
-                    Status::kOk)
+          EXPECT_EQ(
+              g.all_reduce(TensorView::flat(in_ptr[i], c.dtype, c.count, 0),
+                           TensorView::flat(out_ptr[i], c.dtype, c.count, 0), stream.stream()),
+              Status::kOk)
               << g.last_error();
         }
         ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
@@ -197,9 +207,11 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
       ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
       DeviceBuffer wrong(sizeof(unsigned long long));
       for (int replay = 0; replay < 3; ++replay) {
-        const std::uint64_t seed = 1000 + static_cast<std::uint64_t>(replay) * 7919;  // same on all ranks
+        const std::uint64_t seed =
+            1000 + static_cast<std::uint64_t>(replay) * 7919;  // same on all ranks
         for (std::size_t i = 0; i < cases.size(); ++i) {
-          ASSERT_EQ(kernels::poison(outs[i]->get(), static_cast<std::int64_t>(outs[i]->size()), stream.stream()),
+          ASSERT_EQ(kernels::poison(outs[i]->get(), static_cast<std::int64_t>(outs[i]->size()),
+                                    stream.stream()),
                     Status::kOk);
           ASSERT_EQ(kernels::fill_data(in_ptr[i], cases[i].dtype, cases[i].count, seed + i, rank,
                                        ReduceOp::kSum, 0, stream.stream()),
@@ -208,15 +220,17 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
         ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
         ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long), s), cudaSuccess);
         for (std::size_t i = 0; i < cases.size(); ++i)
-          ASSERT_EQ(kernels::check_data(out_ptr[i], cases[i].dtype, cases[i].count, seed + i, rank, world,
-                                        ReduceOp::kSum, kernels::Collective::kAllReduce, 0,
-                                        static_cast<unsigned long long*>(wrong.get()), stream.stream()),
-                    Status::kOk);
+          ASSERT_EQ(
+              kernels::check_data(out_ptr[i], cases[i].dtype, cases[i].count, seed + i, rank, world,
+                                  ReduceOp::kSum, kernels::Collective::kAllReduce, 0,
+                                  static_cast<unsigned long long*>(wrong.get()), stream.stream()),
+              Status::kOk);
         ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
         ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
         unsigned long long bad = 0;
         ASSERT_EQ(cudaMemcpy(&bad, wrong.get(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
-        EXPECT_EQ(bad, 0u) << "rank " << rank << " replay " << replay << " register_min " << register_min;
+        EXPECT_EQ(bad, 0u) << "rank " << rank << " replay " << replay << " register_min "
+                           << register_min;
       }
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
@@ -267,7 +281,8 @@ TEST(CustomAllReduce, MissingRankTimesOutAndGroupCanBeRebuilt) {
       if (rank != 0) {
         ASSERT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kOk);
         ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         EXPECT_LT(waited, 5.0);
         EXPECT_EQ(g.health(), Status::kTimeout);
         EXPECT_NE(g.last_error().find("waiting for rank 0"), std::string::npos) << g.last_error();
@@ -301,7 +316,8 @@ TEST(CustomAllReduce, AbortReleasesWaitingKernels) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       g.abort();
       ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                10.0);
       EXPECT_EQ(g.health(), Status::kAborted);
     }
     boot.barrier();
@@ -356,7 +372,9 @@ TEST(Group, WorldSizeOneCopies) {
     auto in = TensorView::flat(a.get(), DType::kF32, 1000, 0);
     auto out = TensorView::flat(b.get(), DType::kF32, 1000, 0);
     EXPECT_EQ(g.backend_for_all_reduce(in, out), "local");
-    ASSERT_EQ(kernels::fill_data(a.get(), DType::kF32, 1000, 5, 0, ReduceOp::kSum, 0, stream.stream()), Status::kOk);
+    ASSERT_EQ(
+        kernels::fill_data(a.get(), DType::kF32, 1000, 5, 0, ReduceOp::kSum, 0, stream.stream()),
+        Status::kOk);
     ASSERT_EQ(kernels::poison(b.get(), 4096, stream.stream()), Status::kOk);
     ASSERT_EQ(g.all_reduce(in, out, stream.stream()), Status::kOk);
     ASSERT_EQ(g.all_gather(in, out, stream.stream()), Status::kOk);
@@ -385,8 +403,9 @@ TEST(Group, CallsFromSeveralStreamsAreOrdered) {
     for (int i = 0; i < calls; ++i) {
       ins.push_back(std::make_unique<DeviceBuffer>(count * 2));
       outs.push_back(std::make_unique<DeviceBuffer>(count * 2));
-      ASSERT_EQ(kernels::fill_data(ins.back()->get(), DType::kBF16, count, 500 + i, rank, ReduceOp::kSum, 0,
-                                   s1.stream()), Status::kOk);
+      ASSERT_EQ(kernels::fill_data(ins.back()->get(), DType::kBF16, count, 500 + i, rank,
+                                   ReduceOp::kSum, 0, s1.stream()),
+                Status::kOk);
     }
     ASSERT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);
     boot.barrier();
@@ -402,8 +421,8 @@ TEST(Group, CallsFromSeveralStreamsAreOrdered) {
     DeviceBuffer wrong(8);
     ASSERT_EQ(cudaMemset(wrong.get(), 0, 8), cudaSuccess);
     for (int i = 0; i < calls; ++i)
-      ASSERT_EQ(kernels::check_data(outs[i]->get(), DType::kBF16, count, 500 + i, rank, world, ReduceOp::kSum,
-                                    kernels::Collective::kAllReduce, 0,
+      ASSERT_EQ(kernels::check_data(outs[i]->get(), DType::kBF16, count, 500 + i, rank, world,
+                                    ReduceOp::kSum, kernels::Collective::kAllReduce, 0,
                                     static_cast<unsigned long long*>(wrong.get()), s1.stream()),
                 Status::kOk);
     ASSERT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);

@@ -43,7 +43,8 @@ enum class ScriptedMode : int {
 /// The scripted library, opened a second time: dlopen returns the handle NcclLib holds.
 class Script {
  public:
-  Script() : handle_(dlopen(test::built_file(TPCOMM_SCRIPTED_NCCL).c_str(), RTLD_NOW | RTLD_LOCAL)) {}
+  Script()
+      : handle_(dlopen(test::built_file(TPCOMM_SCRIPTED_NCCL).c_str(), RTLD_NOW | RTLD_LOCAL)) {}
   ~Script() {
     if (handle_ != nullptr) dlclose(handle_);
   }

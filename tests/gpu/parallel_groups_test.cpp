@@ -40,7 +40,8 @@ TEST(ParallelGroups, MoeGroupsFromOneWorld) {
     auto v = TensorView::flat(buf.get(), DType::kBF16, 1024, 0);
     EXPECT_EQ(pg.tp().backend_for_all_reduce(v, v), "custom_ar:one_shot");
     EXPECT_EQ(pg.moe_ep().backend_for_all_reduce(v, v), "none");
-    ASSERT_EQ(kernels::fill_data(buf.get(), DType::kBF16, 1024, 11, rank, ReduceOp::kSum, 0, stream.stream()),
+    ASSERT_EQ(kernels::fill_data(buf.get(), DType::kBF16, 1024, 11, rank, ReduceOp::kSum, 0,
+                                 stream.stream()),
               Status::kOk);
     ASSERT_EQ(pg.tp().all_reduce(v, v, stream.stream()), Status::kOk) << pg.tp().last_error();
     ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, 8, stream.get()), cudaSuccess);

@@ -35,11 +35,12 @@ Options mgpu_options(AlgoChoice algo) {
 
 /// Sum over ranks of the wrong elements of `out`.
 std::uint64_t count_wrong(const void* out, DType t, std::int64_t count, std::uint64_t seed,
-                          kernels::Collective coll, int root, Stream s, ReduceOp op = ReduceOp::kSum) {
+                          kernels::Collective coll, int root, Stream s,
+                          ReduceOp op = ReduceOp::kSum) {
   DeviceBuffer wrong(8);
   EXPECT_EQ(cudaMemsetAsync(wrong.get(), 0, 8, reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
-  EXPECT_EQ(kernels::check_data(out, t, count, seed, g_boot->rank(), g_boot->world_size(), op, coll, root,
-                                static_cast<unsigned long long*>(wrong.get()), s),
+  EXPECT_EQ(kernels::check_data(out, t, count, seed, g_boot->rank(), g_boot->world_size(), op, coll,
+                                root, static_cast<unsigned long long*>(wrong.get()), s),
             Status::kOk);
   EXPECT_EQ(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
   std::uint64_t mine = 0;
@@ -63,21 +64,29 @@ TEST(MultiProcess, ExactAllReduceBothAlgorithms) {
   StreamHolder stream;
   for (AlgoChoice algo : {AlgoChoice::kOneShot, AlgoChoice::kTwoShot}) {
     Group g(*g_boot, g_device, mgpu_options(algo));
-    for (auto [count, dtype] : {std::pair<std::int64_t, DType>{1, DType::kBF16}, {1001, DType::kF16},
-                                {100003, DType::kBF16}, {(1 << 20) - 3, DType::kF32}}) {
+    for (auto [count, dtype] : {std::pair<std::int64_t, DType>{1, DType::kBF16},
+                                {1001, DType::kF16},
+                                {100003, DType::kBF16},
+                                {(1 << 20) - 3, DType::kF32}}) {
       const std::size_t es = dtype_size(dtype);
       DeviceBuffer in((count + 8) * es), out((count + 8) * es);
       const std::uint64_t seed = 77 + static_cast<std::uint64_t>(count);
-      ASSERT_EQ(kernels::fill_data(in.get(), dtype, count, seed, rank, ReduceOp::kSum, 0, stream.stream()), Status::kOk);
-      ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()), Status::kOk);
+      ASSERT_EQ(kernels::fill_data(in.get(), dtype, count, seed, rank, ReduceOp::kSum, 0,
+                                   stream.stream()),
+                Status::kOk);
+      ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()),
+                Status::kOk);
       ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), dtype, count, g_device),
                              TensorView::flat(out.get(), dtype, count, g_device), stream.stream()),
                 Status::kOk)
           << g.last_error();
-      EXPECT_EQ(count_wrong(out.get(), dtype, count, seed, kernels::Collective::kAllReduce, 0, stream.stream()), 0u)
+      EXPECT_EQ(count_wrong(out.get(), dtype, count, seed, kernels::Collective::kAllReduce, 0,
+                            stream.stream()),
+                0u)
           << to_string(algo) << " count " << count;
       EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
-      const auto digests = g_boot->all_gather_value(digest(out.get(), static_cast<std::size_t>(count) * es));
+      const auto digests =
+          g_boot->all_gather_value(digest(out.get(), static_cast<std::size_t>(count) * es));
       for (std::uint64_t d : digests) EXPECT_EQ(d, digests[0]) << "outputs differ across ranks";
     }
   }
@@ -97,9 +106,10 @@ TEST(MultiProcess, RegistrationAfterCapture) {
   {
     auto scope = g.capture(stream.stream());
     ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), DType::kBF16, count, g_device),
-                           TensorView::flat(out.get(), DType::kBF16, count, g_device), stream.stream()),
-              Status::kOk);
+    ASSERT_EQ(
+        g.all_reduce(TensorView::flat(in.get(), DType::kBF16, count, g_device),
+                     TensorView::flat(out.get(), DType::kBF16, count, g_device), stream.stream()),
+        Status::kOk);
     ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
     ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
   }
@@ -107,10 +117,15 @@ TEST(MultiProcess, RegistrationAfterCapture) {
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (int replay = 0; replay < 2; ++replay) {
     const std::uint64_t seed = 9000 + static_cast<std::uint64_t>(replay);
-    ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, count, seed, rank, ReduceOp::kSum, 0, stream.stream()), Status::kOk);
-    ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()), Status::kOk);
+    ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, count, seed, rank, ReduceOp::kSum, 0,
+                                 stream.stream()),
+              Status::kOk);
+    ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()),
+              Status::kOk);
     ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
-    EXPECT_EQ(count_wrong(out.get(), DType::kBF16, count, seed, kernels::Collective::kAllReduce, 0, stream.stream()), 0u)
+    EXPECT_EQ(count_wrong(out.get(), DType::kBF16, count, seed, kernels::Collective::kAllReduce, 0,
+                          stream.stream()),
+              0u)
         << "replay " << replay;
     EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
   }
@@ -128,10 +143,14 @@ TEST(MultiProcess, NcclCollectivesThroughTheGroup) {
   StreamHolder stream;
   const std::int64_t per = 4099;
   DeviceBuffer in(per * world * 4 + 64), out(per * world * 4 + 64);
-  auto run = [&](kernels::Collective coll, std::int64_t in_count, std::int64_t out_count, auto&& call, int root = 0) {
+  auto run = [&](kernels::Collective coll, std::int64_t in_count, std::int64_t out_count,
+                 auto&& call, int root = 0) {
     const std::uint64_t seed = 300 + static_cast<std::uint64_t>(coll);
-    ASSERT_EQ(kernels::fill_data(in.get(), DType::kF32, in_count, seed, rank, ReduceOp::kSum, 0, stream.stream()), Status::kOk);
-    ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()), Status::kOk);
+    ASSERT_EQ(kernels::fill_data(in.get(), DType::kF32, in_count, seed, rank, ReduceOp::kSum, 0,
+                                 stream.stream()),
+              Status::kOk);
+    ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()),
+              Status::kOk);
     ASSERT_EQ(call(TensorView::flat(in.get(), DType::kF32, in_count, g_device),
                    TensorView::flat(out.get(), DType::kF32, out_count, g_device)),
               Status::kOk)
@@ -139,21 +158,25 @@ TEST(MultiProcess, NcclCollectivesThroughTheGroup) {
     EXPECT_EQ(count_wrong(out.get(), DType::kF32, out_count, seed, coll, root, stream.stream()), 0u)
         << "collective " << static_cast<int>(coll);
   };
-  run(kernels::Collective::kAllReduce, per, per, [&](auto i, auto o) { return g.all_reduce(i, o, stream.stream()); });
-  run(kernels::Collective::kAllGather, per, per * world, [&](auto i, auto o) { return g.all_gather(i, o, stream.stream()); });
+  run(kernels::Collective::kAllReduce, per, per,
+      [&](auto i, auto o) { return g.all_reduce(i, o, stream.stream()); });
+  run(kernels::Collective::kAllGather, per, per * world,
+      [&](auto i, auto o) { return g.all_gather(i, o, stream.stream()); });
   run(kernels::Collective::kReduceScatter, per * world, per,
       [&](auto i, auto o) { return g.reduce_scatter(i, o, stream.stream()); });
   run(kernels::Collective::kAllToAll, per * world, per * world,
       [&](auto i, auto o) { return g.all_to_all(i, o, stream.stream()); });
-  run(kernels::Collective::kBroadcast, per, per, [&](auto i, auto o) { return g.broadcast(i, o, world - 1, stream.stream()); },
-      world - 1);
+  run(
+      kernels::Collective::kBroadcast, per, per,
+      [&](auto i, auto o) { return g.broadcast(i, o, world - 1, stream.stream()); }, world - 1);
 }
 
 // A peer that dies without any cleanup: the survivors' kernels give up within the deadline,
 // the group names the rank that did not arrive, and tearing the group down stays bounded.
 // Runs last (the dead rank is gone afterwards); only when TPCOMM_MGPU_DEAD_PEER=1.
 TEST(MultiProcess, ZDeadPeerTimesOut) {
-  if (std::getenv("TPCOMM_MGPU_DEAD_PEER") == nullptr) GTEST_SKIP() << "set TPCOMM_MGPU_DEAD_PEER=1";
+  if (std::getenv("TPCOMM_MGPU_DEAD_PEER") == nullptr)
+    GTEST_SKIP() << "set TPCOMM_MGPU_DEAD_PEER=1";
   Options o = mgpu_options(AlgoChoice::kOneShot);
   o.timeout_ms = 3000;
   const int victim = g_boot->world_size() - 1;
@@ -163,12 +186,14 @@ TEST(MultiProcess, ZDeadPeerTimesOut) {
   g_boot->barrier();
   if (g_boot->rank() == victim) _exit(0);  // gone: no destructors, no goodbye
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_EQ(g->all_reduce(TensorView::flat(in.get(), DType::kBF16, 4096, g_device),
-                          TensorView::flat(out.get(), DType::kBF16, 4096, g_device), stream.stream()),
-            Status::kOk);
+  ASSERT_EQ(
+      g->all_reduce(TensorView::flat(in.get(), DType::kBF16, 4096, g_device),
+                    TensorView::flat(out.get(), DType::kBF16, 4096, g_device), stream.stream()),
+      Status::kOk);
   ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
   EXPECT_EQ(g->health(), Status::kTimeout);
-  EXPECT_NE(g->last_error().find("waiting for rank " + std::to_string(victim)), std::string::npos) << g->last_error();
+  EXPECT_NE(g->last_error().find("waiting for rank " + std::to_string(victim)), std::string::npos)
+      << g->last_error();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
   g.reset();  // teardown with a dead peer: bounded by the store timeout
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 90.0);
@@ -185,7 +210,8 @@ int main(int argc, char** argv) {
   }
   testing::InitGoogleTest(&argc, argv);
   tpcomm::Options o = tpcomm::Options::from_env();
-  if (std::getenv("TPCOMM_TIMEOUT_MS") == nullptr) o.timeout_ms = 120000;  // time-sliced contexts are slow
+  if (std::getenv("TPCOMM_TIMEOUT_MS") == nullptr)
+    o.timeout_ms = 120000;  // time-sliced contexts are slow
   tpcomm::Bootstrap boot = tpcomm::Bootstrap::from_env(o);
   tpcomm::g_boot = &boot;
   tpcomm::g_gpu_per_rank = devices >= boot.local_world_size();
