@@ -34,9 +34,11 @@ step info "$bin/tpcomm" info
 
 if [ "$what" = all ] || [ "$what" = tests ]; then
   step gpu "$bin/tpcomm_gpu_tests"
-  np=$(( gpus >= 2 ? gpus : 2 ))
-  [ "$np" -gt 4 ] && np=4
-  step mgpu "$bin/tpcomm" launch -n "$np" --timeout 600 -- "$bin/tpcomm_mgpu_tests"
+  # One process per GPU where there are several; on one GPU, 2 and 4 processes share it.
+  if [ "$gpus" -ge 2 ]; then nps="$gpus"; else nps="2 4"; fi
+  for np in $nps; do
+    step mgpu "$bin/tpcomm" launch -n "$np" --timeout 600 -- "$bin/tpcomm_mgpu_tests"
+  done
   step mgpu env TPCOMM_MGPU_DEAD_PEER=1 TPCOMM_TIMEOUT_MS=5000 "$bin/tpcomm" launch -n 2 --timeout 300 -- \
     "$bin/tpcomm_mgpu_tests" --gtest_filter='*DeadPeer*'
 fi
