@@ -85,7 +85,6 @@ class Runner {
       group_ = std::make_unique<Group>(boot, device, opt);
     }
     world_ = boot.world_size();
-    rank_ = boot.rank();
   }
 
   Group* group() { return group_.get(); }
@@ -155,7 +154,6 @@ class Runner {
   std::unique_ptr<Group> group_;
   std::unique_ptr<NcclComm> direct_;
   int world_ = 1;
-  int rank_ = 0;
 };
 
 /// Per-rank device buffers of the largest size, plus the error counter.
@@ -301,7 +299,6 @@ class Bench {
                            std::string& failure) {
     const int world = boot_.world_size();
     auto [in, out] = pointers(s, in_place);
-    const std::int64_t es = static_cast<std::int64_t>(dtype_size(o_.dtype));
     cudaMemsetAsync(bufs_.wrong, 0, sizeof(unsigned long long), stream_);
     kernels::poison(bufs_.out, bufs_.out_bytes, stream());
     if (in_place) kernels::poison(bufs_.in, bufs_.in_bytes, stream());
@@ -318,7 +315,6 @@ class Bench {
     cudaMemcpyAsync(&wrong, bufs_.wrong, sizeof(wrong), cudaMemcpyDeviceToHost, stream_);
     if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
       failure = cudaGetErrorString(e);
-    (void)es;
     return wrong;
   }
 
