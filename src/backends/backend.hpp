@@ -75,9 +75,6 @@ class BackendChain {
   [[nodiscard]] Status run(const Request& request, Stream stream,
                            const Backend** served_by = nullptr) noexcept;
 
-  [[nodiscard]] const std::vector<std::unique_ptr<Backend>>& backends() const noexcept {
-    return backends_;
-  }
 
  private:
   void note_fallback(std::size_t index, const char* reason) noexcept;

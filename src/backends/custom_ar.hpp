@@ -48,7 +48,6 @@ class CustomAllReduce {
   /// Collective: exchanges the buffers recorded since `begin_capture` and fills their slots.
   /// Every rank must have recorded the same number; any rank's failure fails all.
   [[nodiscard]] Status end_capture() noexcept;
-  [[nodiscard]] bool capture_open() const noexcept { return capture_open_; }
 
   /// kOk, or kTimeout/kAborted once a kernel gave up (sticky), with `error_message()` naming
   /// who waited for whom.
@@ -57,8 +56,6 @@ class CustomAllReduce {
   /// Makes every waiting and future kernel of this group give up. Idempotent.
   void abort() noexcept;
 
-  /// Number of buffers registered so far (for tests and logs).
-  [[nodiscard]] std::int64_t registered_slots() const noexcept { return next_slot_; }
 
  private:
   struct Impl;

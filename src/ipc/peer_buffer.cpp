@@ -60,7 +60,6 @@ struct PeerBuffer::Impl {
   void* local = nullptr;
   std::vector<void*> peers;
   std::vector<bool> opened;
-  bool in_process = true;
 
   void close_handles() noexcept {
     for (std::size_t r = 0; r < peers.size(); ++r) {
@@ -137,7 +136,6 @@ PeerBuffer::PeerBuffer(Bootstrap& boot, int device, std::size_t bytes)
         cudaGetLastError();
       }
     } else if (rec.node == mine.node) {
-      m.in_process = false;
       void* p = nullptr;
       cudaError_t oe = cudaIpcOpenMemHandle(&p, rec.handle, cudaIpcMemLazyEnablePeerAccess);
       if (oe == cudaSuccess) {
@@ -149,7 +147,6 @@ PeerBuffer::PeerBuffer(Bootstrap& boot, int device, std::size_t bytes)
                              cudaGetErrorString(oe));
       }
     } else {
-      m.in_process = false;
       set_why(verdict,
               "rank " + std::to_string(r) + " is on another node; peer memory spans one node");
     }
@@ -195,6 +192,5 @@ void* PeerBuffer::peer(int rank) const noexcept {
 }
 std::size_t PeerBuffer::bytes() const noexcept { return impl_->bytes; }
 int PeerBuffer::world_size() const noexcept { return static_cast<int>(impl_->peers.size()); }
-bool PeerBuffer::in_process() const noexcept { return impl_->in_process; }
 
 }  // namespace tpcomm

@@ -34,8 +34,6 @@ class PeerBuffer {
   [[nodiscard]] void* peer(int rank) const noexcept;
   [[nodiscard]] std::size_t bytes() const noexcept;
   [[nodiscard]] int world_size() const noexcept;
-  /// True when every rank is a thread of this process.
-  [[nodiscard]] bool in_process() const noexcept;
 
  private:
   struct Impl;
