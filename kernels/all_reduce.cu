@@ -35,7 +35,8 @@ Status find_kernel(Algo algo, DType dtype, int world_size, const void** out) {
 
 }  // namespace
 
-Status launch_all_reduce(const AllReduceParams& params, Choice choice, Stream stream) noexcept {
+Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool programmatic,
+                         Stream stream) noexcept {
   if (choice.blocks < 1 || choice.blocks > kMaxBlocks || choice.threads < 32 ||
       choice.threads > 1024 || choice.threads % 32 != 0 || choice.threads < params.world_size)
     return Status::kInvalidArgument;
@@ -45,8 +46,16 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, Stream st
     return s;
   AllReduceParams copy = params;
   void* args[] = {&copy};
-  cudaError_t e = cudaLaunchKernel(kernel, dim3(choice.blocks), dim3(choice.threads), args, 0,
-                                   reinterpret_cast<cudaStream_t>(stream));
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(choice.blocks);
+  config.blockDim = dim3(choice.threads);
+  config.stream = reinterpret_cast<cudaStream_t>(stream);
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  cudaError_t e = cudaLaunchKernelExC(&config, kernel, args);
   return e == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 

@@ -9,21 +9,31 @@ namespace tpcomm::kernels {
 
 template <class T, int R>
 __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReduceParams p) {
-  const AllReduceFrame<T, R> f = make_frame<T, R>(p);
+  begin_launch();
   const std::int64_t count = p.count;
   const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const T* in = static_cast<const T*>(p.input);
+  const bool in_aligned = is_aligned16(in);
+  // A staged input's first pack is loaded while the frame reads the operation count.
+  const bool prefetch = p.registered == nullptr && first < packs;
+  Pack<T> head{};
+  if (prefetch) head = load_pack(in, first, count, in_aligned);
+  const AllReduceFrame<T, R> f = make_frame<T, R>(p);
 
   // Stage this rank's input (NOTE [staging]). Block b copies exactly the packs that block b of
   // every rank reads below, so block b's barrier is all the ordering they need.
   if (f.stage_self) {
-    const T* in = static_cast<const T*>(p.input);
-    const bool in_aligned = is_aligned16(in);
-    for (std::int64_t v = first; v < packs; v += stride)
+    std::int64_t v = first;
+    if (prefetch) {
+      store_pack_ws(f.staging_self, v, head);
+      v += stride;
+    }
+    for (; v < packs; v += stride)
       store_pack_ws(f.staging_self, v, load_pack(in, v, count, in_aligned));
   }
-  if (!barrier_block<R>(f.pads, p.rank, f.barrier_value(1), f.wait)) return;
+  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait)) return;
 
   T* out = static_cast<T*>(p.output);
   const bool out_aligned = is_aligned16(out);
@@ -33,8 +43,8 @@ __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReducePara
 
   // Registered inputs belong to the caller again when this kernel ends: wait until every peer
   // has read them.
-  if (p.end_barrier && !barrier_block<R>(f.pads, p.rank, f.barrier_value(3), f.wait)) return;
-  finish_launch(f.pads[p.rank], f.seq);
+  if (p.end_barrier && !barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait)) return;
+  end_launch(p.pads[p.rank], f.seq);
 }
 
 }  // namespace tpcomm::kernels

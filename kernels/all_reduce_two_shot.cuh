@@ -10,6 +10,7 @@ namespace tpcomm::kernels {
 
 template <class T, int R>
 __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReduceParams p) {
+  begin_launch();
   const AllReduceFrame<T, R> f = make_frame<T, R>(p);
   const std::int64_t count = p.count;
   const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
@@ -29,7 +30,7 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
         if (const std::int64_t v = s * slice + i; v < packs)
           store_pack_ws(f.staging_self, v, load_pack(in, v, count, in_aligned));
   }
-  if (!barrier_block<R>(f.pads, p.rank, f.barrier_value(1), f.wait)) return;
+  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait)) return;
 
   // Reduce-scatter: this rank's slice, summed in rank order (bitwise the same as one-shot).
   T* scratch_self = scratch_of<T>(p, p.rank);
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
   for (std::int64_t i = first; i < slice; i += stride)
     if (const std::int64_t v = p.rank * slice + i; v < packs)
       store_pack_ws(scratch_self, v, reduce_pack<T, R>(f.src, v, count, src_aligned));
-  if (!barrier_block<R>(f.pads, p.rank, f.barrier_value(2), f.wait)) return;
+  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(2), f.wait)) return;
 
   // All-gather: every reduced slice from its owner's scratch.
   T* out = static_cast<T*>(p.output);
@@ -56,8 +57,8 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
 
   // The next operation's reduce-scatter overwrites scratch only after its start barrier, so
   // only registered inputs need the end barrier (NOTE [staging]).
-  if (p.end_barrier && !barrier_block<R>(f.pads, p.rank, f.barrier_value(3), f.wait)) return;
-  finish_launch(f.pads[p.rank], f.seq);
+  if (p.end_barrier && !barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait)) return;
+  end_launch(p.pads[p.rank], f.seq);
 }
 
 }  // namespace tpcomm::kernels

@@ -14,11 +14,9 @@ namespace tpcomm::kernels {
 
 /// Everything one rank's all-reduce kernel needs; passed by value.
 struct AllReduceParams {
-  /// Inputs of every rank as mapped here; a null entry reads that rank's staging half. Used
-  /// when `registered` is null (eager calls: all null).
-  RankPtrs inputs;
-  /// Device copy of the inputs, filled when a capture scope closes (NOTE [staging]); null for
-  /// eager calls.
+  /// Every rank's input as mapped here, in device memory filled when a capture scope closes
+  /// (NOTE [staging]); a null entry reads that rank's staging half. Null when every rank's
+  /// input is staged (eager calls, small captured calls).
   const RankPtrs* registered;
   /// This rank's own input, copied into its staging half when its entry is null.
   const void* input;
@@ -26,6 +24,10 @@ struct AllReduceParams {
   void* output;
   /// Every rank's workspace base (a `WorkspaceLayout`) as mapped here.
   char* workspaces[kMaxRanks];
+  /// Every rank's signal pad (`workspaces[r] + layout.signal`). Kernels index it by thread, and
+  /// an array indexed at run time must stay in parameter space: a copy in the kernel would
+  /// live in local memory, on the critical path of every barrier.
+  SignalPad* pads[kMaxRanks];
   WorkspaceLayout layout;
   /// Elements to reduce.
   std::int64_t count;
@@ -42,10 +44,12 @@ struct AllReduceParams {
 };
 static_assert(std::is_trivially_copyable_v<AllReduceParams>);
 
-/// Launches `choice.algo` with `choice.blocks` x `choice.threads` on `stream`.
-/// kInvalidArgument for an unsupported dtype/world size/launch shape; kCudaError when the
-/// launch fails. Sum only; f32, f16, bf16; world sizes 2..8.
-Status launch_all_reduce(const AllReduceParams& params, Choice choice, Stream stream) noexcept;
+/// Launches `choice.algo` with `choice.blocks` x `choice.threads` on `stream`; with
+/// `programmatic`, as a programmatic dependent launch (NOTE [programmatic launch] in
+/// kernels/common/sync.cuh). kInvalidArgument for an unsupported dtype/world size/launch shape;
+/// kCudaError when the launch fails. Sum only; f32, f16, bf16; world sizes 2..8.
+Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool programmatic,
+                         Stream stream) noexcept;
 
 /// Loads every all-reduce kernel of `world_size` ranks now, so that no first launch has to
 /// load one while a peer's kernel spins waiting for it (lazy module loading can wait for the

@@ -411,9 +411,11 @@ class Bench {
     }
     cudaGraphUpload(graph_->exec, stream_);
     cudaStreamSynchronize(stream_);
+    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": graph instantiated and uploaded");
     boot_.barrier();
     cudaGraphLaunch(graph_->exec, stream_);
     cudaStreamSynchronize(stream_);
+    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": first replay done");
     std::vector<cudaEvent_t> events(static_cast<std::size_t>(o_.graph_replays) + 1);
     for (auto& e : events) cudaEventCreate(&e);
     boot_.barrier();

@@ -137,6 +137,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", format_bytes(o.custom_ar_register_min_bytes)},
       {"TPCOMM_DISABLE_CUSTOM_AR", o.disable_custom_ar ? "1" : "0"},
       {"TPCOMM_DISABLE_NCCL", o.disable_nccl ? "1" : "0"},
+      {"TPCOMM_PDL", o.programmatic_launch ? "1" : "0"},
       // The token is a secret: say whether it is set, never what it is.
       {"TPCOMM_STORE_TOKEN", o.store_token.empty() ? "(unset)" : "(set)"},
       {"TPCOMM_STORE_BIND", o.store_bind.empty() ? "(default)" : o.store_bind},

@@ -45,6 +45,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// | `TPCOMM_CUSTOM_AR_REGISTER_BYTES` | `custom_ar_register_min_bytes` | 2 MiB |
 /// | `TPCOMM_DISABLE_CUSTOM_AR` | `disable_custom_ar` | 0 |
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
+/// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication) |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
 struct Options {
@@ -65,6 +66,9 @@ struct Options {
   std::int64_t custom_ar_register_min_bytes = std::int64_t{2} << 20;
   bool disable_custom_ar = false;
   bool disable_nccl = false;
+  /// Launch the custom kernels as programmatic dependent launches, so that their launch
+  /// latency hides behind the kernel before them on the stream (Hopper and later).
+  bool programmatic_launch = true;
   /// Shared secret every store client must present; empty disables the check.
   std::string store_token;
   /// Address the store server binds to; empty means the default rule above.

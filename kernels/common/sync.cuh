@@ -30,6 +30,8 @@ namespace tpcomm::kernels {
 // and a host-mapped abort flag (every 1024 spins). On either it records what happened in the
 // host-mapped ErrorWord and the whole block returns early, leaving the output incomplete; the
 // host reads the word before the group's next call and from then on answers kTimeout/kAborted.
+// Once the word is set, every later wait of the rank gives up at its next abort poll, so the
+// operations already queued behind a failed one (a whole graph of them) drain in microseconds.
 // It never traps, so the CUDA context survives and the process can build a new group.
 
 __device__ __forceinline__ std::uint64_t globaltimer_ns() {
@@ -82,10 +84,14 @@ __device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target
         report(w, ErrorWord::kTimeout, peer);
         return false;
       }
-      if ((spins & 1023u) == 0 &&
-          *reinterpret_cast<const volatile std::uint32_t*>(w.abort_flag) != 0) {
-        report(w, ErrorWord::kAborted, peer);
-        return false;
+      if ((spins & 1023u) == 0) {
+        if (*reinterpret_cast<const volatile std::uint32_t*>(w.abort_flag) != 0) {
+          report(w, ErrorWord::kAborted, peer);
+          return false;
+        }
+        // An earlier wait of this rank gave up: so does this one, instead of waiting out its
+        // own deadline (a graph of many operations would otherwise take that many deadlines).
+        if (reinterpret_cast<const volatile ErrorWord*>(w.error)->code != 0) return false;
       }
     }
   }
@@ -107,18 +113,27 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
   return __syncthreads_and(ok) != 0;
 }
 
-/// Ends a launch: the last block to finish advances the operation count (NOTE [signal pad]).
-/// Blocks that gave up skip this, so a failed launch leaves the count behind: the group is
-/// unusable after a failure anyway.
-__device__ __forceinline__ void finish_launch(SignalPad* self, std::uint32_t seq) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned done = atomicAdd(&self->blocks_done, 1u);
-    if (done == gridDim.x - 1) {
-      self->blocks_done = 0;
-      self->op_seq = seq;
-    }
-  }
+// NOTE [programmatic launch]
+// Launched with programmatic stream serialization (TPCOMM_PDL, on by default), a kernel may be
+// scheduled while the kernel before it on the stream is still running, so its launch latency
+// hides behind that kernel. `begin_launch` is therefore the first thing every kernel does: it
+// waits until the previous kernel has completed and its writes are visible (the caller's input,
+// the operation counts), and only then lets the kernel after it be scheduled in turn. That
+// kernel waits the same way before it touches anything (CUDA's rule for such launches), so it
+// can never see this kernel's output early. Launched without the attribute, both instructions
+// return at once.
+__device__ __forceinline__ void begin_launch() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/// Ends a launch: records the new operation count in every entry this block stands for (NOTE
+/// [signal pad]). Blocks that gave up skip this, so a failed launch leaves counts behind: the
+/// group is unusable after a failure anyway.
+__device__ __forceinline__ void end_launch(SignalPad* self, std::uint32_t seq) {
+  for (unsigned i = blockIdx.x + threadIdx.x * gridDim.x; i < kMaxBlocks;
+       i += blockDim.x * gridDim.x)
+    self->seq[i] = seq;
 }
 
 }  // namespace tpcomm::kernels

@@ -13,7 +13,6 @@ namespace tpcomm::kernels {
 /// What one launch of an all-reduce kernel resolved at its start.
 template <class T, int R>
 struct AllReduceFrame {
-  SignalPad* pads[R];  // every rank's signal pad, as mapped here
   const T* src[R];     // where rank r's input is read from (registered buffer or staging)
   T* staging_self;     // this rank's staging half of this operation
   std::uint32_t seq;   // this operation's number (NOTE [signal pad])
@@ -36,25 +35,25 @@ __device__ __forceinline__ T* scratch_of(const AllReduceParams& p, int rank) {
   return reinterpret_cast<T*>(p.workspaces[rank] + p.layout.scratch);
 }
 
-/// Reads the operation number and the input pointers. Every thread calls it.
+/// Reads the operation number and the input pointers. Every thread calls it, after
+/// `begin_launch`.
 template <class T, int R>
 __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams& p) {
   __shared__ std::uint32_t seq_shared;
   AllReduceFrame<T, R> f;
+  if (threadIdx.x == 0) seq_shared = p.pads[p.rank]->seq[blockIdx.x] + 1u;
+  // Issued before the block waits for the count, so that both loads are in flight together.
+  // Every index is a constant after unrolling, so `in` and `src` stay in registers.
+  const void* in[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-    f.pads[r] = reinterpret_cast<SignalPad*>(p.workspaces[r] + p.layout.signal);
-  if (threadIdx.x == 0) seq_shared = f.pads[p.rank]->op_seq + 1u;
+  for (int r = 0; r < R; ++r) in[r] = p.registered != nullptr ? p.registered->ptr[r] : nullptr;
+  f.stage_self = p.registered == nullptr || p.registered->ptr[p.rank] == nullptr;
   __syncthreads();
   f.seq = seq_shared;
-  const RankPtrs in = p.registered != nullptr ? *p.registered : p.inputs;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    f.src[r] =
-        in.ptr[r] != nullptr ? static_cast<const T*>(in.ptr[r]) : staging_half<T>(p, r, f.seq);
-  }
+  for (int r = 0; r < R; ++r)
+    f.src[r] = in[r] != nullptr ? static_cast<const T*>(in[r]) : staging_half<T>(p, r, f.seq);
   f.staging_self = staging_half<T>(p, p.rank, f.seq);
-  f.stage_self = in.ptr[p.rank] == nullptr;
   f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank};
   return f;
 }

@@ -48,6 +48,7 @@ struct CustomAllReduce::Impl {
   int rank = 0;
   int world = 0;
   std::int64_t register_min_bytes = 0;
+  bool programmatic = false;
   std::uint64_t timeout_ns = 0;
   std::optional<PeerBuffer> workspace;
   WorkspaceLayout layout{};
@@ -118,7 +119,10 @@ struct CustomAllReduce::Impl {
     kernels::AllReduceParams p{};
     p.input = in.data;
     p.output = out.data;
-    for (int r = 0; r < world; ++r) p.workspaces[r] = workspaces[r];
+    for (int r = 0; r < world; ++r) {
+      p.workspaces[r] = workspaces[r];
+      p.pads[r] = reinterpret_cast<SignalPad*>(workspaces[r] + layout.signal);
+    }
     p.layout = layout;
     p.count = in.numel();
     p.dtype = in.dtype;
@@ -152,6 +156,7 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   impl->rank = boot.rank();
   impl->world = world;
   impl->register_min_bytes = options.custom_ar_register_min_bytes;
+  impl->programmatic = options.programmatic_launch;
   impl->timeout_ns = static_cast<std::uint64_t>(options.timeout_ms) * 1000000ull;
   impl->layout = WorkspaceLayout::make(options.custom_ar_max_bytes);
 
@@ -195,7 +200,8 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   }
 
   // Ranks sharing one GPU must all be resident at once, or spinning blocks starve the ones
-  // they wait for: split the GPU's block slots between them.
+  // they wait for: split the GPU's block slots between them. A programmatic launch holds its
+  // slots while the kernel before it runs, so there each rank needs room for two kernels.
   int sharing = 0;
   for (const Vote& v : votes) sharing += (v.node == vote.node && v.device == vote.device) ? 1 : 0;
   for (const Vote& v : votes) impl->nonces.push_back(v.nonce);
@@ -204,7 +210,9 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   int per_sm = 64;
   for (Algo a : {Algo::kOneShot, Algo::kTwoShot})
     per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a, DType::kBF16, world, 1024));
-  const int resident = std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
+  const int kernels_per_rank = sharing > 1 && impl->programmatic ? 2 : 1;
+  const int resident =
+      std::max(1, sms * std::max(per_sm, 1) / (std::max(sharing, 1) * kernels_per_rank));
   SelectorCaps caps{};
   caps.world_size = world;
   caps.custom_available = true;
@@ -262,7 +270,7 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
     m.recorded.push_back(read_in_place ? in.data : nullptr);
     ++next_slot_;
   }
-  return kernels::launch_all_reduce(p, choice, stream);
+  return kernels::launch_all_reduce(p, choice, m.programmatic, stream);
 }
 
 void CustomAllReduce::begin_capture() noexcept {

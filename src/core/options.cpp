@@ -161,6 +161,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   };
   flag("TPCOMM_DISABLE_CUSTOM_AR", o.disable_custom_ar);
   flag("TPCOMM_DISABLE_NCCL", o.disable_nccl);
+  flag("TPCOMM_PDL", o.programmatic_launch);
   if (auto v = getenv("TPCOMM_STORE_TOKEN")) o.store_token = *v;
   if (auto v = getenv("TPCOMM_STORE_BIND")) o.store_bind = *v;
   return o;

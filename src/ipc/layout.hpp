@@ -22,23 +22,25 @@ inline constexpr int kMaxBlocks = 64;
 // `ph` publishes `seq * kPhases + ph`, and a waiter proceeds once the word has reached the value
 // it expects (wrap-safe comparison, see kernels/common/sync.cuh), so a fast peer that already
 // published a later value never blocks a slow one and nothing is ever reset while a peer might
-// read it. `seq` is the operation count of this rank's group, kept in `op_seq`: every rank runs
-// the same operations in the same order, so the counts agree across ranks. The last block of
-// each launch advances it (`blocks_done` counts finished blocks), so every block of one launch
-// sees the same `seq`.
+// read it. `seq` is the operation count of this rank's group: every rank runs the same
+// operations in the same order, so the counts agree across ranks. It is kept once per block
+// index, written only by this rank's own kernels: block b of a launch of G blocks reads
+// `seq[b]` when it starts and, when it ends, writes the new count into entries b, b + G,
+// b + 2G, ... So after a complete launch every entry holds the same count whatever grid the
+// next launch uses, no entry is written while a block of the same launch may still read it,
+// and no block waits for another block of its own rank (no atomics on the critical path).
 struct alignas(128) SignalPad {
   static constexpr std::uint32_t kPhases = 4;  // 1 start, 2 middle (two-shot), 3 end
 
   std::uint32_t flags[kMaxBlocks][kMaxRanks];
-  std::uint32_t op_seq;
-  std::uint32_t blocks_done;
+  std::uint32_t seq[kMaxBlocks];
   /// Written by peer r through its mapping at setup, read back here: proves that the mapping
   /// really carries data before any kernel relies on it.
   std::uint64_t probe[kMaxRanks];
 };
 static_assert(std::is_trivially_copyable_v<SignalPad>);
 static_assert(offsetof(SignalPad, flags) == 0);
-static_assert(offsetof(SignalPad, op_seq) == sizeof(std::uint32_t) * kMaxBlocks * kMaxRanks);
+static_assert(offsetof(SignalPad, seq) == sizeof(std::uint32_t) * kMaxBlocks * kMaxRanks);
 static_assert(sizeof(SignalPad) % 128 == 0);
 
 /// One pointer per rank, as mapped in the reading rank's address space. A null entry means

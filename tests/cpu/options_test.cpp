@@ -29,6 +29,7 @@ TEST(Options, Defaults) {
   EXPECT_EQ(o.custom_ar_register_min_bytes, 2 << 20);
   EXPECT_FALSE(o.disable_custom_ar);
   EXPECT_FALSE(o.disable_nccl);
+  EXPECT_TRUE(o.programmatic_launch);
   EXPECT_TRUE(o.store_token.empty());
 }
 
@@ -42,6 +43,7 @@ TEST(Options, ReadsEveryKnob) {
                     {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", "0"},
                     {"TPCOMM_DISABLE_CUSTOM_AR", "1"},
                     {"TPCOMM_DISABLE_NCCL", "yes"},
+                    {"TPCOMM_PDL", "0"},
                     {"TPCOMM_STORE_TOKEN", "s3cret"},
                     {"TPCOMM_STORE_BIND", "0.0.0.0"}});
   EXPECT_EQ(o.log_level, LogLevel::kDebug);
@@ -53,6 +55,7 @@ TEST(Options, ReadsEveryKnob) {
   EXPECT_EQ(o.custom_ar_register_min_bytes, 0);
   EXPECT_TRUE(o.disable_custom_ar);
   EXPECT_TRUE(o.disable_nccl);
+  EXPECT_FALSE(o.programmatic_launch);
   EXPECT_EQ(o.store_token, "s3cret");
   EXPECT_EQ(o.store_bind, "0.0.0.0");
 }
