@@ -6,6 +6,7 @@
 #
 #   scripts/gpu-run.sh OUTDIR [all|tests|bench]
 #
+# Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
 out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench]}
@@ -19,11 +20,11 @@ bin=build/bin
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 summary=()
-step() {  # step NAME COMMAND...: runs, logs, records pass/fail
+step() {  # step NAME COMMAND...: runs (at most STEP_TIMEOUT seconds), logs, records pass/fail
   local name=$1; shift
   local start=$SECONDS
   echo "== $name: $*" | tee -a "$out/$name.txt"
-  "$@" >>"$out/$name.txt" 2>&1
+  timeout -k 10 "${STEP_TIMEOUT:-600}" "$@" >>"$out/$name.txt" 2>&1
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - start)))")
   return 0
