@@ -59,6 +59,11 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   for r in 2 4 8; do
     step tune env TPCOMM_TUNE_FILE="/tmp/tpcomm-tune-w$r.txt" "$bin/tpcomm" tune --virtual-ranks "$r"
   done
+  # The peers in PyTorch (NCCL; symmetric-memory one-shot and two-shot), where torch is installed.
+  if python3 -c 'import torch' 2>/dev/null; then
+    step peers python3 -m torch.distributed.run --nproc-per-node "$gpus" scripts/torch-peers.py \
+      -b 1K -e 256M -f 4
+  fi
 fi
 
 echo "== failures"
