@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReducePara
       store_pack_ws(f.staging_self, v, load_pack(in, v, count, in_aligned));
   }
   if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait)) return;
+  if (!p.end_barrier) allow_next_launch();
 
   T* out = static_cast<T*>(p.output);
   const bool out_aligned = is_aligned16(out);
@@ -43,7 +44,10 @@ __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReducePara
 
   // Registered inputs belong to the caller again when this kernel ends: wait until every peer
   // has read them.
-  if (p.end_barrier && !barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait)) return;
+  if (p.end_barrier) {
+    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait)) return;
+    allow_next_launch();
+  }
   end_launch(p.pads[p.rank], f.seq);
 }
 

@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
     if (const std::int64_t v = p.rank * slice + i; v < packs)
       store_pack_ws(scratch_self, v, reduce_pack<T, R>(f.src, v, count, src_aligned));
   if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(2), f.wait)) return;
+  if (!p.end_barrier) allow_next_launch();
 
   // All-gather: every reduced slice from its owner's scratch.
   T* out = static_cast<T*>(p.output);
@@ -57,7 +58,10 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
 
   // The next operation's reduce-scatter overwrites scratch only after its start barrier, so
   // only registered inputs need the end barrier (NOTE [staging]).
-  if (p.end_barrier && !barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait)) return;
+  if (p.end_barrier) {
+    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait)) return;
+    allow_next_launch();
+  }
   end_launch(p.pads[p.rank], f.seq);
 }
 

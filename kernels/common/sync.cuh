@@ -116,14 +116,18 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
 // NOTE [programmatic launch]
 // Launched with programmatic stream serialization (TPCOMM_PDL, on by default), a kernel may be
 // scheduled while the kernel before it on the stream is still running, so its launch latency
-// hides behind that kernel. `begin_launch` is therefore the first thing every kernel does: it
-// waits until the previous kernel has completed and its writes are visible (the caller's input,
-// the operation counts), and only then lets the kernel after it be scheduled in turn. That
-// kernel waits the same way before it touches anything (CUDA's rule for such launches), so it
-// can never see this kernel's output early. Launched without the attribute, both instructions
-// return at once.
-__device__ __forceinline__ void begin_launch() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+// hides behind that kernel. So `begin_launch` is the first thing every kernel does: it waits
+// until the previous kernel has completed and its writes are visible (the caller's input, the
+// operation counts). Each block calls `allow_next_launch` once it has passed its last wait for
+// a peer: from then on it only computes and stores, so the blocks of the next kernel, scheduled
+// once every block of this one got there, can never hold resources that this kernel or a peer's
+// current kernel still needs (ranks sharing a GPU need room for one kernel each, not two). The
+// next kernel waits for this one's completion before it touches anything (CUDA's rule for such
+// launches), so it never sees this kernel's output early. Launched without the attribute, both
+// instructions return at once.
+__device__ __forceinline__ void begin_launch() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+__device__ __forceinline__ void allow_next_launch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 

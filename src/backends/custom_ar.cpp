@@ -200,8 +200,8 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   }
 
   // Ranks sharing one GPU must all be resident at once, or spinning blocks starve the ones
-  // they wait for: split the GPU's block slots between them. A programmatic launch holds its
-  // slots while the kernel before it runs, so there each rank needs room for two kernels.
+  // they wait for: split the GPU's block slots between them (NOTE [programmatic launch] says
+  // why one kernel per rank is enough).
   int sharing = 0;
   for (const Vote& v : votes) sharing += (v.node == vote.node && v.device == vote.device) ? 1 : 0;
   for (const Vote& v : votes) impl->nonces.push_back(v.nonce);
@@ -210,9 +210,7 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   int per_sm = 64;
   for (Algo a : {Algo::kOneShot, Algo::kTwoShot})
     per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a, DType::kBF16, world, 1024));
-  const int kernels_per_rank = sharing > 1 && impl->programmatic ? 2 : 1;
-  const int resident =
-      std::max(1, sms * std::max(per_sm, 1) / (std::max(sharing, 1) * kernels_per_rank));
+  const int resident = std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
   SelectorCaps caps{};
   caps.world_size = world;
   caps.custom_available = true;

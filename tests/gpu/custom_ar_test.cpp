@@ -243,6 +243,90 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
   }
 }
 
+// What a benchmark or a decode loop does: eager calls, then a graph of many calls replayed back
+// to back, with or without an event recorded inside the graph, and timing events between the
+// replays. Every replay must finish (nothing waits out a deadline) with exact results.
+class GraphReplays : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
+
+TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
+  const auto [world, eager_first, event_in_graph] = GetParam();
+  const std::int64_t count = 512;
+  const int ops = 50, replays = 20;
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    Options o = options_for(AlgoChoice::kOneShot);
+    o.timeout_ms = 3000;
+    Group g(boot, 0, o);
+    StreamHolder stream;
+    cudaStream_t s = stream.get();
+    DeviceBuffer in(count * 2), out(count * 2), wrong(sizeof(unsigned long long));
+    const auto iv = TensorView::flat(in.get(), DType::kBF16, count, 0);
+    const auto ov = TensorView::flat(out.get(), DType::kBF16, count, 0);
+    ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, count, seed, rank, ReduceOp::kSum, 0,
+                                 stream.stream()),
+              Status::kOk);
+    if (eager_first) {
+      for (int i = 0; i < 6; ++i) ASSERT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kOk);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    boot.barrier();
+    cudaEvent_t marker = nullptr;
+    ASSERT_EQ(cudaEventCreate(&marker), cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    {
+      auto scope = g.capture(stream.stream());
+      ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      for (int i = 0; i < ops; ++i) ASSERT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kOk);
+      if (event_in_graph) {
+        ASSERT_EQ(cudaEventRecord(marker, s), cudaSuccess);
+      }
+      ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+      ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+    }
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphUpload(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    boot.barrier();
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+    boot.barrier();
+    std::vector<cudaEvent_t> events(replays + 1);
+    for (auto& e : events) ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(events[0], s), cudaSuccess);
+    for (int r = 0; r < replays; ++r) {
+      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+      ASSERT_EQ(cudaEventRecord(events[static_cast<std::size_t>(r) + 1], s), cudaSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
+    // The last replay's output is exact.
+    ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long), s), cudaSuccess);
+    ASSERT_EQ(kernels::check_data(out.get(), DType::kBF16, count, seed, rank, world,
+                                  ReduceOp::kSum, kernels::Collective::kAllReduce, 0,
+                                  static_cast<unsigned long long*>(wrong.get()), stream.stream()),
+              Status::kOk);
+    unsigned long long bad = 0;
+    ASSERT_EQ(cudaMemcpy(&bad, wrong.get(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(bad, 0u) << "rank " << rank;
+    for (auto& e : events) cudaEventDestroy(e);
+    cudaEventDestroy(marker);
+    boot.barrier();  // no rank destroys its graph while a peer's replay may still need it
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GraphReplays,
+                         ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Bool(),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_eager_first" : "") +
+                                  (std::get<2>(info.param) ? "_event_in_graph" : "");
+                         });
+
 // Registration is collective: a rank that captured a different number of calls fails every
 // rank with a clear error instead of corrupting memory.
 TEST(CustomAllReduce, CaptureCountMismatchFailsEveryRank) {
