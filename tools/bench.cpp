@@ -156,17 +156,22 @@ class Runner {
   int world_ = 1;
 };
 
-/// Per-rank device buffers of the largest size, plus the error counter.
+/// Per-rank device buffers of the largest size, plus the error counter: host-mapped, so that
+/// reading it needs no copy (NOTE [graphs of virtual ranks]).
 struct Buffers {
   void* in = nullptr;
   void* out = nullptr;
-  unsigned long long* wrong = nullptr;
+  unsigned long long* wrong_host = nullptr;
+  unsigned long long* wrong = nullptr;  // the device's view of `wrong_host`
   std::int64_t in_bytes = 0;
   std::int64_t out_bytes = 0;
   ~Buffers() {
     cudaFree(in);
     cudaFree(out);
-    cudaFree(wrong);
+    cudaFreeHost(wrong_host);
+  }
+  unsigned long long read_wrong() const {
+    return *static_cast<volatile unsigned long long*>(wrong_host);
   }
 };
 
@@ -192,7 +197,10 @@ class Bench {
     bufs_.out_bytes = elems * es;
     TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.in, static_cast<std::size_t>(bufs_.in_bytes)));
     TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.out, static_cast<std::size_t>(bufs_.out_bytes)));
-    TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.wrong, sizeof(unsigned long long)));
+    TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&bufs_.wrong_host),
+                                    sizeof(unsigned long long), cudaHostAllocMapped));
+    TPCOMM_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&bufs_.wrong), bufs_.wrong_host, 0));
 
     std::int64_t total_wrong = 0;
     bool failed = false;
@@ -299,7 +307,7 @@ class Bench {
                            std::string& failure) {
     const int world = boot_.world_size();
     auto [in, out] = pointers(s, in_place);
-    cudaMemsetAsync(bufs_.wrong, 0, sizeof(unsigned long long), stream_);
+    *bufs_.wrong_host = 0;  // nothing in flight reads it: the last check ended synchronised
     kernels::poison(bufs_.out, bufs_.out_bytes, stream());
     if (in_place) kernels::poison(bufs_.in, bufs_.in_bytes, stream());
     // Broadcast non-roots and in-place outputs start poisoned; inputs get this rank's values.
@@ -311,11 +319,9 @@ class Bench {
     }
     kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), world, o_.redop, o_.op, o_.root,
                         bufs_.wrong, stream());
-    unsigned long long wrong = 0;
-    cudaMemcpyAsync(&wrong, bufs_.wrong, sizeof(wrong), cudaMemcpyDeviceToHost, stream_);
     if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
       failure = cudaGetErrorString(e);
-    return wrong;
+    return bufs_.read_wrong();
   }
 
   Measure measure(Runner& runner, const Shape& s, bool in_place, std::size_t size_index) {
@@ -379,12 +385,14 @@ class Bench {
   /// Captures `iters` operations into one graph and returns the median time per operation over
   /// `graph_replays` replays.
   double time_graph(Runner& runner, void* in, void* out, const Shape& s, Measure& m) {
-    // NOTE [graphs of virtual ranks]: instantiating, uploading and destroying a graph can wait
-    // for the device to go idle. Where ranks share a GPU, that never happens while one rank's
-    // kernel spins waiting for a peer whose thread is blocked in such a call. So: no rank
-    // captures while kernels are in flight (the warm-up iterations above), every rank
-    // instantiates and uploads before any rank launches, and each destroys its graph before
-    // the next collective (`measure`).
+    // NOTE [graphs of virtual ranks]: some CUDA calls (instantiating, uploading and destroying
+    // a graph; copies to pageable memory) can wait for the device, or for a lock that a waiting
+    // call holds. Where ranks share a GPU, that wait never ends while one rank's kernel spins
+    // for a peer whose thread is blocked in such a call. So: no rank captures while kernels
+    // are in flight (the warm-up iterations above), every rank instantiates and uploads before
+    // any rank launches, replays start after a barrier with nothing else in between, each rank
+    // destroys its graph before the next collective (`measure`), and the error counter is
+    // host-mapped memory rather than a copy.
     cudaStreamSynchronize(stream_);
     boot_.barrier();
     graph_ = std::make_unique<CapturedGraph>();
@@ -444,18 +452,21 @@ class Bench {
                           std::uint64_t& wrong) {
     auto [in, out] = pointers(s, false);
     const std::uint64_t seed = seed_for(size_index, false, 1000);
-    cudaMemsetAsync(bufs_.wrong, 0, sizeof(unsigned long long), stream_);
+    *bufs_.wrong_host = 0;
     kernels::poison(bufs_.out, bufs_.out_bytes, stream());
     if (o_.op != Collective::kBroadcast || boot_.rank() == o_.root)
       kernels::fill_data(in, o_.dtype, s.in, seed, boot_.rank(), o_.redop, 0, stream());
+    // NOTE [graphs of virtual ranks]: every rank ready before any rank replays, and nothing
+    // but the replay between the barrier and the wait for it.
+    cudaStreamSynchronize(stream_);
+    boot_.barrier();
     cudaGraphLaunch(graph_->exec, stream_);
+    cudaStreamSynchronize(stream_);
     kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), boot_.world_size(), o_.redop,
                         o_.op, o_.root, bufs_.wrong, stream());
-    unsigned long long w = 0;
-    cudaMemcpyAsync(&w, bufs_.wrong, sizeof(w), cudaMemcpyDeviceToHost, stream_);
     if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
       return cudaGetErrorString(e);
-    wrong += w;
+    wrong += bufs_.read_wrong();
     if (runner.group() != nullptr && runner.group()->health() != Status::kOk)
       return runner.group()->last_error();
     return {};
