@@ -13,6 +13,7 @@
 
 #include "bootstrap/launcher.hpp"
 #include "core/cuda_check.hpp"
+#include "core/shared_gpu.hpp"
 
 namespace tpcomm::tools {
 namespace {
@@ -48,15 +49,7 @@ std::string rank_mode(const RankPlan& plan) {
 }
 
 int for_each_rank(const RankPlan& plan, const std::function<int(Bootstrap&, int)>& body) {
-  // Virtual ranks spin on one GPU waiting for each other, and a kernel loaded lazily on its
-  // first launch can wait for the device to go idle meanwhile: load every kernel up front. Two
-  // streams that share a hardware queue are dispatched in submission order, so one rank's
-  // queued kernels can block the peer kernel its running kernel waits for: give every rank's
-  // stream a queue of its own. Both must precede the first CUDA call.
-  if (plan.virtual_ranks > 0) {
-    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-  }
+  if (plan.virtual_ranks > 0) set_shared_gpu_environment();
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("no CUDA device here: nothing to run\n");

@@ -47,6 +47,8 @@ __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams
   const void* in[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) in[r] = p.registered != nullptr ? p.registered->ptr[r] : nullptr;
+  // Read again rather than taken from `in[p.rank]`: a run-time index would move `in` to local
+  // memory.
   f.stage_self = p.registered == nullptr || p.registered->ptr[p.rank] == nullptr;
   __syncthreads();
   f.seq = seq_shared;

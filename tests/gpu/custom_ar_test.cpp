@@ -44,6 +44,26 @@ std::vector<unsigned char> to_host(const void* p, std::size_t bytes) {
   return h;
 }
 
+/// Elements of `out` (`count` of `dtype`) that differ bitwise from the all-reduce of
+/// `fill_data(seed)` inputs over `world` ranks, counted into `counter` (device memory the caller
+/// owns: allocating here could wait for a peer's spinning kernel). Waits for `s`.
+unsigned long long wrong_elements(DeviceBuffer& counter, const void* out, DType dtype,
+                                  std::int64_t count, std::uint64_t seed, int rank, int world,
+                                  Stream s) {
+  auto* wrong = static_cast<unsigned long long*>(counter.get());
+  const auto cs = reinterpret_cast<cudaStream_t>(s);
+  unsigned long long bad = 0;
+  if (cudaMemsetAsync(wrong, 0, sizeof(bad), cs) != cudaSuccess ||
+      kernels::check_data(out, dtype, count, seed, rank, world, ReduceOp::kSum,
+                          kernels::Collective::kAllReduce, 0, wrong, s) != Status::kOk ||
+      cudaStreamSynchronize(cs) != cudaSuccess ||
+      cudaMemcpy(&bad, wrong, sizeof(bad), cudaMemcpyDeviceToHost) != cudaSuccess) {
+    ADD_FAILURE() << "counting wrong elements failed";
+    return ~0ull;
+  }
+  return bad;
+}
+
 /// One exact all-reduce on every rank: fill, poison, reduce, check. Offsets (in elements)
 /// misalign the views; `in_place` reduces `in` into itself. Returns each rank's output bytes
 /// through `outputs` for the cross-rank comparison.
@@ -67,20 +87,12 @@ void run_case(Group& g, int rank, const Case& c, std::uint64_t seed, Stream s,
             Status::kOk);
   ASSERT_EQ(kernels::fill_data(in, c.dtype, c.count, seed, rank, ReduceOp::kSum, 0, s),
             Status::kOk);
-  ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long),
-                            reinterpret_cast<cudaStream_t>(s)),
-            cudaSuccess);
   auto in_view = TensorView::flat(in, c.dtype, c.count, 0);
   auto out_view = TensorView::flat(out, c.dtype, c.count, 0);
   ASSERT_EQ(g.all_reduce(in_view, out_view, s), Status::kOk) << g.last_error();
-  ASSERT_EQ(kernels::check_data(out, c.dtype, c.count, seed, rank, g.world_size(), ReduceOp::kSum,
-                                kernels::Collective::kAllReduce, 0,
-                                static_cast<unsigned long long*>(wrong.get()), s),
-            Status::kOk);
-  ASSERT_EQ(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
+  const unsigned long long bad =
+      wrong_elements(wrong, out, c.dtype, c.count, seed, rank, g.world_size(), s);
   ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
-  unsigned long long bad = 0;
-  ASSERT_EQ(cudaMemcpy(&bad, wrong.get(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(bad, 0u) << "rank " << rank << " count " << c.count << " " << to_string(c.dtype)
                      << " in+" << c.in_offset << " out+" << c.out_offset
                      << (c.in_place ? " in place" : "");
@@ -223,17 +235,11 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
                     Status::kOk);
         }
         ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-        ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long), s), cudaSuccess);
-        for (std::size_t i = 0; i < cases.size(); ++i)
-          ASSERT_EQ(
-              kernels::check_data(out_ptr[i], cases[i].dtype, cases[i].count, seed + i, rank, world,
-                                  ReduceOp::kSum, kernels::Collective::kAllReduce, 0,
-                                  static_cast<unsigned long long*>(wrong.get()), stream.stream()),
-              Status::kOk);
-        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
         unsigned long long bad = 0;
-        ASSERT_EQ(cudaMemcpy(&bad, wrong.get(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+        for (std::size_t i = 0; i < cases.size(); ++i)
+          bad += wrong_elements(wrong, out_ptr[i], cases[i].dtype, cases[i].count, seed + i, rank,
+                                world, stream.stream());
+        ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
         EXPECT_EQ(bad, 0u) << "rank " << rank << " replay " << replay << " register_min "
                            << register_min;
       }
@@ -302,14 +308,10 @@ TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
     // The last replay's output is exact.
-    ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, sizeof(unsigned long long), s), cudaSuccess);
-    ASSERT_EQ(kernels::check_data(out.get(), DType::kBF16, count, seed, rank, world,
-                                  ReduceOp::kSum, kernels::Collective::kAllReduce, 0,
-                                  static_cast<unsigned long long*>(wrong.get()), stream.stream()),
-              Status::kOk);
-    unsigned long long bad = 0;
-    ASSERT_EQ(cudaMemcpy(&bad, wrong.get(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(bad, 0u) << "rank " << rank;
+    EXPECT_EQ(wrong_elements(wrong, out.get(), DType::kBF16, count, seed, rank, world,
+                             stream.stream()),
+              0u)
+        << "rank " << rank;
     for (auto& e : events) cudaEventDestroy(e);
     cudaEventDestroy(marker);
     boot.barrier();  // no rank destroys its graph while a peer's replay may still need it
@@ -473,15 +475,7 @@ TEST(Group, WorldSizeOneCopies) {
     ASSERT_EQ(kernels::poison(b.get(), 4096, stream.stream()), Status::kOk);
     ASSERT_EQ(g.all_reduce(in, out, stream.stream()), Status::kOk);
     ASSERT_EQ(g.all_gather(in, out, stream.stream()), Status::kOk);
-    ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, 8, stream.get()), cudaSuccess);
-    ASSERT_EQ(kernels::check_data(b.get(), DType::kF32, 1000, 5, 0, 1, ReduceOp::kSum,
-                                  kernels::Collective::kAllReduce, 0,
-                                  static_cast<unsigned long long*>(wrong.get()), stream.stream()),
-              Status::kOk);
-    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-    unsigned long long bad = 1;
-    cudaMemcpy(&bad, wrong.get(), 8, cudaMemcpyDeviceToHost);
-    EXPECT_EQ(bad, 0u);
+    EXPECT_EQ(wrong_elements(wrong, b.get(), DType::kF32, 1000, 5, 0, 1, stream.stream()), 0u);
   });
 }
 
@@ -514,15 +508,10 @@ TEST(Group, CallsFromSeveralStreamsAreOrdered) {
     ASSERT_EQ(cudaStreamSynchronize(s2.get()), cudaSuccess);
     ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
     DeviceBuffer wrong(8);
-    ASSERT_EQ(cudaMemset(wrong.get(), 0, 8), cudaSuccess);
+    unsigned long long bad = 0;
     for (int i = 0; i < calls; ++i)
-      ASSERT_EQ(kernels::check_data(outs[i]->get(), DType::kBF16, count, 500 + i, rank, world,
-                                    ReduceOp::kSum, kernels::Collective::kAllReduce, 0,
-                                    static_cast<unsigned long long*>(wrong.get()), s1.stream()),
-                Status::kOk);
-    ASSERT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);
-    unsigned long long bad = 1;
-    cudaMemcpy(&bad, wrong.get(), 8, cudaMemcpyDeviceToHost);
+      bad += wrong_elements(wrong, outs[i]->get(), DType::kBF16, count, 500 + i, rank, world,
+                            s1.stream());
     EXPECT_EQ(bad, 0u);
   });
 }

@@ -5,15 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
+
+#include "core/shared_gpu.hpp"
 
 int main(int argc, char** argv) {
-  // Virtual ranks spin on one GPU waiting for each other; a kernel loaded lazily on its first
-  // launch can wait for the device to go idle meanwhile. Load every kernel up front. And give
-  // every rank's stream a hardware queue of its own: two streams sharing one are dispatched in
-  // submission order, so a rank's queued kernels can block the peer kernel it waits for.
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  tpcomm::set_shared_gpu_environment();  // the tests run virtual ranks
   testing::InitGoogleTest(&argc, argv);
   if (!GTEST_FLAG_GET(list_tests)) {
     int count = 0;
