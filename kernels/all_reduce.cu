@@ -2,6 +2,9 @@
 // Launchers of the custom all-reduce kernels: the one place where they are instantiated.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
+#include "kernels/all_reduce_lamport.cuh"
 #include "kernels/all_reduce_one_shot.cuh"
 #include "kernels/all_reduce_two_shot.cuh"
 #include "kernels/common/dispatch.cuh"
@@ -18,6 +21,10 @@ const void* kernel_of(Algo algo) {
       return reinterpret_cast<const void*>(&all_reduce_one_shot_kernel<T, R>);
     case Algo::kTwoShot:
       return reinterpret_cast<const void*>(&all_reduce_two_shot_kernel<T, R>);
+    case Algo::kLamport:
+      if constexpr (sizeof(T) == 2)
+        return reinterpret_cast<const void*>(&all_reduce_lamport_kernel<T, R>);
+      break;
     case Algo::kNone:
       break;
   }
@@ -40,6 +47,10 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool prog
   if (choice.blocks < 1 || choice.blocks > kMaxBlocks || choice.threads < 32 ||
       choice.threads > 1024 || choice.threads % 32 != 0 || choice.threads < params.world_size)
     return Status::kInvalidArgument;
+  if (choice.algo == Algo::kLamport &&
+      params.count * static_cast<std::int64_t>(dtype_size(params.dtype)) >
+          params.layout.lamport_slot_bytes)
+    return Status::kInvalidArgument;
   const void* kernel = nullptr;
   if (Status s = find_kernel(choice.algo, params.dtype, params.world_size, &kernel);
       s != Status::kOk)
@@ -61,7 +72,8 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool prog
 
 Status preload_all_reduce(int world_size) noexcept {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (Algo a : {Algo::kOneShot, Algo::kTwoShot}) {
+    for (Algo a : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport}) {
+      if (a == Algo::kLamport && t == DType::kF32) continue;  // 16-bit types only
       const void* kernel = nullptr;
       if (Status s = find_kernel(a, t, world_size, &kernel); s != Status::kOk) return s;
       cudaFuncAttributes attributes{};
@@ -78,6 +90,28 @@ int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexc
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess)
     return 0;
   return blocks;
+}
+
+namespace {
+
+__global__ void fill_lamport_empty_kernel(uint4* p, std::int64_t packs) {
+  constexpr std::uint32_t kEmpty2 = kLamportEmpty * 0x10001u;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    p[i] = make_uint4(kEmpty2, kEmpty2, kEmpty2, kEmpty2);
+}
+
+}  // namespace
+
+Status fill_lamport_empty(void* buffers, std::int64_t bytes, Stream stream) noexcept {
+  if (bytes % 16 != 0 || (reinterpret_cast<std::uintptr_t>(buffers) & 15u) != 0)
+    return Status::kInvalidArgument;
+  if (bytes == 0) return Status::kOk;
+  const std::int64_t packs = bytes / 16;
+  const int blocks = static_cast<int>(std::min<std::int64_t>((packs + 255) / 256, 1024));
+  fill_lamport_empty_kernel<<<blocks, 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+      static_cast<uint4*>(buffers), packs);
+  return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 
 }  // namespace tpcomm::kernels

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
     if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait)) return;
     allow_next_launch();
   }
-  end_launch(p.pads[p.rank], f.seq);
+  end_launch(p.pads[p.rank]->seq, f.seq);
 }
 
 }  // namespace tpcomm::kernels

@@ -47,7 +47,8 @@ static_assert(std::is_trivially_copyable_v<AllReduceParams>);
 /// Launches `choice.algo` with `choice.blocks` x `choice.threads` on `stream`; with
 /// `programmatic`, as a programmatic dependent launch (NOTE [programmatic launch] in
 /// kernels/common/sync.cuh). kInvalidArgument for an unsupported dtype/world size/launch shape;
-/// kCudaError when the launch fails. Sum only; f32, f16, bf16; world sizes 2..8.
+/// kCudaError when the launch fails. Sum only; f32, f16, bf16 (Lamport: f16 and bf16, at most
+/// `layout.lamport_slot_bytes`); world sizes 2..8.
 Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool programmatic,
                          Stream stream) noexcept;
 
@@ -55,6 +56,10 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool prog
 /// load one while a peer's kernel spins waiting for it (lazy module loading can wait for the
 /// device to go idle). kCudaError when one cannot be loaded.
 Status preload_all_reduce(int world_size) noexcept;
+
+/// Fills `bytes` bytes (a multiple of 16, 16-byte aligned) of Lamport buffers with the empty
+/// mark (NOTE [lamport] in ipc/layout.hpp).
+Status fill_lamport_empty(void* buffers, std::int64_t bytes, Stream stream) noexcept;
 
 /// Most blocks of `threads` threads of `algo` that one SM can hold at once (occupancy).
 int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexcept;

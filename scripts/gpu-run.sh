@@ -48,7 +48,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   # Small messages: graph-replayed latency at 2, 4 and 8 virtual ranks.
   for r in 2 4 8; do
     step bench "$bin/tpcomm" bench --virtual-ranks "$r" -b 1K -e 8M -f 2 -d bfloat16 --graph \
-      -n 50 -w 5 --graph-replays 20 --algo one_shot,two_shot,auto,memcpy
+      -n 50 -w 5 --graph-replays 20 --algo one_shot,two_shot,lamport,auto,memcpy
   done
   # Large messages far beyond the 60 MB L2: throughput against the device copy.
   step bench env TPCOMM_CUSTOM_AR_MAX_BYTES=512M "$bin/tpcomm" bench --virtual-ranks 8 -b 64M -e 512M -f 2 \

@@ -70,6 +70,9 @@ class Runner {
       case BenchAlgo::kTwoShot:
         opt.algo = AlgoChoice::kTwoShot;
         break;
+      case BenchAlgo::kLamport:
+        opt.algo = AlgoChoice::kLamport;
+        break;
       case BenchAlgo::kNccl:
         opt.algo = AlgoChoice::kNccl;
         break;
@@ -213,7 +216,8 @@ class Bench {
               std::string(to_string(algo)).c_str());
         continue;
       }
-      const bool custom_only = algo == BenchAlgo::kOneShot || algo == BenchAlgo::kTwoShot;
+      const bool custom_only =
+          algo == BenchAlgo::kOneShot || algo == BenchAlgo::kTwoShot || algo == BenchAlgo::kLamport;
       if (custom_only && o_.op != Collective::kAllReduce) {
         if (boot_.rank() == 0)
           std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",

@@ -18,6 +18,7 @@ enum class BenchAlgo : std::uint8_t {
   kAuto,        // the group decides (tuned table, then NCCL)
   kOneShot,     // custom one-shot, pinned
   kTwoShot,     // custom two-shot, pinned
+  kLamport,     // custom Lamport, pinned (f16/bf16 up to its buffers' size)
   kNccl,        // the group, pinned to its NCCL backend
   kNcclDirect,  // ncclAllReduce & co. called directly on an NCCL communicator: the peer
   kMemcpy,      // a device-to-device copy of the same bytes: the one-GPU physical limit

@@ -135,6 +135,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_TUNE_FILE", o.tune_file.empty() ? "(default location)" : o.tune_file},
       {"TPCOMM_CUSTOM_AR_MAX_BYTES", format_bytes(o.custom_ar_max_bytes)},
       {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", format_bytes(o.custom_ar_register_min_bytes)},
+      {"TPCOMM_LAMPORT_MAX_BYTES", format_bytes(o.lamport_max_bytes)},
       {"TPCOMM_DISABLE_CUSTOM_AR", o.disable_custom_ar ? "1" : "0"},
       {"TPCOMM_DISABLE_NCCL", o.disable_nccl ? "1" : "0"},
       {"TPCOMM_PDL", o.programmatic_launch ? "1" : "0"},

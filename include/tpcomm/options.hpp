@@ -23,6 +23,9 @@ enum class AlgoChoice : int {
   kOneShot,
   /// The custom two-shot kernel wherever it can serve.
   kTwoShot,
+  /// The custom Lamport kernel wherever it can serve (f16/bf16 up to `lamport_max_bytes`);
+  /// elsewhere the built-in choice.
+  kLamport,
 };
 
 std::string_view to_string(AlgoChoice a) noexcept;
@@ -43,6 +46,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// | `TPCOMM_TUNE_FILE` | `tune_file` | `$XDG_CACHE_HOME/tpcomm/tune-w<world>-<gpu>.txt` |
 /// | `TPCOMM_CUSTOM_AR_MAX_BYTES` | `custom_ar_max_bytes` | 8 MiB |
 /// | `TPCOMM_CUSTOM_AR_REGISTER_BYTES` | `custom_ar_register_min_bytes` | 2 MiB |
+/// | `TPCOMM_LAMPORT_MAX_BYTES` | `lamport_max_bytes` | 512 KiB |
 /// | `TPCOMM_DISABLE_CUSTOM_AR` | `disable_custom_ar` | 0 |
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
@@ -64,6 +68,9 @@ struct Options {
   /// buffers in place (registered when the scope closes, plus an end barrier); smaller ones copy
   /// into the workspace inside the kernel, which costs less than the extra barrier.
   std::int64_t custom_ar_register_min_bytes = std::int64_t{2} << 20;
+  /// Largest all-reduce, in bytes, that the Lamport kernel serves (0: no Lamport buffers). Each
+  /// rank holds 3 x world size x this many bytes of receive buffers.
+  std::int64_t lamport_max_bytes = std::int64_t{512} << 10;
   bool disable_custom_ar = false;
   bool disable_nccl = false;
   /// Launch the custom kernels as programmatic dependent launches, so that their launch

@@ -72,13 +72,14 @@ __device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code,
   e->code = code;
 }
 
-/// Spins until `*flag` reaches `target` (pattern 2). False when it gave up (NOTE [bounded waits]).
-__device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target,
-                                 const WaitContext& w, int peer) {
-  if (reached(ld_acquire_sys(flag), target)) return true;
+/// Spins until `ready()` returns true. False when it gave up (NOTE [bounded waits]); `peer` is
+/// the rank named in the report.
+template <class Ready>
+__device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, int peer) {
+  if (ready()) return true;
   const std::uint64_t start = globaltimer_ns();
   for (std::uint32_t spins = 1;; ++spins) {
-    if (reached(ld_acquire_sys(flag), target)) return true;
+    if (ready()) return true;
     if ((spins & 63u) == 0) {
       if (w.timeout_ns != 0 && globaltimer_ns() - start > w.timeout_ns) {
         report(w, ErrorWord::kTimeout, peer);
@@ -95,6 +96,12 @@ __device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target
       }
     }
   }
+}
+
+/// Spins until `*flag` reaches `target` (pattern 2). False when it gave up (NOTE [bounded waits]).
+__device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target,
+                                 const WaitContext& w, int peer) {
+  return wait_until([&] { return reached(ld_acquire_sys(flag), target); }, w, peer);
 }
 
 /// Barrier of this block with block `blockIdx.x` of every peer (patterns 1 and 2). `pads[r]`
@@ -125,19 +132,22 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
 // next kernel waits for this one's completion before it touches anything (CUDA's rule for such
 // launches), so it never sees this kernel's output early. Launched without the attribute, both
 // instructions return at once.
-__device__ __forceinline__ void begin_launch() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void begin_launch() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
 
 __device__ __forceinline__ void allow_next_launch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-/// Ends a launch: records the new operation count in every entry this block stands for (NOTE
-/// [signal pad]). Blocks that gave up skip this, so a failed launch leaves counts behind: the
-/// group is unusable after a failure anyway.
-__device__ __forceinline__ void end_launch(SignalPad* self, std::uint32_t seq) {
+/// Ends a launch: records the new operation count in every entry of `counts` (this rank's
+/// `SignalPad::seq` or `lamport_seq`) that this block stands for (NOTE [signal pad]). Blocks
+/// that gave up skip this, so a failed launch leaves counts behind: the group is unusable after
+/// a failure anyway.
+__device__ __forceinline__ void end_launch(std::uint32_t* counts, std::uint32_t seq) {
   for (unsigned i = blockIdx.x + threadIdx.x * gridDim.x; i < kMaxBlocks;
        i += blockDim.x * gridDim.x)
-    self->seq[i] = seq;
+    counts[i] = seq;
 }
 
 }  // namespace tpcomm::kernels

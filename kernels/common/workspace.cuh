@@ -13,10 +13,10 @@ namespace tpcomm::kernels {
 /// What one launch of an all-reduce kernel resolved at its start.
 template <class T, int R>
 struct AllReduceFrame {
-  const T* src[R];     // where rank r's input is read from (registered buffer or staging)
-  T* staging_self;     // this rank's staging half of this operation
-  std::uint32_t seq;   // this operation's number (NOTE [signal pad])
-  bool stage_self;     // this rank copies its input into `staging_self` first
+  const T* src[R];    // where rank r's input is read from (registered buffer or staging)
+  T* staging_self;    // this rank's staging half of this operation
+  std::uint32_t seq;  // this operation's number (NOTE [signal pad])
+  bool stage_self;    // this rank copies its input into `staging_self` first
   WaitContext wait;
 
   __device__ std::uint32_t barrier_value(std::uint32_t phase) const {
@@ -60,15 +60,11 @@ __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams
   return f;
 }
 
-/// Sum of pack `v` over ranks 0..R-1 in that order, accumulated in fp32. The same order on
-/// every rank and in every algorithm, so all outputs are bitwise identical.
+/// Sum of `in[0..R-1]` in that order, accumulated in fp32. The same order on every rank and in
+/// every algorithm, so all outputs are bitwise identical.
 template <class T, int R>
-__device__ __forceinline__ Pack<T> reduce_pack(const T* const* src, std::int64_t v,
-                                               std::int64_t count, bool src_aligned) {
+__device__ __forceinline__ Pack<T> sum_packs(const Pack<T> (&in)[R]) {
   constexpr int W = Pack<T>::kElems;
-  Pack<T> in[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) in[r] = load_pack(src[r], v, count, src_aligned);
   float acc[W];
 #pragma unroll
   for (int i = 0; i < W; ++i) acc[i] = to_float(in[0][i]);
@@ -80,6 +76,16 @@ __device__ __forceinline__ Pack<T> reduce_pack(const T* const* src, std::int64_t
 #pragma unroll
   for (int i = 0; i < W; ++i) out[i] = from_float<T>(acc[i]);
   return out;
+}
+
+/// Sum of pack `v` over ranks 0..R-1 (`sum_packs`).
+template <class T, int R>
+__device__ __forceinline__ Pack<T> reduce_pack(const T* const* src, std::int64_t v,
+                                               std::int64_t count, bool src_aligned) {
+  Pack<T> in[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) in[r] = load_pack(src[r], v, count, src_aligned);
+  return sum_packs<T, R>(in);
 }
 
 template <class T, int R>

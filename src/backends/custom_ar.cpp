@@ -88,6 +88,11 @@ struct CustomAllReduce::Impl {
       auto* pad = reinterpret_cast<SignalPad*>(workspaces[r] + layout.signal);
       TPCOMM_CUDA_CHECK(cudaMemcpy(&pad->probe[rank], &v, sizeof(v), cudaMemcpyHostToDevice));
     }
+    // Every Lamport buffer starts empty (NOTE [lamport]), before any peer can push into it.
+    const std::int64_t lamport_bytes = layout.total - layout.lamport;
+    TPCOMM_CHECK(kernels::fill_lamport_empty(workspaces[rank] + layout.lamport, lamport_bytes,
+                                             nullptr) == Status::kOk,
+                 Status::kCudaError, "emptying the Lamport buffers failed");
     TPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
     TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_host), sizeof(ErrorWord),
                                     cudaHostAllocMapped));
@@ -158,7 +163,9 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   impl->register_min_bytes = options.custom_ar_register_min_bytes;
   impl->programmatic = options.programmatic_launch;
   impl->timeout_ns = static_cast<std::uint64_t>(options.timeout_ms) * 1000000ull;
-  impl->layout = WorkspaceLayout::make(options.custom_ar_max_bytes);
+  impl->layout = WorkspaceLayout::make(
+      options.custom_ar_max_bytes, std::min(options.lamport_max_bytes, options.custom_ar_max_bytes),
+      world);
 
   // All-or-nothing on every rank (it votes internally).
   try {
@@ -208,21 +215,25 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   int per_sm = 64;
-  for (Algo a : {Algo::kOneShot, Algo::kTwoShot})
+  for (Algo a : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport})
     per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a, DType::kBF16, world, 1024));
   const int resident = std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
   SelectorCaps caps{};
   caps.world_size = world;
   caps.custom_available = true;
   caps.max_bytes = options.custom_ar_max_bytes;
+  caps.lamport_max_bytes = impl->layout.lamport_slot_bytes == 0
+                               ? 0
+                               : std::min(options.lamport_max_bytes, options.custom_ar_max_bytes);
   caps.max_blocks = std::min(kMaxBlocks, resident);
   // The smallest of the ranks' limits, so every rank launches the same grid.
   std::int32_t mine = caps.max_blocks;
   for (std::int32_t v : boot.all_gather_value(mine))
     caps.max_blocks = std::min(caps.max_blocks, static_cast<int>(v));
   TPCOMM_LOG_INFO("custom all-reduce ready: rank ", impl->rank, "/", world, ", ",
-                  impl->layout.total, " workspace bytes, up to ", caps.max_blocks,
-                  " blocks per kernel", sharing > 1 ? " (ranks share a GPU)" : "");
+                  impl->layout.total, " workspace bytes (Lamport up to ", caps.lamport_max_bytes,
+                  " bytes), up to ", caps.max_blocks, " blocks per kernel",
+                  sharing > 1 ? " (ranks share a GPU)" : "");
   return std::unique_ptr<CustomAllReduce>(new CustomAllReduce(std::move(impl), caps));
 }
 
@@ -259,7 +270,9 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
   if (Status h = health(); h != Status::kOk) return h;
   Impl& m = *impl_;
   kernels::AllReduceParams p = m.params(in, out);
-  if (capturing && capture_open_ && in.nbytes() >= m.register_min_bytes) {
+  // Lamport always copies the input into the peers' buffers: nothing to register.
+  if (capturing && capture_open_ && choice.algo != Algo::kLamport &&
+      in.nbytes() >= m.register_min_bytes) {
     // Registered (NOTE [staging]): the slot is filled when the scope closes.
     if (next_slot_ >= kRegistrySlots) return Status::kUnsupported;
     p.registered = m.registry + next_slot_;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The custom all-reduce: one-shot and two-shot kernels over peer memory (DESIGN.md §4-6).
+// The custom all-reduce: one-shot, two-shot and Lamport kernels over peer memory (DESIGN.md
+// §4-6).
 #pragma once
 
 #include <cstdint>
@@ -55,7 +56,6 @@ class CustomAllReduce {
   [[nodiscard]] const std::string& error_message() const noexcept { return error_message_; }
   /// Makes every waiting and future kernel of this group give up. Idempotent.
   void abort() noexcept;
-
 
  private:
   struct Impl;

@@ -22,11 +22,12 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-constexpr std::array<std::pair<AlgoChoice, std::string_view>, 4> kAlgoNames{{
+constexpr std::array<std::pair<AlgoChoice, std::string_view>, 5> kAlgoNames{{
     {AlgoChoice::kAuto, "auto"},
     {AlgoChoice::kNccl, "nccl"},
     {AlgoChoice::kOneShot, "one_shot"},
     {AlgoChoice::kTwoShot, "two_shot"},
+    {AlgoChoice::kLamport, "lamport"},
 }};
 
 constexpr std::array<std::pair<LogLevel, std::string_view>, 6> kLevelNames{{
@@ -137,7 +138,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   }
   if (auto v = getenv("TPCOMM_ALGO")) {
     auto a = parse_algo_choice(*v);
-    if (!a) bad("TPCOMM_ALGO", *v, "auto, nccl, one_shot or two_shot");
+    if (!a) bad("TPCOMM_ALGO", *v, "auto, nccl, one_shot, two_shot or lamport");
     o.algo = *a;
   }
   if (auto v = getenv("TPCOMM_TUNE_FILE")) o.tune_file = *v;
@@ -151,6 +152,12 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
     auto b = parse_bytes(*v);
     if (!b) bad("TPCOMM_CUSTOM_AR_REGISTER_BYTES", *v, "a byte count such as 2M (0: always)");
     o.custom_ar_register_min_bytes = *b;
+  }
+  if (auto v = getenv("TPCOMM_LAMPORT_MAX_BYTES")) {
+    auto b = parse_bytes(*v);
+    if (!b || *b % 16 != 0 || *b > (std::int64_t{1} << 30))
+      bad("TPCOMM_LAMPORT_MAX_BYTES", *v, "a multiple of 16 bytes up to 1G such as 512K (0: off)");
+    o.lamport_max_bytes = *b;
   }
   auto flag = [&](const char* name, bool& field) {
     if (auto v = getenv(name)) {

@@ -34,6 +34,10 @@ struct alignas(128) SignalPad {
 
   std::uint32_t flags[kMaxBlocks][kMaxRanks];
   std::uint32_t seq[kMaxBlocks];
+  /// The count of Lamport operations, kept like `seq` (NOTE [lamport]).
+  std::uint32_t lamport_seq[kMaxBlocks];
+  /// Bytes per rank slot that the last Lamport operation using buffer b left in it.
+  std::uint32_t lamport_dirty[4];
   /// Written by peer r through its mapping at setup, read back here: proves that the mapping
   /// really carries data before any kernel relies on it.
   std::uint64_t probe[kMaxRanks];
@@ -61,28 +65,62 @@ static_assert(sizeof(RankPtrs) == kMaxRanks * sizeof(void*));
 // stage only a rank whose own buffer cannot be read in place (misaligned, or in-place, where the
 // output would overwrite what peers read). Either way every rank runs the same barriers.
 
+// NOTE [lamport]
+// The Lamport all-reduce needs no barrier: the data is the flag. Every rank owns three
+// receive buffers, each with one slot per rank, filled with the 16-bit pattern 0x8000 (-0.0 in
+// f16 and bf16), which no slot ever holds once written: senders write -0.0 as +0.0 (the sum is
+// the same). Operation j (counted in `lamport_seq`, the same on every rank) pushes this rank's
+// input into slot `rank` of buffer j % 3 of every rank, then polls its own buffer until no
+// element of a pack it reduces is 0x8000. While its peers' data travels it refills buffer
+// (j - 1) % 3, which operation j - 1 left behind (`lamport_dirty` says how much). Three buffers
+// are enough: a peer can be at most one operation ahead (operation j + 1 needs this rank's
+// input of j + 1), so while this rank works in buffer j % 3 and refills (j - 1) % 3, peers write
+// at most into (j + 1) % 3; and a peer writes buffer (j - 1) % 3 again only in operation j + 2,
+// which starts after it has seen this rank's input of j + 1, pushed by a kernel that starts
+// after this one, refill included, has completed.
+
+/// Receive buffers of the Lamport all-reduce (NOTE [lamport]).
+inline constexpr int kLamportBuffers = 3;
+/// The "not yet written" value of every 16-bit element of a Lamport buffer.
+inline constexpr std::uint16_t kLamportEmpty = 0x8000;
+
 /// Byte offsets of the parts of one rank's workspace (the same on every rank).
 struct WorkspaceLayout {
   std::int64_t signal = 0;      // SignalPad
   std::int64_t staging = 0;     // two halves of `half_bytes`
   std::int64_t scratch = 0;     // two-shot's reduced slices, `half_bytes`
   std::int64_t half_bytes = 0;  // capacity of one staging half, in bytes
+  std::int64_t lamport = 0;     // kLamportBuffers x world_size slots of `lamport_slot_bytes`
+  std::int64_t lamport_slot_bytes = 0;  // capacity of one rank's slot; 0: no Lamport buffers
   std::int64_t total = 0;
 
-  /// The layout for messages of up to `max_bytes` bytes.
-  static constexpr WorkspaceLayout make(std::int64_t max_bytes) {
+  /// The layout for messages of up to `max_bytes` bytes, and Lamport messages of up to
+  /// `lamport_max_bytes` bytes among `world_size` ranks.
+  static constexpr WorkspaceLayout make(std::int64_t max_bytes, std::int64_t lamport_max_bytes = 0,
+                                        int world_size = 0) {
     constexpr std::int64_t kAlign = 256;
+    auto round_up = [](std::int64_t b) { return (b + kAlign - 1) / kAlign * kAlign; };
     WorkspaceLayout l;
-    l.half_bytes = (max_bytes + kAlign - 1) / kAlign * kAlign;
+    l.half_bytes = round_up(max_bytes);
     l.signal = 0;
-    l.staging = (static_cast<std::int64_t>(sizeof(SignalPad)) + kAlign - 1) / kAlign * kAlign;
+    l.staging = round_up(static_cast<std::int64_t>(sizeof(SignalPad)));
     l.scratch = l.staging + 2 * l.half_bytes;
-    l.total = l.scratch + l.half_bytes;
+    l.lamport = l.scratch + l.half_bytes;
+    l.lamport_slot_bytes = round_up(lamport_max_bytes);
+    l.total = l.lamport + kLamportBuffers * world_size * l.lamport_slot_bytes;
     return l;
+  }
+
+  /// Offset of rank `slot`'s slot in Lamport buffer `buffer`.
+  constexpr std::int64_t lamport_slot(int buffer, int slot, int world_size) const {
+    return lamport + (static_cast<std::int64_t>(buffer) * world_size + slot) * lamport_slot_bytes;
   }
 };
 static_assert(WorkspaceLayout::make(100).half_bytes == 256);
 static_assert(WorkspaceLayout::make(8 << 20).scratch % 256 == 0);
+static_assert(WorkspaceLayout::make(100).total == WorkspaceLayout::make(100).lamport);
+static_assert(WorkspaceLayout::make(256, 1000, 4).total ==
+              WorkspaceLayout::make(256).lamport + 3 * 4 * 1024);
 
 /// Where a kernel reports that it gave up waiting. Lives in host-mapped memory: the host reads
 /// it without synchronising. `code` is 0 while healthy; the first block to fail writes it.

@@ -18,9 +18,12 @@ enum class Algo : std::uint8_t {
   kOneShot,
   /// Reduce-scatter, barrier, all-gather: about 2n bytes moved per rank.
   kTwoShot,
+  /// Every rank pushes its input into every peer's receive buffer; the data is the flag, no
+  /// barrier. f16 and bf16 only, up to the Lamport buffers' size.
+  kLamport,
 };
 
-/// "none", "one_shot", "two_shot".
+/// "none", "one_shot", "two_shot", "lamport".
 constexpr std::string_view to_string(Algo a) noexcept {
   switch (a) {
     case Algo::kNone:
@@ -29,13 +32,15 @@ constexpr std::string_view to_string(Algo a) noexcept {
       return "one_shot";
     case Algo::kTwoShot:
       return "two_shot";
+    case Algo::kLamport:
+      return "lamport";
   }
   return "unknown";
 }
 
 /// The inverse of `to_string(Algo)`; exact names only, nullopt for anything else.
 constexpr std::optional<Algo> parse_algo(std::string_view s) noexcept {
-  for (Algo a : {Algo::kNone, Algo::kOneShot, Algo::kTwoShot})
+  for (Algo a : {Algo::kNone, Algo::kOneShot, Algo::kTwoShot, Algo::kLamport})
     if (to_string(a) == s) return a;
   return std::nullopt;
 }

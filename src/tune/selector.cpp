@@ -51,6 +51,8 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
   if (bytes <= 0 || bytes > caps.max_bytes) return Choice{};
   if (bytes % static_cast<std::int64_t>(dtype_size(dtype)) != 0) return Choice{};
 
+  const bool lamport_serves = dtype_size(dtype) == 2 && bytes <= caps.lamport_max_bytes;
+  const Choice fallback = default_choice(bytes, caps.world_size, caps.max_blocks);
   switch (forced) {
     case AlgoChoice::kNccl:
       return Choice{};
@@ -58,13 +60,24 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
       return default_launch(Algo::kOneShot, bytes, caps.world_size, caps.max_blocks);
     case AlgoChoice::kTwoShot:
       return default_launch(Algo::kTwoShot, bytes, caps.world_size, caps.max_blocks);
+    case AlgoChoice::kLamport:
+      return lamport_serves
+                 ? default_launch(Algo::kLamport, bytes, caps.world_size, caps.max_blocks)
+                 : fallback;
     case AlgoChoice::kAuto:
       break;
   }
   if (table != nullptr && table->key().world_size == caps.world_size) {
-    if (auto tuned = table->lookup(bytes)) return clamp_blocks(*tuned, caps.max_blocks);
+    if (auto tuned = table->lookup(bytes)) {
+      if (tuned->algo == Algo::kLamport && !lamport_serves) return fallback;
+      return clamp_blocks(*tuned, caps.max_blocks);
+    }
   }
-  return default_choice(bytes, caps.world_size, caps.max_blocks);
+  const std::int64_t lamport_default =
+      caps.world_size <= 4 ? kLamportMaxBytesUpTo4Ranks : kLamportMaxBytes;
+  if (lamport_serves && bytes <= lamport_default)
+    return default_launch(Algo::kLamport, bytes, caps.world_size, caps.max_blocks);
+  return fallback;
 }
 
 }  // namespace tpcomm

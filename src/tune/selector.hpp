@@ -24,6 +24,9 @@ struct SelectorCaps {
   /// share one GPU, so that every rank's blocks are resident at once and the barriers between
   /// them cannot deadlock.
   int max_blocks = kMaxBlocksPerRank;
+  /// Largest all-reduce the Lamport kernel serves, in bytes (its buffers' slot size); 0 when
+  /// the group has no Lamport buffers.
+  std::int64_t lamport_max_bytes = 0;
 };
 
 /// Block count the vLLM/SGLang kernels never exceed: a grid search on A100-class parts found
@@ -35,10 +38,17 @@ inline constexpr int kDefaultThreads = 512;
 inline constexpr std::int64_t kOneShotMaxBytesUpTo4Ranks = std::int64_t{512} << 10;
 /// Below this size one-shot is the default for 5 to 8 ranks.
 inline constexpr std::int64_t kOneShotMaxBytes = std::int64_t{256} << 10;
+/// Up to this size the Lamport kernel is the default for f16/bf16 with up to 4 ranks, where
+/// the group has Lamport buffers that large (TensorRT-LLM's push one-shot stays ahead of the
+/// pull kernels to about here on H100/H200).
+inline constexpr std::int64_t kLamportMaxBytesUpTo4Ranks = std::int64_t{256} << 10;
+/// Up to this size the Lamport kernel is the default for 5 to 8 ranks.
+inline constexpr std::int64_t kLamportMaxBytes = std::int64_t{64} << 10;
 
 /// The default launch shape of `algo` for a message of `bytes` bytes: `kDefaultThreads`
 /// threads, and one block per `kDefaultThreads` 16-byte vectors of one rank's work — all
-/// ceil(bytes / 16) vectors for one-shot, ceil(that / world_size) for two-shot — clamped to
+/// ceil(bytes / 16) vectors for one-shot and Lamport, ceil(that / world_size) for two-shot —
+/// clamped to
 /// [1, min(max_blocks, kDefaultMaxBlocks)] (a `max_blocks` below 1 counts as 1). `Algo::kNone`
 /// gives `Choice{}`.
 [[nodiscard]] Choice default_launch(Algo algo, std::int64_t bytes, int world_size,
@@ -57,12 +67,15 @@ inline constexpr std::int64_t kOneShotMaxBytes = std::int64_t{256} << 10;
 /// 1. hard requirements, else `kNone`: `caps.custom_available`; 2 <= `caps.world_size` <= 8;
 ///    `caps.max_blocks` >= 1; `dtype` is f32, f16 or bf16; `op` is sum; 0 < `bytes` <=
 ///    `caps.max_bytes` and `bytes` is a whole number of elements;
-/// 2. `forced` (`TPCOMM_ALGO`): `kNccl` gives `kNone`; `kOneShot` / `kTwoShot` give that
-///    algorithm with `default_launch`'s shape;
+/// 2. `forced` (`TPCOMM_ALGO`): `kNccl` gives `kNone`; `kOneShot` / `kTwoShot` / `kLamport`
+///    give that algorithm with `default_launch`'s shape;
 /// 3. `kAuto`: the tuned table's choice when `table` is not null, was tuned for
 ///    `caps.world_size` ranks and covers `bytes` (its choice may be `kNone`: NCCL won that
-///    bucket), else `default_choice`;
-/// 4. in every case `blocks` is clamped to `caps.max_blocks`.
+///    bucket); else Lamport up to `kLamportMaxBytesUpTo4Ranks` (up to 4 ranks) or
+///    `kLamportMaxBytes` (more); else `default_choice`;
+/// 4. Lamport only where it can serve: `dtype` is f16 or bf16 and `bytes` <=
+///    `caps.lamport_max_bytes`; where a forced or tuned Lamport cannot, `default_choice`;
+/// 5. in every case `blocks` is clamped to `caps.max_blocks`.
 ///
 /// Rank invariance (DESIGN.md §3): every rank of a group must take the same path for the same
 /// call, or the job hangs. This function is pure — the same inputs always give the same output,

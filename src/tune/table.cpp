@@ -149,6 +149,7 @@ std::string entry_error(const TuneEntry& e, const TuneEntry* prev) {
       break;
     case Algo::kOneShot:
     case Algo::kTwoShot:
+    case Algo::kLamport:
       if (c.blocks < 1 || c.blocks > kMaxBlocksPerRank)
         return concat("blocks ", c.blocks, " out of range 1..", kMaxBlocksPerRank);
       if (!is_valid_threads(c.threads))
@@ -288,7 +289,8 @@ std::string parse_entry(std::string_view line, TuneEntry* e) {
     return concat("max_bytes ", shown(fields[0]), " is not a positive integer");
   auto algo = parse_algo(fields[1]);
   if (!algo)
-    return concat("unknown algorithm ", shown(fields[1]), " (expected none, one_shot or two_shot)");
+    return concat("unknown algorithm ", shown(fields[1]),
+                  " (expected none, one_shot, two_shot or lamport)");
   auto blocks = parse_int(fields[2]);
   if (!blocks || *blocks < 0 || *blocks > std::numeric_limits<int>::max())
     return concat("blocks ", shown(fields[2]), " is not a whole number");

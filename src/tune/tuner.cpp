@@ -65,12 +65,15 @@ double time_candidate(CustomAllReduce& ar, Bootstrap& boot, const TensorView& in
 
 }  // namespace
 
-std::vector<Choice> tune_candidates(std::int64_t bytes, int world_size, int max_blocks) {
+std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps) {
   std::vector<Choice> out;
+  const int world_size = caps.world_size;
+  const int max_blocks = caps.max_blocks;
   const std::int64_t packs = (bytes + 15) / 16;
-  for (Algo algo : {Algo::kOneShot, Algo::kTwoShot}) {
+  for (Algo algo : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport}) {
+    if (algo == Algo::kLamport && bytes > caps.lamport_max_bytes) continue;
     const std::int64_t work =
-        algo == Algo::kOneShot ? packs : (packs + world_size - 1) / world_size;
+        algo == Algo::kTwoShot ? (packs + world_size - 1) / world_size : packs;
     for (int threads : {256, 512, 1024}) {
       // Blocks beyond one pack per thread only idle; keep one step past that.
       const std::int64_t useful = std::max<std::int64_t>(1, (work + threads - 1) / threads);
@@ -124,7 +127,7 @@ TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int devic
     const std::int64_t count = bytes / 2;
     const auto iv = TensorView::flat(in, DType::kBF16, count, device);
     const auto ov = TensorView::flat(out, DType::kBF16, count, device);
-    const auto candidates = tune_candidates(bytes, caps.world_size, caps.max_blocks);
+    const auto candidates = tune_candidates(bytes, caps);
     std::vector<double> times;
     for (const Choice& c : candidates)
       times.push_back(time_candidate(ar, boot, iv, ov, c, s, start, stop));

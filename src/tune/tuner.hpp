@@ -17,7 +17,9 @@ namespace tpcomm {
 TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int device,
                                  const TuneKey& key);
 
-/// The candidates measured for one bucket, fewest blocks first (so ties go to fewer blocks).
-std::vector<Choice> tune_candidates(std::int64_t bytes, int world_size, int max_blocks);
+/// The candidates measured for one bucket, fewest blocks first (so ties go to fewer blocks):
+/// one-shot, two-shot, and Lamport where `bytes` <= `caps.lamport_max_bytes` (the tuner
+/// measures bf16, which Lamport serves).
+std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps);
 
 }  // namespace tpcomm

@@ -58,7 +58,9 @@ TEST(BenchArgs, AlgorithmLists) {
             (std::vector<BenchAlgo>{BenchAlgo::kOneShot, BenchAlgo::kTwoShot}));
   EXPECT_EQ(parse({"--algo", "nccl-direct,memcpy"}).algos,
             (std::vector<BenchAlgo>{BenchAlgo::kNcclDirect, BenchAlgo::kMemcpy}));
-  EXPECT_EQ(parse({"--algo", "all"}).algos.size(), 6u);
+  EXPECT_EQ(parse({"--algo", "lamport,auto"}).algos,
+            (std::vector<BenchAlgo>{BenchAlgo::kLamport, BenchAlgo::kAuto}));
+  EXPECT_EQ(parse({"--algo", "all"}).algos.size(), 7u);
 }
 
 TEST(BenchArgs, BadInputIsRefused) {

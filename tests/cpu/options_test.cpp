@@ -27,6 +27,7 @@ TEST(Options, Defaults) {
   EXPECT_EQ(o.algo, AlgoChoice::kAuto);
   EXPECT_EQ(o.custom_ar_max_bytes, 8 << 20);
   EXPECT_EQ(o.custom_ar_register_min_bytes, 2 << 20);
+  EXPECT_EQ(o.lamport_max_bytes, 512 << 10);
   EXPECT_FALSE(o.disable_custom_ar);
   EXPECT_FALSE(o.disable_nccl);
   EXPECT_TRUE(o.programmatic_launch);
@@ -41,6 +42,7 @@ TEST(Options, ReadsEveryKnob) {
                     {"TPCOMM_TUNE_FILE", "/tmp/t.txt"},
                     {"TPCOMM_CUSTOM_AR_MAX_BYTES", "16M"},
                     {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", "0"},
+                    {"TPCOMM_LAMPORT_MAX_BYTES", "64K"},
                     {"TPCOMM_DISABLE_CUSTOM_AR", "1"},
                     {"TPCOMM_DISABLE_NCCL", "yes"},
                     {"TPCOMM_PDL", "0"},
@@ -53,6 +55,7 @@ TEST(Options, ReadsEveryKnob) {
   EXPECT_EQ(o.tune_file, "/tmp/t.txt");
   EXPECT_EQ(o.custom_ar_max_bytes, 16 << 20);
   EXPECT_EQ(o.custom_ar_register_min_bytes, 0);
+  EXPECT_EQ(o.lamport_max_bytes, 64 << 10);
   EXPECT_TRUE(o.disable_custom_ar);
   EXPECT_TRUE(o.disable_nccl);
   EXPECT_FALSE(o.programmatic_launch);
@@ -66,6 +69,7 @@ TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
                                                                {"TPCOMM_TIMEOUT_MS", "10s"},
                                                                {"TPCOMM_ALGO", "fastest"},
                                                                {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
+                                                               {"TPCOMM_LAMPORT_MAX_BYTES", "100"},
                                                                {"TPCOMM_DISABLE_NCCL", "maybe"}}) {
     try {
       from({{name, value}});
@@ -75,6 +79,12 @@ TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(Options, LamportSizeIsBounded) {
+  EXPECT_EQ(from({{"TPCOMM_LAMPORT_MAX_BYTES", "0"}}).lamport_max_bytes, 0);
+  EXPECT_EQ(from({{"TPCOMM_LAMPORT_MAX_BYTES", "1G"}}).lamport_max_bytes, std::int64_t{1} << 30);
+  EXPECT_THROW(from({{"TPCOMM_LAMPORT_MAX_BYTES", "2G"}}), Error);
 }
 
 TEST(Parse, Bytes) {

@@ -28,8 +28,9 @@ TuneTable table_for(int world, std::vector<TuneEntry> entries) {
 }
 
 TEST(Algo, NamesRoundTrip) {
-  for (Algo a : {Algo::kNone, Algo::kOneShot, Algo::kTwoShot})
+  for (Algo a : {Algo::kNone, Algo::kOneShot, Algo::kTwoShot, Algo::kLamport})
     EXPECT_EQ(parse_algo(to_string(a)), a);
+  EXPECT_EQ(to_string(Algo::kLamport), "lamport");
   EXPECT_EQ(to_string(Algo::kOneShot), "one_shot");
   EXPECT_EQ(to_string(Algo::kTwoShot), "two_shot");
   EXPECT_EQ(to_string(Algo::kNone), "none");
@@ -163,6 +164,60 @@ TEST(SelectAllReduce, ForcedAlgorithms) {
   EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kTwoShot, &t), (Choice{Algo::kTwoShot, 1, 512}));
   EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kNccl, &t), Choice{});
   EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kAuto, &t), (Choice{Algo::kOneShot, 7, 128}));
+}
+
+// Lamport serves f16/bf16 up to the group's Lamport size: by default for small messages, when
+// forced or tuned; anywhere else the same request gets the built-in one-/two-shot choice.
+TEST(SelectAllReduce, LamportOnlyWhereItCanServe) {
+  SelectorCaps caps = caps8();
+  caps.lamport_max_bytes = 512 * kKiB;
+  auto pick = [&](std::int64_t bytes, DType t, AlgoChoice f, const SelectorCaps& c,
+                  const TuneTable* table = nullptr) {
+    return select_all_reduce(bytes, t, ReduceOp::kSum, c, f, table);
+  };
+  // Defaults: up to 64 KiB for 5-8 ranks, up to 256 KiB for 2-4 ranks.
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps),
+            (Choice{Algo::kLamport, 1, 512}));
+  EXPECT_EQ(pick(kLamportMaxBytes, DType::kF16, AlgoChoice::kAuto, caps).algo, Algo::kLamport);
+  EXPECT_EQ(pick(kLamportMaxBytes + 2, DType::kBF16, AlgoChoice::kAuto, caps),
+            default_choice(kLamportMaxBytes + 2, 8, 128));
+  SelectorCaps caps4 = caps;
+  caps4.world_size = 4;
+  EXPECT_EQ(pick(kLamportMaxBytesUpTo4Ranks, DType::kBF16, AlgoChoice::kAuto, caps4).algo,
+            Algo::kLamport);
+  EXPECT_EQ(pick(kLamportMaxBytesUpTo4Ranks + 2, DType::kBF16, AlgoChoice::kAuto, caps4).algo,
+            Algo::kOneShot);
+  // Never for f32, never past the group's Lamport buffers, never without them.
+  EXPECT_EQ(pick(1 * kKiB, DType::kF32, AlgoChoice::kAuto, caps), default_choice(1 * kKiB, 8, 128));
+  EXPECT_EQ(pick(1 * kKiB, DType::kF32, AlgoChoice::kLamport, caps),
+            default_choice(1 * kKiB, 8, 128));
+  SelectorCaps small = caps;
+  small.lamport_max_bytes = 4 * kKiB;
+  EXPECT_EQ(pick(4 * kKiB, DType::kBF16, AlgoChoice::kAuto, small).algo, Algo::kLamport);
+  EXPECT_EQ(pick(4 * kKiB + 2, DType::kBF16, AlgoChoice::kAuto, small).algo, Algo::kOneShot);
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps8()).algo, Algo::kOneShot);
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, AlgoChoice::kLamport, caps8()).algo, Algo::kOneShot);
+  // Forced: wherever it can serve, with the default launch shape.
+  EXPECT_EQ(pick(512 * kKiB, DType::kBF16, AlgoChoice::kLamport, caps),
+            default_launch(Algo::kLamport, 512 * kKiB, 8, 128));
+  EXPECT_EQ(pick(512 * kKiB + 2, DType::kBF16, AlgoChoice::kLamport, caps),
+            default_choice(512 * kKiB + 2, 8, 128));
+  // Tuned: the table's Lamport where it can serve, the defaults where it cannot.
+  TuneTable t = table_for(8, {{1 * kMiB, Choice{Algo::kLamport, 3, 256}, 1}});
+  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps, &t),
+            (Choice{Algo::kLamport, 3, 256}));
+  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, AlgoChoice::kAuto, caps, &t),
+            default_choice(1 * kMiB, 8, 128));
+  EXPECT_EQ(pick(4 * kKiB, DType::kF32, AlgoChoice::kAuto, caps, &t),
+            default_choice(4 * kKiB, 8, 128));
+  // A table that prefers one-shot keeps it, even where Lamport could serve.
+  TuneTable one = table_for(8, {{1 * kMiB, Choice{Algo::kOneShot, 2, 256}, 1}});
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps, &one),
+            (Choice{Algo::kOneShot, 2, 256}));
+  // Clamped like the others.
+  caps.max_blocks = 2;
+  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps, &t),
+            (Choice{Algo::kLamport, 2, 256}));
 }
 
 TEST(SelectAllReduce, TableWhereItCoversTheSizeDefaultsElsewhere) {

@@ -106,8 +106,7 @@ void expect_identical(const std::vector<std::vector<unsigned char>>& outputs, co
     EXPECT_TRUE(outputs[r] == outputs[0]) << what << ": rank " << r << " differs from rank 0";
 }
 
-class CustomAllReduceSweep
-    : public ::testing::TestWithParam<std::tuple<int, AlgoChoice, bool>> {};
+class CustomAllReduceSweep : public ::testing::TestWithParam<std::tuple<int, AlgoChoice, bool>> {};
 
 TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
   const auto [world, algo, programmatic] = GetParam();
@@ -131,14 +130,16 @@ TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
   run_ranks(world, [&](int rank, Bootstrap& boot) {
     Options o = options_for(algo, max_bytes);
     o.programmatic_launch = programmatic;
+    o.lamport_max_bytes = max_bytes;
     Group g(boot, 0, o);
     StreamHolder stream;
-    const std::string expected =
-        algo == AlgoChoice::kOneShot ? "custom_ar:one_shot" : "custom_ar:two_shot";
     for (std::size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
       auto v = TensorView::flat(reinterpret_cast<void*>(256), c.dtype, c.count, 0);
-      EXPECT_EQ(g.backend_for_all_reduce(v, v), expected);
+      // Lamport serves 16-bit types; f32 gets the built-in choice.
+      if (algo != AlgoChoice::kLamport || c.dtype != DType::kF32) {
+        EXPECT_EQ(g.backend_for_all_reduce(v, v), "custom_ar:" + std::string(to_string(algo)));
+      }
       run_case(g, rank, c, seeds[i], stream.stream(), outputs, m);
       boot.barrier();
       if (rank == 0) expect_identical(outputs, "case");
@@ -150,7 +151,8 @@ TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
 INSTANTIATE_TEST_SUITE_P(Worlds, CustomAllReduceSweep,
                          ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
                                             ::testing::Values(AlgoChoice::kOneShot,
-                                                              AlgoChoice::kTwoShot),
+                                                              AlgoChoice::kTwoShot,
+                                                              AlgoChoice::kLamport),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return "world" + std::to_string(std::get<0>(info.param)) + "_" +
@@ -252,15 +254,15 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
 // What a benchmark or a decode loop does: eager calls, then a graph of many calls replayed back
 // to back, with or without an event recorded inside the graph, and timing events between the
 // replays. Every replay must finish (nothing waits out a deadline) with exact results.
-class GraphReplays : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
+class GraphReplays : public ::testing::TestWithParam<std::tuple<int, bool, bool, AlgoChoice>> {};
 
 TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
-  const auto [world, eager_first, event_in_graph] = GetParam();
+  const auto [world, eager_first, event_in_graph, algo] = GetParam();
   const std::int64_t count = 512;
   const int ops = 50, replays = 20;
   const std::uint64_t seed = fresh_seed();
   run_ranks(world, [&](int rank, Bootstrap& boot) {
-    Options o = options_for(AlgoChoice::kOneShot);
+    Options o = options_for(algo);
     o.timeout_ms = 3000;
     Group g(boot, 0, o);
     StreamHolder stream;
@@ -308,9 +310,9 @@ TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
     // The last replay's output is exact.
-    EXPECT_EQ(wrong_elements(wrong, out.get(), DType::kBF16, count, seed, rank, world,
-                             stream.stream()),
-              0u)
+    EXPECT_EQ(
+        wrong_elements(wrong, out.get(), DType::kBF16, count, seed, rank, world, stream.stream()),
+        0u)
         << "rank " << rank;
     for (auto& e : events) cudaEventDestroy(e);
     cudaEventDestroy(marker);
@@ -320,14 +322,119 @@ TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GraphReplays,
-                         ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Bool(),
-                                            ::testing::Bool()),
-                         [](const auto& info) {
-                           return "world" + std::to_string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_eager_first" : "") +
-                                  (std::get<2>(info.param) ? "_event_in_graph" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GraphReplays,
+    ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Bool(), ::testing::Bool(),
+                       ::testing::Values(AlgoChoice::kOneShot, AlgoChoice::kLamport)),
+    [](const auto& info) {
+      return "world" + std::to_string(std::get<0>(info.param)) +
+             (std::get<1>(info.param) ? "_eager_first" : "") +
+             (std::get<2>(info.param) ? "_event_in_graph" : "") + "_" +
+             std::string(to_string(std::get<3>(info.param)));
+    });
+
+// The Lamport buffers rotate and are refilled with the empty mark behind each operation: a
+// long run of back-to-back operations whose sizes grow and shrink, each with fresh inputs, in
+// place or not, aligned or not, must be exact every time (data left behind by an earlier
+// operation would be taken for a peer's input).
+TEST(Lamport, BuffersAreReusedCleanlyAcrossSizes) {
+  const int world = 4;
+  const std::int64_t sizes[] = {65536, 8, 4097, 1000, 65536, 1, 33000, 63, 2048, 65535};
+  const int ops = 40;
+  std::vector<std::uint64_t> seeds;
+  for (int i = 0; i < ops; ++i) seeds.push_back(fresh_seed());
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    Group g(boot, 0, options_for(AlgoChoice::kLamport, 1 << 20));
+    StreamHolder stream;
+    struct Op {
+      std::int64_t n;
+      DType t;
+      std::unique_ptr<DeviceBuffer> in, out;
+      void* ip;
+      void* op;
+    };
+    std::vector<Op> all;
+    for (int i = 0; i < ops; ++i) {
+      Op o{sizes[i % std::size(sizes)],
+           i % 3 == 0 ? DType::kF16 : DType::kBF16,
+           std::make_unique<DeviceBuffer>(65536 * 2 + 64),
+           std::make_unique<DeviceBuffer>(65536 * 2 + 64),
+           nullptr,
+           nullptr};
+      // Every fifth operation in place, every seventh with misaligned buffers.
+      o.ip = o.in->bytes_ptr() + (i % 7 == 6 ? 2 : 0);
+      o.op = i % 5 == 4 ? o.ip : o.out->bytes_ptr() + (i % 7 == 6 ? 6 : 0);
+      ASSERT_EQ(
+          kernels::poison(o.out->get(), static_cast<std::int64_t>(o.out->size()), stream.stream()),
+          Status::kOk);
+      ASSERT_EQ(
+          kernels::fill_data(o.ip, o.t, o.n, seeds[i], rank, ReduceOp::kSum, 0, stream.stream()),
+          Status::kOk);
+      all.push_back(std::move(o));
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    boot.barrier();
+    for (const Op& o : all)
+      ASSERT_EQ(g.all_reduce(TensorView::flat(o.ip, o.t, o.n, 0),
+                             TensorView::flat(o.op, o.t, o.n, 0), stream.stream()),
+                Status::kOk)
+          << g.last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+    DeviceBuffer wrong(sizeof(unsigned long long));
+    for (int i = 0; i < ops; ++i)
+      EXPECT_EQ(wrong_elements(wrong, all[i].op, all[i].t, all[i].n, seeds[i], rank, world,
+                               stream.stream()),
+                0u)
+          << "rank " << rank << " operation " << i << " count " << all[i].n;
+    boot.barrier();
+  });
+}
+
+// -0.0 is the empty mark of the Lamport buffers: inputs holding it are sent as +0.0, so the
+// operation still completes (instead of waiting for data that looks unwritten) with the right
+// sums, and every rank's output is bitwise the same.
+TEST(Lamport, NegativeZeroInputsDoNotStall) {
+  const int world = 4;
+  const std::int64_t count = 4099;
+  std::vector<std::vector<std::uint16_t>> outputs(world);
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    Options o = options_for(AlgoChoice::kLamport);
+    o.timeout_ms = 3000;
+    Group g(boot, 0, o);
+    StreamHolder stream;
+    // Even elements are -0.0 on every rank; odd ones small integers (exact in bf16).
+    std::vector<std::uint16_t> host(count);
+    for (std::int64_t i = 0; i < count; ++i) {
+      const float v = static_cast<float>(rank + i % 7);
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &v, 4);
+      host[static_cast<std::size_t>(i)] =
+          i % 2 == 0 ? std::uint16_t{0x8000} : static_cast<std::uint16_t>(bits >> 16);
+    }
+    DeviceBuffer in(count * 2), out(count * 2);
+    ASSERT_EQ(cudaMemcpy(in.get(), host.data(), count * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), DType::kBF16, count, 0),
+                           TensorView::flat(out.get(), DType::kBF16, count, 0), stream.stream()),
+              Status::kOk);
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+    std::vector<std::uint16_t> got(count);
+    ASSERT_EQ(cudaMemcpy(got.data(), out.get(), count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    int bad = 0;
+    for (std::int64_t i = 0; i < count; ++i) {
+      float expected = 0;
+      for (int r = 0; r < world; ++r) expected += i % 2 == 0 ? 0.0f : static_cast<float>(r + i % 7);
+      const std::uint32_t bits = static_cast<std::uint32_t>(got[static_cast<std::size_t>(i)]) << 16;
+      float value = 0;
+      std::memcpy(&value, &bits, 4);
+      if (value != expected) ++bad;
+    }
+    EXPECT_EQ(bad, 0) << "rank " << rank;
+    outputs[static_cast<std::size_t>(rank)] = std::move(got);
+  });
+  for (int r = 1; r < world; ++r) EXPECT_TRUE(outputs[r] == outputs[0]) << "rank " << r;
+}
 
 // Registration is collective: a rank that captured a different number of calls fails every
 // rank with a clear error instead of corrupting memory.
@@ -358,41 +465,43 @@ TEST(CustomAllReduce, CaptureCountMismatchFailsEveryRank) {
 // group reports kTimeout naming the missing rank, and a new group works afterwards.
 TEST(CustomAllReduce, MissingRankTimesOutAndGroupCanBeRebuilt) {
   const int world = 4;
-  run_ranks(world, [&](int rank, Bootstrap& boot) {
-    StreamHolder stream;
-    DeviceBuffer in(1 << 16), out(1 << 16);
-    auto iv = TensorView::flat(in.get(), DType::kBF16, 1 << 15, 0);
-    auto ov = TensorView::flat(out.get(), DType::kBF16, 1 << 15, 0);
-    {
-      Options o = options_for(AlgoChoice::kOneShot);
-      o.timeout_ms = 500;
-      Group g(boot, 0, o);
-      boot.barrier();
-      const auto start = std::chrono::steady_clock::now();
-      if (rank != 0) {
-        // Operations queued behind the one that times out give up with it, instead of each
-        // waiting out the deadline (20 x 0.5 s).
-        ASSERT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kOk);
-        for (int i = 0; i < 19; ++i) {
-          const Status s = g.all_reduce(iv, ov, stream.stream());
-          ASSERT_TRUE(s == Status::kOk || s == Status::kTimeout) << to_string(s);
+  for (AlgoChoice algo : {AlgoChoice::kOneShot, AlgoChoice::kLamport})
+    run_ranks(world, [&](int rank, Bootstrap& boot) {
+      SCOPED_TRACE(std::string(to_string(algo)));
+      StreamHolder stream;
+      DeviceBuffer in(1 << 16), out(1 << 16);
+      auto iv = TensorView::flat(in.get(), DType::kBF16, 1 << 15, 0);
+      auto ov = TensorView::flat(out.get(), DType::kBF16, 1 << 15, 0);
+      {
+        Options o = options_for(algo);
+        o.timeout_ms = 500;
+        Group g(boot, 0, o);
+        boot.barrier();
+        const auto start = std::chrono::steady_clock::now();
+        if (rank != 0) {
+          // Operations queued behind the one that times out give up with it, instead of each
+          // waiting out the deadline (20 x 0.5 s).
+          ASSERT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kOk);
+          for (int i = 0; i < 19; ++i) {
+            const Status s = g.all_reduce(iv, ov, stream.stream());
+            ASSERT_TRUE(s == Status::kOk || s == Status::kTimeout) << to_string(s);
+          }
+          ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+          const double waited =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          EXPECT_LT(waited, 5.0);
+          EXPECT_EQ(g.health(), Status::kTimeout);
+          EXPECT_NE(g.last_error().find("waiting for rank 0"), std::string::npos) << g.last_error();
+          // Sticky: every later call answers the same.
+          EXPECT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kTimeout);
         }
-        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-        const double waited =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        EXPECT_LT(waited, 5.0);
-        EXPECT_EQ(g.health(), Status::kTimeout);
-        EXPECT_NE(g.last_error().find("waiting for rank 0"), std::string::npos) << g.last_error();
-        // Sticky: every later call answers the same.
-        EXPECT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kTimeout);
+        boot.barrier();
       }
-      boot.barrier();
-    }
-    Group fresh(boot, 0, options_for(AlgoChoice::kTwoShot));
-    std::vector<std::vector<unsigned char>> outputs(world);
-    std::mutex m;
-    run_case(fresh, rank, {5000, DType::kBF16}, 42, stream.stream(), outputs, m);
-  });
+      Group fresh(boot, 0, options_for(AlgoChoice::kTwoShot));
+      std::vector<std::vector<unsigned char>> outputs(world);
+      std::mutex m;
+      run_case(fresh, rank, {5000, DType::kBF16}, 42, stream.stream(), outputs, m);
+    });
 }
 
 // abort() makes a waiting kernel give up long before the deadline.
@@ -457,7 +566,9 @@ TEST(Group, NoBackendForOversizedMessageWithoutNccl) {
     EXPECT_EQ(g.all_reduce(big, big, stream.stream()), Status::kUnsupported);
     EXPECT_EQ(g.health(), Status::kOk);
     auto small = TensorView::flat(a.get(), DType::kBF16, 1024, 0);
-    EXPECT_EQ(g.backend_for_all_reduce(small, small), "custom_ar:one_shot");
+    EXPECT_EQ(g.backend_for_all_reduce(small, small), "custom_ar:lamport");
+    auto small_f32 = TensorView::flat(a.get(), DType::kF32, 1024, 0);
+    EXPECT_EQ(g.backend_for_all_reduce(small_f32, small_f32), "custom_ar:one_shot");
   });
 }
 

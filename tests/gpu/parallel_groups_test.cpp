@@ -38,7 +38,7 @@ TEST(ParallelGroups, MoeGroupsFromOneWorld) {
     StreamHolder stream;
     DeviceBuffer buf(4096), wrong(8);
     auto v = TensorView::flat(buf.get(), DType::kBF16, 1024, 0);
-    EXPECT_EQ(pg.tp().backend_for_all_reduce(v, v), "custom_ar:one_shot");
+    EXPECT_EQ(pg.tp().backend_for_all_reduce(v, v), "custom_ar:lamport");
     EXPECT_EQ(pg.moe_ep().backend_for_all_reduce(v, v), "none");
     ASSERT_EQ(kernels::fill_data(buf.get(), DType::kBF16, 1024, 11, rank, ReduceOp::kSum, 0,
                                  stream.stream()),
