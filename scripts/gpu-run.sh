@@ -44,6 +44,18 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
     "$bin/tpcomm_mgpu_tests" --gtest_filter='*DeadPeer*'
 fi
 
+if { [ "$what" = all ] || [ "$what" = bench ]; } && [ "$gpus" -ge 2 ]; then
+  # Several GPUs over NVLink: one process per GPU, every algorithm against NCCL called directly,
+  # graph-replayed, 1 KiB to 256 MiB (the custom kernels up to TPCOMM_CUSTOM_AR_MAX_BYTES).
+  step bench "$bin/tpcomm" bench -g "$gpus" -b 1K -e 256M -f 2 -d bfloat16 --graph -n 50 -w 5 \
+    --graph-replays 20 --algo lamport,one_shot,two_shot,auto,nccl,nccl_direct \
+    --json "$out/bench-g$gpus.json"
+  step tune env TPCOMM_TUNE_FILE="/tmp/tpcomm-tune-g$gpus.txt" "$bin/tpcomm" tune -g "$gpus"
+  # The tuned table in use: auto again, now reading the table tune just wrote.
+  step bench env TPCOMM_TUNE_FILE="/tmp/tpcomm-tune-g$gpus.txt" "$bin/tpcomm" bench -g "$gpus" \
+    -b 1K -e 16M -f 2 -d bfloat16 --graph -n 50 -w 5 --graph-replays 20 --algo auto,nccl_direct
+fi
+
 if [ "$what" = all ] || [ "$what" = bench ]; then
   # Small messages: graph-replayed latency at 2, 4 and 8 virtual ranks.
   for r in 2 4 8; do
