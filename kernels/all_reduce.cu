@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "kernels/all_reduce_lamport.cuh"
+#include "kernels/all_reduce_lamport_two_shot.cuh"
 #include "kernels/all_reduce_one_shot.cuh"
 #include "kernels/all_reduce_two_shot.cuh"
 #include "kernels/common/dispatch.cuh"
@@ -24,6 +25,10 @@ const void* kernel_of(Algo algo) {
     case Algo::kLamport:
       if constexpr (sizeof(T) == 2)
         return reinterpret_cast<const void*>(&all_reduce_lamport_kernel<T, R>);
+      break;
+    case Algo::kLamportTwoShot:
+      if constexpr (sizeof(T) == 2)
+        return reinterpret_cast<const void*>(&all_reduce_lamport_two_shot_kernel<T, R>);
       break;
     case Algo::kNone:
       break;
@@ -47,9 +52,10 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool prog
   if (choice.blocks < 1 || choice.blocks > kMaxBlocks || choice.threads < 32 ||
       choice.threads > 1024 || choice.threads % 32 != 0 || choice.threads < params.world_size)
     return Status::kInvalidArgument;
-  if (choice.algo == Algo::kLamport &&
-      params.count * static_cast<std::int64_t>(dtype_size(params.dtype)) >
-          params.layout.lamport_slot_bytes)
+  const std::int64_t bytes = params.count * static_cast<std::int64_t>(dtype_size(params.dtype));
+  if ((choice.algo == Algo::kLamport && bytes > params.layout.lamport_slot_bytes) ||
+      (choice.algo == Algo::kLamportTwoShot &&
+       lamport_two_shot_slot_bytes(bytes, params.world_size) > params.layout.lamport_slot_bytes))
     return Status::kInvalidArgument;
   const void* kernel = nullptr;
   if (Status s = find_kernel(choice.algo, params.dtype, params.world_size, &kernel);
@@ -72,8 +78,8 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool prog
 
 Status preload_all_reduce(int world_size) noexcept {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (Algo a : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport}) {
-      if (a == Algo::kLamport && t == DType::kF32) continue;  // 16-bit types only
+    for (Algo a : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport, Algo::kLamportTwoShot}) {
+      if (is_lamport(a) && t == DType::kF32) continue;  // 16-bit types only
       const void* kernel = nullptr;
       if (Status s = find_kernel(a, t, world_size, &kernel); s != Status::kOk) return s;
       cudaFuncAttributes attributes{};

@@ -47,7 +47,7 @@ static_assert(std::is_trivially_copyable_v<AllReduceParams>);
 /// Launches `choice.algo` with `choice.blocks` x `choice.threads` on `stream`; with
 /// `programmatic`, as a programmatic dependent launch (NOTE [programmatic launch] in
 /// kernels/common/sync.cuh). kInvalidArgument for an unsupported dtype/world size/launch shape;
-/// kCudaError when the launch fails. Sum only; f32, f16, bf16 (Lamport: f16 and bf16, at most
+/// kCudaError when the launch fails. Sum only; f32, f16, bf16 (Lamport: f16 and bf16 that fit
 /// `layout.lamport_slot_bytes`); world sizes 2..8.
 Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool programmatic,
                          Stream stream) noexcept;

@@ -48,7 +48,7 @@ if { [ "$what" = all ] || [ "$what" = bench ]; } && [ "$gpus" -ge 2 ]; then
   # Several GPUs over NVLink: one process per GPU, every algorithm against NCCL called directly,
   # graph-replayed, 1 KiB to 256 MiB (the custom kernels up to TPCOMM_CUSTOM_AR_MAX_BYTES).
   step bench "$bin/tpcomm" bench -g "$gpus" -b 1K -e 256M -f 2 -d bfloat16 --graph -n 50 -w 5 \
-    --graph-replays 20 --algo lamport,one_shot,two_shot,auto,nccl,nccl_direct \
+    --graph-replays 20 --algo lamport,lamport_two_shot,one_shot,two_shot,auto,nccl,nccl_direct \
     --json "$out/bench-g$gpus.json"
   step tune env TPCOMM_TUNE_FILE="/tmp/tpcomm-tune-g$gpus.txt" "$bin/tpcomm" tune -g "$gpus"
   # The tuned table in use: auto again, now reading the table tune just wrote.
@@ -60,7 +60,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   # Small messages: graph-replayed latency at 2, 4 and 8 virtual ranks.
   for r in 2 4 8; do
     step bench "$bin/tpcomm" bench --virtual-ranks "$r" -b 1K -e 8M -f 2 -d bfloat16 --graph \
-      -n 50 -w 5 --graph-replays 20 --algo one_shot,two_shot,lamport,auto,memcpy
+      -n 50 -w 5 --graph-replays 20 --algo one_shot,two_shot,lamport,lamport_two_shot,auto,memcpy
   done
   # Large messages far beyond the 60 MB L2: throughput against the device copy.
   step bench env TPCOMM_CUSTOM_AR_MAX_BYTES=512M "$bin/tpcomm" bench --virtual-ranks 8 -b 64M -e 512M -f 2 \

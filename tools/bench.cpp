@@ -73,6 +73,9 @@ class Runner {
       case BenchAlgo::kLamport:
         opt.algo = AlgoChoice::kLamport;
         break;
+      case BenchAlgo::kLamportTwoShot:
+        opt.algo = AlgoChoice::kLamportTwoShot;
+        break;
       case BenchAlgo::kNccl:
         opt.algo = AlgoChoice::kNccl;
         break;
@@ -216,8 +219,8 @@ class Bench {
               std::string(to_string(algo)).c_str());
         continue;
       }
-      const bool custom_only =
-          algo == BenchAlgo::kOneShot || algo == BenchAlgo::kTwoShot || algo == BenchAlgo::kLamport;
+      const bool custom_only = algo == BenchAlgo::kOneShot || algo == BenchAlgo::kTwoShot ||
+                               algo == BenchAlgo::kLamport || algo == BenchAlgo::kLamportTwoShot;
       if (custom_only && o_.op != Collective::kAllReduce) {
         if (boot_.rank() == 0)
           std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",

@@ -10,11 +10,12 @@
 namespace tpcomm::tools {
 namespace {
 
-constexpr std::array<std::pair<BenchAlgo, std::string_view>, 7> kAlgoNames{{
+constexpr std::array<std::pair<BenchAlgo, std::string_view>, 8> kAlgoNames{{
     {BenchAlgo::kAuto, "auto"},
     {BenchAlgo::kOneShot, "one_shot"},
     {BenchAlgo::kTwoShot, "two_shot"},
     {BenchAlgo::kLamport, "lamport"},
+    {BenchAlgo::kLamportTwoShot, "lamport_two_shot"},
     {BenchAlgo::kNccl, "nccl"},
     {BenchAlgo::kNcclDirect, "nccl_direct"},
     {BenchAlgo::kMemcpy, "memcpy"},
@@ -129,12 +130,13 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
                throw CLI::ValidationError(
                    "--algo",
                    "unknown algorithm " + n +
-                       " (auto, one_shot, two_shot, lamport, nccl, nccl_direct, memcpy, all)");
+                       " (auto, one_shot, two_shot, lamport, lamport_two_shot, nccl, nccl_direct, "
+                       "memcpy, all)");
              o.algos.push_back(it->second);
            }
          },
-         "how to serve the collective, comma-separated: auto, one_shot, two_shot, lamport "
-         "(f16/bf16; other types get the built-in choice), nccl, nccl_direct, "
+         "how to serve the collective, comma-separated: auto, one_shot, two_shot, lamport, "
+         "lamport_two_shot (f16/bf16; other types get the built-in choice), nccl, nccl_direct, "
          "memcpy (a device copy of the same bytes, for reference), all")
       ->delimiter(',');
   cmd.add_option("--json", o.json, "also write the results as JSON to this file");

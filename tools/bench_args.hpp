@@ -15,13 +15,14 @@ namespace tpcomm::tools {
 
 /// How an all-reduce is served in a benchmark row.
 enum class BenchAlgo : std::uint8_t {
-  kAuto,        // the group decides (tuned table, then NCCL)
-  kOneShot,     // custom one-shot, pinned
-  kTwoShot,     // custom two-shot, pinned
-  kLamport,     // custom Lamport, pinned (f16/bf16 up to its buffers' size)
-  kNccl,        // the group, pinned to its NCCL backend
-  kNcclDirect,  // ncclAllReduce & co. called directly on an NCCL communicator: the peer
-  kMemcpy,      // a device-to-device copy of the same bytes: the one-GPU physical limit
+  kAuto,            // the group decides (tuned table, then NCCL)
+  kOneShot,         // custom one-shot, pinned
+  kTwoShot,         // custom two-shot, pinned
+  kLamport,         // custom Lamport, pinned (f16/bf16 up to its buffers' size)
+  kLamportTwoShot,  // custom Lamport two-shot, pinned (likewise)
+  kNccl,            // the group, pinned to its NCCL backend
+  kNcclDirect,      // ncclAllReduce & co. called directly on an NCCL communicator: the peer
+  kMemcpy,          // a device-to-device copy of the same bytes: the one-GPU physical limit
 };
 
 std::string_view to_string(BenchAlgo a) noexcept;

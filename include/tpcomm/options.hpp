@@ -26,6 +26,9 @@ enum class AlgoChoice : int {
   /// The custom Lamport kernel wherever it can serve (f16/bf16 up to `lamport_max_bytes`);
   /// elsewhere the built-in choice.
   kLamport,
+  /// The custom Lamport two-shot kernel wherever it can serve (f16/bf16 whose slices fit the
+  /// Lamport buffers); elsewhere the built-in choice.
+  kLamportTwoShot,
 };
 
 std::string_view to_string(AlgoChoice a) noexcept;

@@ -215,7 +215,7 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   int per_sm = 64;
-  for (Algo a : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport})
+  for (Algo a : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport, Algo::kLamportTwoShot})
     per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a, DType::kBF16, world, 1024));
   const int resident = std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
   SelectorCaps caps{};
@@ -271,7 +271,7 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
   Impl& m = *impl_;
   kernels::AllReduceParams p = m.params(in, out);
   // Lamport always copies the input into the peers' buffers: nothing to register.
-  if (capturing && capture_open_ && choice.algo != Algo::kLamport &&
+  if (capturing && capture_open_ && !is_lamport(choice.algo) &&
       in.nbytes() >= m.register_min_bytes) {
     // Registered (NOTE [staging]): the slot is filled when the scope closes.
     if (next_slot_ >= kRegistrySlots) return Status::kUnsupported;

@@ -22,12 +22,13 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-constexpr std::array<std::pair<AlgoChoice, std::string_view>, 5> kAlgoNames{{
+constexpr std::array<std::pair<AlgoChoice, std::string_view>, 6> kAlgoNames{{
     {AlgoChoice::kAuto, "auto"},
     {AlgoChoice::kNccl, "nccl"},
     {AlgoChoice::kOneShot, "one_shot"},
     {AlgoChoice::kTwoShot, "two_shot"},
     {AlgoChoice::kLamport, "lamport"},
+    {AlgoChoice::kLamportTwoShot, "lamport_two_shot"},
 }};
 
 constexpr std::array<std::pair<LogLevel, std::string_view>, 6> kLevelNames{{
@@ -138,7 +139,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   }
   if (auto v = getenv("TPCOMM_ALGO")) {
     auto a = parse_algo_choice(*v);
-    if (!a) bad("TPCOMM_ALGO", *v, "auto, nccl, one_shot, two_shot or lamport");
+    if (!a) bad("TPCOMM_ALGO", *v, "auto, nccl, one_shot, two_shot, lamport or lamport_two_shot");
     o.algo = *a;
   }
   if (auto v = getenv("TPCOMM_TUNE_FILE")) o.tune_file = *v;

@@ -77,12 +77,23 @@ static_assert(sizeof(RankPtrs) == kMaxRanks * sizeof(void*));
 // input of j + 1), so while this rank works in buffer j % 3 and refills (j - 1) % 3, peers write
 // at most into (j + 1) % 3; and a peer writes buffer (j - 1) % 3 again only in operation j + 2,
 // which starts after it has seen this rank's input of j + 1, pushed by a kernel that starts
-// after this one, refill included, has completed.
+// after this one, refill included, has completed. The Lamport two-shot keeps the same rotation:
+// its slots hold the pushed slices first and the pushed sums after them, and no rank finishes
+// an operation before every rank has pushed into it.
 
 /// Receive buffers of the Lamport all-reduce (NOTE [lamport]).
 inline constexpr int kLamportBuffers = 3;
 /// The "not yet written" value of every 16-bit element of a Lamport buffer.
 inline constexpr std::uint16_t kLamportEmpty = 0x8000;
+
+/// Bytes of every slot that the Lamport two-shot uses for a message of `bytes` bytes among
+/// `world_size` ranks: one slice of 16-byte packs pushed in, one slice of sums pushed back.
+constexpr std::int64_t lamport_two_shot_slot_bytes(std::int64_t bytes, int world_size) {
+  const std::int64_t packs = (bytes + 15) / 16;
+  return 2 * ((packs + world_size - 1) / world_size) * 16;
+}
+static_assert(lamport_two_shot_slot_bytes(1 << 20, 8) == 256 << 10);
+static_assert(lamport_two_shot_slot_bytes(17, 4) == 32);
 
 /// Byte offsets of the parts of one rank's workspace (the same on every rank).
 struct WorkspaceLayout {

@@ -21,9 +21,19 @@ enum class Algo : std::uint8_t {
   /// Every rank pushes its input into every peer's receive buffer; the data is the flag, no
   /// barrier. f16 and bf16 only, up to the Lamport buffers' size.
   kLamport,
+  /// Rank s reduces slice s of every rank's pushed input and pushes the sum to every rank; no
+  /// barrier either, about 2n bytes sent per rank. f16 and bf16 only, up to the Lamport
+  /// buffers' size.
+  kLamportTwoShot,
 };
 
-/// "none", "one_shot", "two_shot", "lamport".
+/// True for the algorithms that push into the Lamport buffers (and so never read the caller's
+/// buffers from a peer).
+constexpr bool is_lamport(Algo a) noexcept {
+  return a == Algo::kLamport || a == Algo::kLamportTwoShot;
+}
+
+/// "none", "one_shot", "two_shot", "lamport", "lamport_two_shot".
 constexpr std::string_view to_string(Algo a) noexcept {
   switch (a) {
     case Algo::kNone:
@@ -34,13 +44,16 @@ constexpr std::string_view to_string(Algo a) noexcept {
       return "two_shot";
     case Algo::kLamport:
       return "lamport";
+    case Algo::kLamportTwoShot:
+      return "lamport_two_shot";
   }
   return "unknown";
 }
 
 /// The inverse of `to_string(Algo)`; exact names only, nullopt for anything else.
 constexpr std::optional<Algo> parse_algo(std::string_view s) noexcept {
-  for (Algo a : {Algo::kNone, Algo::kOneShot, Algo::kTwoShot, Algo::kLamport})
+  for (Algo a :
+       {Algo::kNone, Algo::kOneShot, Algo::kTwoShot, Algo::kLamport, Algo::kLamportTwoShot})
     if (to_string(a) == s) return a;
   return std::nullopt;
 }

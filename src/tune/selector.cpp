@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "ipc/layout.hpp"
+
 namespace tpcomm {
 namespace {
 
@@ -29,7 +31,8 @@ Choice default_launch(Algo algo, std::int64_t bytes, int world_size, int max_blo
   if (algo == Algo::kNone) return Choice{};
   std::int64_t vectors = ceil_div(std::max<std::int64_t>(bytes, 0), kVectorBytes);
   // Two-shot: each rank reduces, then gathers, one 1/world_size slice per peer.
-  if (algo == Algo::kTwoShot) vectors = ceil_div(vectors, std::max(world_size, 1));
+  if (algo == Algo::kTwoShot || algo == Algo::kLamportTwoShot)
+    vectors = ceil_div(vectors, std::max(world_size, 1));
   const std::int64_t cap = std::max(1, std::min(max_blocks, kDefaultMaxBlocks));
   const std::int64_t blocks = std::clamp<std::int64_t>(ceil_div(vectors, kDefaultThreads), 1, cap);
   return Choice{algo, static_cast<int>(blocks), kDefaultThreads};
@@ -52,6 +55,9 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
   if (bytes % static_cast<std::int64_t>(dtype_size(dtype)) != 0) return Choice{};
 
   const bool lamport_serves = dtype_size(dtype) == 2 && bytes <= caps.lamport_max_bytes;
+  const bool lamport_two_shot_serves =
+      dtype_size(dtype) == 2 &&
+      lamport_two_shot_slot_bytes(bytes, caps.world_size) <= caps.lamport_max_bytes;
   const Choice fallback = default_choice(bytes, caps.world_size, caps.max_blocks);
   switch (forced) {
     case AlgoChoice::kNccl:
@@ -64,12 +70,17 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
       return lamport_serves
                  ? default_launch(Algo::kLamport, bytes, caps.world_size, caps.max_blocks)
                  : fallback;
+    case AlgoChoice::kLamportTwoShot:
+      return lamport_two_shot_serves
+                 ? default_launch(Algo::kLamportTwoShot, bytes, caps.world_size, caps.max_blocks)
+                 : fallback;
     case AlgoChoice::kAuto:
       break;
   }
   if (table != nullptr && table->key().world_size == caps.world_size) {
     if (auto tuned = table->lookup(bytes)) {
       if (tuned->algo == Algo::kLamport && !lamport_serves) return fallback;
+      if (tuned->algo == Algo::kLamportTwoShot && !lamport_two_shot_serves) return fallback;
       return clamp_blocks(*tuned, caps.max_blocks);
     }
   }

@@ -47,7 +47,7 @@ inline constexpr std::int64_t kLamportMaxBytes = std::int64_t{64} << 10;
 
 /// The default launch shape of `algo` for a message of `bytes` bytes: `kDefaultThreads`
 /// threads, and one block per `kDefaultThreads` 16-byte vectors of one rank's work — all
-/// ceil(bytes / 16) vectors for one-shot and Lamport, ceil(that / world_size) for two-shot —
+/// ceil(bytes / 16) vectors for one-shot and Lamport, ceil(that / world_size) for the two-shots —
 /// clamped to
 /// [1, min(max_blocks, kDefaultMaxBlocks)] (a `max_blocks` below 1 counts as 1). `Algo::kNone`
 /// gives `Choice{}`.
@@ -67,14 +67,16 @@ inline constexpr std::int64_t kLamportMaxBytes = std::int64_t{64} << 10;
 /// 1. hard requirements, else `kNone`: `caps.custom_available`; 2 <= `caps.world_size` <= 8;
 ///    `caps.max_blocks` >= 1; `dtype` is f32, f16 or bf16; `op` is sum; 0 < `bytes` <=
 ///    `caps.max_bytes` and `bytes` is a whole number of elements;
-/// 2. `forced` (`TPCOMM_ALGO`): `kNccl` gives `kNone`; `kOneShot` / `kTwoShot` / `kLamport`
-///    give that algorithm with `default_launch`'s shape;
+/// 2. `forced` (`TPCOMM_ALGO`): `kNccl` gives `kNone`; the others give that algorithm with
+///    `default_launch`'s shape;
 /// 3. `kAuto`: the tuned table's choice when `table` is not null, was tuned for
 ///    `caps.world_size` ranks and covers `bytes` (its choice may be `kNone`: NCCL won that
 ///    bucket); else Lamport up to `kLamportMaxBytesUpTo4Ranks` (up to 4 ranks) or
 ///    `kLamportMaxBytes` (more); else `default_choice`;
 /// 4. Lamport only where it can serve: `dtype` is f16 or bf16 and `bytes` <=
-///    `caps.lamport_max_bytes`; where a forced or tuned Lamport cannot, `default_choice`;
+///    `caps.lamport_max_bytes` (the Lamport two-shot: `lamport_two_shot_slot_bytes(bytes,
+///    caps.world_size)` <= `caps.lamport_max_bytes`); where a forced or tuned Lamport cannot,
+///    `default_choice`. The built-in choice never picks the Lamport two-shot: the tuner does;
 /// 5. in every case `blocks` is clamped to `caps.max_blocks`.
 ///
 /// Rank invariance (DESIGN.md §3): every rank of a group must take the same path for the same

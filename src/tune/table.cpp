@@ -150,6 +150,7 @@ std::string entry_error(const TuneEntry& e, const TuneEntry* prev) {
     case Algo::kOneShot:
     case Algo::kTwoShot:
     case Algo::kLamport:
+    case Algo::kLamportTwoShot:
       if (c.blocks < 1 || c.blocks > kMaxBlocksPerRank)
         return concat("blocks ", c.blocks, " out of range 1..", kMaxBlocksPerRank);
       if (!is_valid_threads(c.threads))
@@ -290,7 +291,7 @@ std::string parse_entry(std::string_view line, TuneEntry* e) {
   auto algo = parse_algo(fields[1]);
   if (!algo)
     return concat("unknown algorithm ", shown(fields[1]),
-                  " (expected none, one_shot, two_shot or lamport)");
+                  " (expected none, one_shot, two_shot, lamport or lamport_two_shot)");
   auto blocks = parse_int(fields[2]);
   if (!blocks || *blocks < 0 || *blocks > std::numeric_limits<int>::max())
     return concat("blocks ", shown(fields[2]), " is not a whole number");

@@ -70,10 +70,13 @@ std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps
   const int world_size = caps.world_size;
   const int max_blocks = caps.max_blocks;
   const std::int64_t packs = (bytes + 15) / 16;
-  for (Algo algo : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport}) {
+  for (Algo algo : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport, Algo::kLamportTwoShot}) {
     if (algo == Algo::kLamport && bytes > caps.lamport_max_bytes) continue;
-    const std::int64_t work =
-        algo == Algo::kTwoShot ? (packs + world_size - 1) / world_size : packs;
+    if (algo == Algo::kLamportTwoShot &&
+        lamport_two_shot_slot_bytes(bytes, world_size) > caps.lamport_max_bytes)
+      continue;
+    const bool sliced = algo == Algo::kTwoShot || algo == Algo::kLamportTwoShot;
+    const std::int64_t work = sliced ? (packs + world_size - 1) / world_size : packs;
     for (int threads : {256, 512, 1024}) {
       // Blocks beyond one pack per thread only idle; keep one step past that.
       const std::int64_t useful = std::max<std::int64_t>(1, (work + threads - 1) / threads);

@@ -18,8 +18,8 @@ TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int devic
                                  const TuneKey& key);
 
 /// The candidates measured for one bucket, fewest blocks first (so ties go to fewer blocks):
-/// one-shot, two-shot, and Lamport where `bytes` <= `caps.lamport_max_bytes` (the tuner
-/// measures bf16, which Lamport serves).
+/// one-shot, two-shot, and the Lamport kernels where their buffers hold `bytes` (the tuner
+/// measures bf16, which they serve).
 std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps);
 
 }  // namespace tpcomm

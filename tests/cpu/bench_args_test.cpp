@@ -60,7 +60,9 @@ TEST(BenchArgs, AlgorithmLists) {
             (std::vector<BenchAlgo>{BenchAlgo::kNcclDirect, BenchAlgo::kMemcpy}));
   EXPECT_EQ(parse({"--algo", "lamport,auto"}).algos,
             (std::vector<BenchAlgo>{BenchAlgo::kLamport, BenchAlgo::kAuto}));
-  EXPECT_EQ(parse({"--algo", "all"}).algos.size(), 7u);
+  EXPECT_EQ(parse({"--algo", "lamport_two_shot"}).algos,
+            (std::vector<BenchAlgo>{BenchAlgo::kLamportTwoShot}));
+  EXPECT_EQ(parse({"--algo", "all"}).algos.size(), 8u);
 }
 
 TEST(BenchArgs, BadInputIsRefused) {

@@ -38,7 +38,7 @@ TEST(Options, ReadsEveryKnob) {
   Options o = from({{"TPCOMM_LOG", "debug"},
                     {"TPCOMM_NCCL_PATH", "/opt/nccl/libnccl.so.2"},
                     {"TPCOMM_TIMEOUT_MS", "1500"},
-                    {"TPCOMM_ALGO", "two-shot"},
+                    {"TPCOMM_ALGO", "lamport-two-shot"},
                     {"TPCOMM_TUNE_FILE", "/tmp/t.txt"},
                     {"TPCOMM_CUSTOM_AR_MAX_BYTES", "16M"},
                     {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", "0"},
@@ -51,7 +51,7 @@ TEST(Options, ReadsEveryKnob) {
   EXPECT_EQ(o.log_level, LogLevel::kDebug);
   EXPECT_EQ(o.nccl_path, "/opt/nccl/libnccl.so.2");
   EXPECT_EQ(o.timeout_ms, 1500);
-  EXPECT_EQ(o.algo, AlgoChoice::kTwoShot);
+  EXPECT_EQ(o.algo, AlgoChoice::kLamportTwoShot);
   EXPECT_EQ(o.tune_file, "/tmp/t.txt");
   EXPECT_EQ(o.custom_ar_max_bytes, 16 << 20);
   EXPECT_EQ(o.custom_ar_register_min_bytes, 0);

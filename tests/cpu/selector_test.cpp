@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ipc/layout.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/types.hpp"
 #include "tune/algo.hpp"
@@ -28,9 +29,14 @@ TuneTable table_for(int world, std::vector<TuneEntry> entries) {
 }
 
 TEST(Algo, NamesRoundTrip) {
-  for (Algo a : {Algo::kNone, Algo::kOneShot, Algo::kTwoShot, Algo::kLamport})
+  for (Algo a :
+       {Algo::kNone, Algo::kOneShot, Algo::kTwoShot, Algo::kLamport, Algo::kLamportTwoShot})
     EXPECT_EQ(parse_algo(to_string(a)), a);
   EXPECT_EQ(to_string(Algo::kLamport), "lamport");
+  EXPECT_EQ(to_string(Algo::kLamportTwoShot), "lamport_two_shot");
+  EXPECT_TRUE(is_lamport(Algo::kLamport));
+  EXPECT_TRUE(is_lamport(Algo::kLamportTwoShot));
+  EXPECT_FALSE(is_lamport(Algo::kOneShot));
   EXPECT_EQ(to_string(Algo::kOneShot), "one_shot");
   EXPECT_EQ(to_string(Algo::kTwoShot), "two_shot");
   EXPECT_EQ(to_string(Algo::kNone), "none");
@@ -218,6 +224,36 @@ TEST(SelectAllReduce, LamportOnlyWhereItCanServe) {
   caps.max_blocks = 2;
   EXPECT_EQ(pick(256 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps, &t),
             (Choice{Algo::kLamport, 2, 256}));
+}
+
+// The Lamport two-shot needs room for one slice in and one slice of sums per slot: messages up
+// to world_size / 2 slots. Never a built-in choice; forced or tuned where it fits.
+TEST(SelectAllReduce, LamportTwoShotWhereItsSlicesFit) {
+  SelectorCaps caps = caps8();
+  caps.lamport_max_bytes = 512 * kKiB;
+  auto pick = [&](std::int64_t bytes, DType t, AlgoChoice f, const TuneTable* table = nullptr) {
+    return select_all_reduce(bytes, t, ReduceOp::kSum, caps, f, table);
+  };
+  EXPECT_EQ(lamport_two_shot_slot_bytes(2 * kMiB, 8), 512 * kKiB);
+  EXPECT_EQ(pick(2 * kMiB, DType::kBF16, AlgoChoice::kLamportTwoShot),
+            default_launch(Algo::kLamportTwoShot, 2 * kMiB, 8, 128));
+  // Sliced like two-shot: one block per 512 vectors of one rank's slice.
+  EXPECT_EQ(default_launch(Algo::kLamportTwoShot, 2 * kMiB, 8, 128),
+            (Choice{Algo::kLamportTwoShot, 32, 512}));
+  EXPECT_EQ(pick(2 * kMiB + 256, DType::kBF16, AlgoChoice::kLamportTwoShot),
+            default_choice(2 * kMiB + 256, 8, 128));
+  EXPECT_EQ(pick(64 * kKiB, DType::kF32, AlgoChoice::kLamportTwoShot),
+            default_choice(64 * kKiB, 8, 128));
+  // Not a built-in choice.
+  for (std::int64_t b : {1 * kKiB, 256 * kKiB, 1 * kMiB})
+    EXPECT_NE(pick(b, DType::kBF16, AlgoChoice::kAuto).algo, Algo::kLamportTwoShot) << b;
+  TuneTable t = table_for(8, {{8 * kMiB, Choice{Algo::kLamportTwoShot, 16, 512}, 1}});
+  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, AlgoChoice::kAuto, &t),
+            (Choice{Algo::kLamportTwoShot, 16, 512}));
+  EXPECT_EQ(pick(4 * kMiB, DType::kBF16, AlgoChoice::kAuto, &t), default_choice(4 * kMiB, 8, 128));
+  EXPECT_EQ(pick(1 * kMiB, DType::kF16, AlgoChoice::kAuto, &t),
+            (Choice{Algo::kLamportTwoShot, 16, 512}));
+  EXPECT_EQ(pick(1 * kMiB, DType::kF32, AlgoChoice::kAuto, &t), default_choice(1 * kMiB, 8, 128));
 }
 
 TEST(SelectAllReduce, TableWhereItCoversTheSizeDefaultsElsewhere) {

@@ -186,12 +186,14 @@ TEST(TuneTableText, ExactFormOfASmallTable) {
   TuneTable t(h200_key(), {{256, Choice{Algo::kLamport, 1, 256}, 2.5},
                            {512, Choice{Algo::kOneShot, 1, 512}, 4.5},
                            {1024, Choice{Algo::kTwoShot, 2, 256}, 10},
+                           {1536, Choice{Algo::kLamportTwoShot, 4, 1024}, 7},
                            {2048, Choice{}, 0.125}});
   EXPECT_EQ(t.to_text(), kGoodHead +
                              "# max_bytes algo blocks threads time_us\n"
                              "256 lamport 1 256 2.5\n"
                              "512 one_shot 1 512 4.5\n"
                              "1024 two_shot 2 256 10\n"
+                             "1536 lamport_two_shot 4 1024 7\n"
                              "2048 none 0 0 0.125\n");
 }
 
@@ -288,7 +290,9 @@ TEST(TuneTableText, RejectsEveryMalformedInputWithItsLineNumber) {
       {"max_bytes negative", head + "-512 one_shot 1 512 4.5\n", "max_bytes \"-512\"", 3},
       {"max_bytes overflow", head + "99999999999999999999 one_shot 1 512 4.5\n", "max_bytes", 3},
       {"unknown algo", head + "512 three_shot 1 512 4.5\n",
-       "unknown algorithm \"three_shot\" (expected none, one_shot, two_shot or lamport)", 3},
+       "unknown algorithm \"three_shot\" (expected none, one_shot, two_shot, lamport or "
+       "lamport_two_shot)",
+       3},
       {"algo case", head + "512 One_Shot 1 512 4.5\n", "unknown algorithm", 3},
       {"blocks not a number", head + "512 one_shot many 512 4.5\n", "blocks \"many\"", 3},
       {"blocks zero", head + "512 one_shot 0 512 4.5\n", "blocks 0 out of range 1..128", 3},

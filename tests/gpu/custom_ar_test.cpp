@@ -137,7 +137,8 @@ TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
       const Case& c = cases[i];
       auto v = TensorView::flat(reinterpret_cast<void*>(256), c.dtype, c.count, 0);
       // Lamport serves 16-bit types; f32 gets the built-in choice.
-      if (algo != AlgoChoice::kLamport || c.dtype != DType::kF32) {
+      const bool lamport = algo == AlgoChoice::kLamport || algo == AlgoChoice::kLamportTwoShot;
+      if (!lamport || c.dtype != DType::kF32) {
         EXPECT_EQ(g.backend_for_all_reduce(v, v), "custom_ar:" + std::string(to_string(algo)));
       }
       run_case(g, rank, c, seeds[i], stream.stream(), outputs, m);
@@ -148,17 +149,17 @@ TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, CustomAllReduceSweep,
-                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
-                                            ::testing::Values(AlgoChoice::kOneShot,
-                                                              AlgoChoice::kTwoShot,
-                                                              AlgoChoice::kLamport),
-                                            ::testing::Bool()),
-                         [](const auto& info) {
-                           return "world" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  std::string(to_string(std::get<1>(info.param))) +
-                                  (std::get<2>(info.param) ? "_pdl" : "_plain_launch");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Worlds, CustomAllReduceSweep,
+    ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
+                       ::testing::Values(AlgoChoice::kOneShot, AlgoChoice::kTwoShot,
+                                         AlgoChoice::kLamport, AlgoChoice::kLamportTwoShot),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      return "world" + std::to_string(std::get<0>(info.param)) + "_" +
+             std::string(to_string(std::get<1>(info.param))) +
+             (std::get<2>(info.param) ? "_pdl" : "_plain_launch");
+    });
 
 // One-shot and two-shot visit ranks in the same order: their results are bitwise equal.
 TEST(CustomAllReduce, OneShotAndTwoShotAgreeBitwise) {
@@ -322,29 +323,33 @@ TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, GraphReplays,
-    ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Bool(), ::testing::Bool(),
-                       ::testing::Values(AlgoChoice::kOneShot, AlgoChoice::kLamport)),
-    [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) +
-             (std::get<1>(info.param) ? "_eager_first" : "") +
-             (std::get<2>(info.param) ? "_event_in_graph" : "") + "_" +
-             std::string(to_string(std::get<3>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, GraphReplays,
+                         ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Bool(),
+                                            ::testing::Bool(),
+                                            ::testing::Values(AlgoChoice::kOneShot,
+                                                              AlgoChoice::kLamport,
+                                                              AlgoChoice::kLamportTwoShot)),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_eager_first" : "") +
+                                  (std::get<2>(info.param) ? "_event_in_graph" : "") + "_" +
+                                  std::string(to_string(std::get<3>(info.param)));
+                         });
 
 // The Lamport buffers rotate and are refilled with the empty mark behind each operation: a
 // long run of back-to-back operations whose sizes grow and shrink, each with fresh inputs, in
 // place or not, aligned or not, must be exact every time (data left behind by an earlier
 // operation would be taken for a peer's input).
-TEST(Lamport, BuffersAreReusedCleanlyAcrossSizes) {
-  const int world = 4;
+class LamportReuse : public ::testing::TestWithParam<std::tuple<int, AlgoChoice>> {};
+
+TEST_P(LamportReuse, BuffersAreReusedCleanlyAcrossSizes) {
+  const auto [world, algo] = GetParam();
   const std::int64_t sizes[] = {65536, 8, 4097, 1000, 65536, 1, 33000, 63, 2048, 65535};
   const int ops = 40;
   std::vector<std::uint64_t> seeds;
   for (int i = 0; i < ops; ++i) seeds.push_back(fresh_seed());
   run_ranks(world, [&](int rank, Bootstrap& boot) {
-    Group g(boot, 0, options_for(AlgoChoice::kLamport, 1 << 20));
+    Group g(boot, 0, options_for(algo, 1 << 20));
     StreamHolder stream;
     struct Op {
       std::int64_t n;
@@ -391,15 +396,26 @@ TEST(Lamport, BuffersAreReusedCleanlyAcrossSizes) {
   });
 }
 
+INSTANTIATE_TEST_SUITE_P(Lamport, LamportReuse,
+                         ::testing::Combine(::testing::Values(3, 4, 8),
+                                            ::testing::Values(AlgoChoice::kLamport,
+                                                              AlgoChoice::kLamportTwoShot)),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::string(to_string(std::get<1>(info.param)));
+                         });
+
 // -0.0 is the empty mark of the Lamport buffers: inputs holding it are sent as +0.0, so the
 // operation still completes (instead of waiting for data that looks unwritten) with the right
 // sums, and every rank's output is bitwise the same.
-TEST(Lamport, NegativeZeroInputsDoNotStall) {
+class LamportNegativeZero : public ::testing::TestWithParam<AlgoChoice> {};
+
+TEST_P(LamportNegativeZero, InputsDoNotStall) {
   const int world = 4;
   const std::int64_t count = 4099;
   std::vector<std::vector<std::uint16_t>> outputs(world);
   run_ranks(world, [&](int rank, Bootstrap& boot) {
-    Options o = options_for(AlgoChoice::kLamport);
+    Options o = options_for(GetParam());
     o.timeout_ms = 3000;
     Group g(boot, 0, o);
     StreamHolder stream;
@@ -436,6 +452,10 @@ TEST(Lamport, NegativeZeroInputsDoNotStall) {
   for (int r = 1; r < world; ++r) EXPECT_TRUE(outputs[r] == outputs[0]) << "rank " << r;
 }
 
+INSTANTIATE_TEST_SUITE_P(Lamport, LamportNegativeZero,
+                         ::testing::Values(AlgoChoice::kLamport, AlgoChoice::kLamportTwoShot),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
 // Registration is collective: a rank that captured a different number of calls fails every
 // rank with a clear error instead of corrupting memory.
 TEST(CustomAllReduce, CaptureCountMismatchFailsEveryRank) {
@@ -465,7 +485,7 @@ TEST(CustomAllReduce, CaptureCountMismatchFailsEveryRank) {
 // group reports kTimeout naming the missing rank, and a new group works afterwards.
 TEST(CustomAllReduce, MissingRankTimesOutAndGroupCanBeRebuilt) {
   const int world = 4;
-  for (AlgoChoice algo : {AlgoChoice::kOneShot, AlgoChoice::kLamport})
+  for (AlgoChoice algo : {AlgoChoice::kOneShot, AlgoChoice::kLamport, AlgoChoice::kLamportTwoShot})
     run_ranks(world, [&](int rank, Bootstrap& boot) {
       SCOPED_TRACE(std::string(to_string(algo)));
       StreamHolder stream;

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+// Lamport two-shot all-reduce (push): rank s owns slice s. Every rank pushes slice s of its
+// input into slot `rank` of rank s's receive buffer; rank s reduces its slice as it arrives and
+// pushes the sum into slot s of every rank's buffer, after the slice area; every rank copies
+// the sums out as they arrive. About 2n bytes sent per rank, like two-shot, with no barrier
+// round trip: data is its own flag (NOTE [lamport] in ipc/layout.hpp). 16-bit types only.
+#pragma once
+
+#include "kernels/common/lamport.cuh"
+
+namespace tpcomm::kernels {
+
+template <class T, int R>
+__global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllReduceParams p) {
+  static_assert(sizeof(T) == 2, "the empty mark is a 16-bit pattern");
+  begin_launch();
+  const std::int64_t count = p.count;
+  const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
+  // Slice s is packs [s * slice, min((s + 1) * slice, packs)); in every slot, the pushed inputs
+  // take packs [0, slice) and the sums [slice, 2 * slice) (lamport_two_shot_slot_bytes).
+  const std::int64_t slice = (packs + R - 1) / R;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t slot_bytes = p.layout.lamport_slot_bytes;
+  const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * slot_bytes;
+  const T* in = static_cast<const T*>(p.input);
+  const bool in_aligned = is_aligned16(in);
+  const LamportFrame f = lamport_frame(p);
+
+  // Scatter: slice s of this rank's input to slot `rank` of rank s.
+#pragma unroll 1
+  for (std::int64_t i = first; i < slice; i += stride) {
+#pragma unroll
+    for (int s = 0; s < R; ++s)
+      if (const std::int64_t v = s * slice + i; v < packs)
+        st_volatile(lamport_buffer(p, s, f.buffer) + own_slot + i * 16,
+                    lamport_outgoing(load_pack(in, v, count, in_aligned).raw));
+  }
+  lamport_refill<R>(p, f);
+
+  // Reduce this rank's slice in rank order; push each sum to slot `rank` of every rank.
+  const char* mine = lamport_buffer(p, p.rank, f.buffer);
+  bool ok = true;
+#pragma unroll 1
+  for (std::int64_t i = first; i < slice && ok; i += stride) {
+    if (p.rank * slice + i >= packs) break;
+    Pack<T> got[R];
+    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait);
+    if (!ok) break;
+    const uint4 sum = lamport_outgoing(sum_packs<T, R>(got).raw);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + (slice + i) * 16, sum);
+  }
+
+  // Gather: every slice's sum, from the slot of the rank that owns it.
+  T* out = static_cast<T*>(p.output);
+  const bool out_aligned = is_aligned16(out);
+#pragma unroll 1
+  for (std::int64_t i = first; i < slice && ok; i += stride) {
+    // Slices past the end of a short last slice were never pushed.
+    int slots = 0;
+#pragma unroll
+    for (int s = 0; s < R; ++s) slots += s * slice + i < packs ? 1 : 0;
+    Pack<T> sums[R];
+    ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, slots);
+    if (!ok) break;
+#pragma unroll
+    for (int s = 0; s < R; ++s)
+      if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);
+  }
+  lamport_end(p, f, ok, 2 * slice * 16);
+}
+
+}  // namespace tpcomm::kernels

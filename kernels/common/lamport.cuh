@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the Lamport kernels share: the empty mark, polling, the rotation of the receive buffers
+// and their refill (NOTE [lamport] in ipc/layout.hpp). 16-bit element types only.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/workspace.cuh"
+
+namespace tpcomm::kernels {
+
+/// Pack `x` as sent: -0.0 (the empty mark) becomes +0.0, which adds the same.
+__device__ __forceinline__ uint4 lamport_outgoing(uint4 x) {
+  auto fix = [](std::uint32_t w) {
+    if ((w & 0xFFFFu) == kLamportEmpty) w &= 0xFFFF0000u;
+    if ((w >> 16) == kLamportEmpty) w &= 0x0000FFFFu;
+    return w;
+  };
+  return make_uint4(fix(x.x), fix(x.y), fix(x.z), fix(x.w));
+}
+
+/// True once no 16-bit element of `x` holds the empty mark.
+__device__ __forceinline__ bool lamport_arrived(uint4 x) {
+  auto empty = [](std::uint32_t w) {
+    return (w & 0xFFFFu) == kLamportEmpty || (w >> 16) == kLamportEmpty;
+  };
+  return !(empty(x.x) || empty(x.y) || empty(x.z) || empty(x.w));
+}
+
+/// 16-byte loads and stores that go to memory every time (peers write what this rank polls).
+__device__ __forceinline__ uint4 ld_volatile(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_volatile(void* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+/// Lamport buffer `buffer` of rank `owner`, as mapped here; slot s starts
+/// `s * layout.lamport_slot_bytes` bytes in.
+__device__ __forceinline__ char* lamport_buffer(const AllReduceParams& p, int owner, int buffer) {
+  return p.workspaces[owner] + p.layout.lamport_slot(buffer, 0, p.world_size);
+}
+
+/// Where one launch of a Lamport kernel works (NOTE [lamport]).
+struct LamportFrame {
+  std::uint32_t seq;   // this operation's Lamport number
+  int buffer;          // the buffer it writes and polls
+  int previous;        // the buffer the previous Lamport operation left behind
+  std::int64_t stale;  // bytes per slot that operation used
+  WaitContext wait;
+};
+
+/// Reads the operation number and what the previous operation left. Every thread calls it,
+/// after `begin_launch`.
+__device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) {
+  __shared__ std::uint32_t seq_shared, dirty_shared[kLamportBuffers];
+  const SignalPad* self = p.pads[p.rank];
+  if (threadIdx.x == 0) {
+    seq_shared = self->lamport_seq[blockIdx.x] + 1u;
+#pragma unroll
+    for (int b = 0; b < kLamportBuffers; ++b) dirty_shared[b] = self->lamport_dirty[b];
+  }
+  __syncthreads();
+  LamportFrame f;
+  f.seq = seq_shared;
+  f.buffer = static_cast<int>(f.seq % kLamportBuffers);
+  f.previous = static_cast<int>((f.seq + kLamportBuffers - 1) % kLamportBuffers);
+  f.stale = dirty_shared[f.previous];
+  f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank};
+  return f;
+}
+
+/// Refills with the empty mark what the previous operation left in this rank's buffer; the
+/// grid shares the work. Called while the peers' data travels.
+template <int R>
+__device__ __forceinline__ void lamport_refill(const AllReduceParams& p, const LamportFrame& f) {
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t packs = f.stale / 16;
+  char* stale = lamport_buffer(p, p.rank, f.previous);
+  constexpr std::uint32_t kEmpty2 = kLamportEmpty * 0x10001u;  // two empty elements
+  const uint4 empty = make_uint4(kEmpty2, kEmpty2, kEmpty2, kEmpty2);
+#pragma unroll
+  for (int s = 0; s < R; ++s)
+    for (std::int64_t i = first; i < packs; i += stride)
+      reinterpret_cast<uint4*>(stale + s * p.layout.lamport_slot_bytes)[i] = empty;
+}
+
+/// Polls the pack at `offset` bytes into slots 0..`slots`-1 of `buffer` (this rank's, as
+/// mapped here) until none holds the empty mark; the packs in `got`. False when a wait gave up
+/// (NOTE [bounded waits]).
+template <class T, int R>
+__device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t slot_bytes,
+                                             std::int64_t offset, Pack<T> (&got)[R],
+                                             const WaitContext& w, int slots = R) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r < slots) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
+  bool ok = true;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    uint4 x = got[r].raw;
+    if (ok && r < slots && !lamport_arrived(x)) {
+      const char* at = buffer + r * slot_bytes + offset;
+      ok = wait_until(
+          [&] {
+            x = ld_volatile(at);
+            return lamport_arrived(x);
+          },
+          w, r);
+    }
+    got[r].raw = x;
+  }
+  return ok;
+}
+
+/// Ends a Lamport launch that used `used` bytes of every slot: records them for the next
+/// operation's refill and the new operation count (`end_launch`). Every thread calls it with
+/// its own `ok`; after a failed wait it records nothing.
+__device__ __forceinline__ void lamport_end(const AllReduceParams& p, const LamportFrame& f,
+                                            bool ok, std::int64_t used) {
+  if (!__syncthreads_and(ok)) return;
+  SignalPad* self = p.pads[p.rank];
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    self->lamport_dirty[f.buffer] = static_cast<std::uint32_t>(used);
+  end_launch(self->lamport_seq, f.seq);
+}
+
+}  // namespace tpcomm::kernels
