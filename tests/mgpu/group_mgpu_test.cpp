@@ -59,10 +59,11 @@ std::uint64_t digest(const void* p, std::size_t bytes) {
   return x;
 }
 
-TEST(MultiProcess, ExactAllReduceBothAlgorithms) {
+TEST(MultiProcess, ExactAllReduceEveryAlgorithm) {
   const int rank = g_boot->rank();
   StreamHolder stream;
-  for (AlgoChoice algo : {AlgoChoice::kOneShot, AlgoChoice::kTwoShot}) {
+  for (AlgoChoice algo : {AlgoChoice::kOneShot, AlgoChoice::kTwoShot, AlgoChoice::kLamport,
+                          AlgoChoice::kLamportTwoShot}) {
     Group g(*g_boot, g_device, mgpu_options(algo));
     for (auto [count, dtype] : {std::pair<std::int64_t, DType>{1, DType::kBF16},
                                 {1001, DType::kF16},
@@ -89,6 +90,44 @@ TEST(MultiProcess, ExactAllReduceBothAlgorithms) {
           g_boot->all_gather_value(digest(out.get(), static_cast<std::size_t>(count) * es));
       for (std::uint64_t d : digests) EXPECT_EQ(d, digests[0]) << "outputs differ across ranks";
     }
+  }
+}
+
+// The Lamport kernels push into peers' buffers through IPC mappings and rotate three buffers:
+// back-to-back operations of changing sizes, queued without waiting, are each exact.
+TEST(MultiProcess, LamportBackToBack) {
+  const int rank = g_boot->rank();
+  const std::int64_t sizes[] = {4096, 8, 100000, 1000, 65536, 3};
+  StreamHolder stream;
+  for (AlgoChoice algo : {AlgoChoice::kLamport, AlgoChoice::kLamportTwoShot}) {
+    Group g(*g_boot, g_device, mgpu_options(algo));
+    std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
+    const int ops = 12;
+    for (int i = 0; i < ops; ++i) {
+      const std::int64_t n = sizes[i % std::size(sizes)];
+      ins.push_back(std::make_unique<DeviceBuffer>(n * 2));
+      outs.push_back(std::make_unique<DeviceBuffer>(n * 2));
+      ASSERT_EQ(kernels::fill_data(ins.back()->get(), DType::kBF16, n, 900 + i, rank,
+                                   ReduceOp::kSum, 0, stream.stream()),
+                Status::kOk);
+      ASSERT_EQ(kernels::poison(outs.back()->get(), n * 2, stream.stream()), Status::kOk);
+    }
+    for (int i = 0; i < ops; ++i) {
+      const std::int64_t n = sizes[i % std::size(sizes)];
+      ASSERT_EQ(g.all_reduce(TensorView::flat(ins[i]->get(), DType::kBF16, n, g_device),
+                             TensorView::flat(outs[i]->get(), DType::kBF16, n, g_device),
+                             stream.stream()),
+                Status::kOk)
+          << g.last_error();
+    }
+    for (int i = 0; i < ops; ++i) {
+      const std::int64_t n = sizes[i % std::size(sizes)];
+      EXPECT_EQ(count_wrong(outs[i]->get(), DType::kBF16, n, 900 + i,
+                            kernels::Collective::kAllReduce, 0, stream.stream()),
+                0u)
+          << to_string(algo) << " operation " << i;
+    }
+    EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
   }
 }
 
