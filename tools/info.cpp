@@ -359,7 +359,9 @@ void print_text(const Report& r, std::ostream& out) {
 
   out << "knobs\n";
   if (!r.knobs_error.empty()) out << "  invalid: " << r.knobs_error << " (defaults shown)\n";
-  for (const Knob& k : r.knobs) out << "  " << pad(k.variable, 28) << k.value << "\n";
+  std::size_t width = 0;
+  for (const Knob& k : r.knobs) width = std::max(width, k.variable.size() + 2);
+  for (const Knob& k : r.knobs) out << "  " << pad(k.variable, width) << k.value << "\n";
 }
 
 json to_json(const Report& r) {

@@ -17,6 +17,9 @@ TEST(InfoCommand, PrintsTheDriverLineAndExitsZero) {
   EXPECT_NE(r.output.find("\nNCCL: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\nbackends\n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("TPCOMM_TIMEOUT_MS"), std::string::npos) << r.output;
+  // Every knob line is "  NAME  value": the longest name still stands apart from its value.
+  EXPECT_NE(r.output.find("\n  TPCOMM_CUSTOM_AR_REGISTER_BYTES  2 MiB\n"), std::string::npos)
+      << r.output;
 }
 
 TEST(InfoCommand, JsonHasEverySection) {
