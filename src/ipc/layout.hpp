@@ -14,6 +14,11 @@ inline constexpr int kMaxRanks = 8;
 /// Most blocks one rank's all-reduce kernel may launch.
 inline constexpr int kMaxBlocks = 64;
 
+/// Receive buffers of the Lamport all-reduce (NOTE [lamport]).
+inline constexpr int kLamportBuffers = 3;
+/// The "not yet written" value of every 16-bit element of a Lamport buffer.
+inline constexpr std::uint16_t kLamportEmpty = 0x8000;
+
 // NOTE [signal pad]
 // Every rank owns one SignalPad at the start of its workspace; peers write into it through
 // their mapping of it. `flags[b][p]` holds the latest barrier value that peer p's block b
@@ -37,7 +42,7 @@ struct alignas(128) SignalPad {
   /// The count of Lamport operations, kept like `seq` (NOTE [lamport]).
   std::uint32_t lamport_seq[kMaxBlocks];
   /// Bytes per rank slot that the last Lamport operation using buffer b left in it.
-  std::uint32_t lamport_dirty[4];
+  std::uint32_t lamport_dirty[kLamportBuffers];
   /// Written by peer r through its mapping at setup, read back here: proves that the mapping
   /// really carries data before any kernel relies on it.
   std::uint64_t probe[kMaxRanks];
@@ -80,11 +85,6 @@ static_assert(sizeof(RankPtrs) == kMaxRanks * sizeof(void*));
 // after this one, refill included, has completed. The Lamport two-shot keeps the same rotation:
 // its slots hold the pushed slices first and the pushed sums after them, and no rank finishes
 // an operation before every rank has pushed into it.
-
-/// Receive buffers of the Lamport all-reduce (NOTE [lamport]).
-inline constexpr int kLamportBuffers = 3;
-/// The "not yet written" value of every 16-bit element of a Lamport buffer.
-inline constexpr std::uint16_t kLamportEmpty = 0x8000;
 
 /// Bytes of every slot that the Lamport two-shot uses for a message of `bytes` bytes among
 /// `world_size` ranks: one slice of 16-byte packs pushed in, one slice of sums pushed back.
