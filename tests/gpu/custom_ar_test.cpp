@@ -592,6 +592,25 @@ TEST(Group, NoBackendForOversizedMessageWithoutNccl) {
   });
 }
 
+// TPCOMM_LAMPORT_MAX_BYTES=0: no Lamport buffers, and the sizes Lamport would serve go to
+// one-shot, forced or not.
+TEST(Group, LamportCanBeTurnedOff) {
+  run_ranks(2, [&](int rank, Bootstrap& boot) {
+    for (AlgoChoice algo : {AlgoChoice::kAuto, AlgoChoice::kLamport}) {
+      Options o = options_for(algo);
+      o.lamport_max_bytes = 0;
+      Group g(boot, 0, o);
+      DeviceBuffer a(4096);
+      auto v = TensorView::flat(a.get(), DType::kBF16, 1024, 0);
+      EXPECT_EQ(g.backend_for_all_reduce(v, v), "custom_ar:one_shot");
+      StreamHolder stream;
+      std::vector<std::vector<unsigned char>> outputs(2);
+      std::mutex m;
+      run_case(g, rank, {1024, DType::kBF16}, 99, stream.stream(), outputs, m);
+    }
+  });
+}
+
 TEST(Group, WorldSizeOneCopies) {
   run_ranks(1, [&](int, Bootstrap& boot) {
     Group g(boot, 0, Options{});
