@@ -527,27 +527,30 @@ TEST(CustomAllReduce, MissingRankTimesOutAndGroupCanBeRebuilt) {
 // abort() makes a waiting kernel give up long before the deadline.
 TEST(CustomAllReduce, AbortReleasesWaitingKernels) {
   const int world = 2;
-  run_ranks(world, [&](int rank, Bootstrap& boot) {
-    StreamHolder stream;
-    DeviceBuffer in(4096), out(4096);
-    Options o = options_for(AlgoChoice::kOneShot);
-    o.timeout_ms = 60000;
-    Group g(boot, 0, o);
-    boot.barrier();
-    if (rank == 1) {
-      const auto start = std::chrono::steady_clock::now();
-      ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), DType::kF32, 1024, 0),
-                             TensorView::flat(out.get(), DType::kF32, 1024, 0), stream.stream()),
-                Status::kOk);
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      g.abort();
-      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                10.0);
-      EXPECT_EQ(g.health(), Status::kAborted);
-    }
-    boot.barrier();
-  });
+  for (AlgoChoice algo : {AlgoChoice::kOneShot, AlgoChoice::kLamport}) {
+    SCOPED_TRACE(std::string(to_string(algo)));
+    run_ranks(world, [&](int rank, Bootstrap& boot) {
+      StreamHolder stream;
+      DeviceBuffer in(4096), out(4096);
+      Options o = options_for(algo);
+      o.timeout_ms = 60000;
+      Group g(boot, 0, o);
+      boot.barrier();
+      if (rank == 1) {
+        const auto start = std::chrono::steady_clock::now();
+        ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), DType::kBF16, 2048, 0),
+                               TensorView::flat(out.get(), DType::kBF16, 2048, 0), stream.stream()),
+                  Status::kOk);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        g.abort();
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+        EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  10.0);
+        EXPECT_EQ(g.health(), Status::kAborted);
+      }
+      boot.barrier();
+    });
+  }
 }
 
 TEST(Group, InvalidArgumentsLeaveTheGroupUsable) {
