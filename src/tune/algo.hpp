@@ -58,7 +58,9 @@ constexpr std::optional<Algo> parse_algo(std::string_view s) noexcept {
   return std::nullopt;
 }
 
-/// Most blocks one rank's kernel may launch; the signal pads are sized for this many.
+/// Most blocks a launch shape may name (a tuned table is checked against this). A group clamps
+/// every choice to what its kernels can launch, `SelectorCaps::max_blocks`, which is at most
+/// the number of blocks its signal pads are sized for (`kMaxBlocks` in ipc/layout.hpp, 64).
 inline constexpr int kMaxBlocksPerRank = 128;
 
 /// True for the block sizes the kernels are built for: 64, 128, 256, 512 or 1024 threads.
