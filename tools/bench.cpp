@@ -602,7 +602,6 @@ int finish(const BenchOptions& o, nlohmann::json& rows, std::int64_t wrong, int 
 
 int run_bench(const BenchOptions& o) {
   RankPlan plan{o.virtual_ranks, o.gpus, o.timeout_s, {}};
-  // Every rank must use the same data: a self-launch passes the seed on.
   std::uint64_t seed = o.seed;
   if (const char* s = std::getenv("TPCOMM_BENCH_SEED"); s != nullptr && seed == 0)
     seed = std::strtoull(s, nullptr, 10);
@@ -611,9 +610,12 @@ int run_bench(const BenchOptions& o) {
   plan.child_env.emplace_back("TPCOMM_BENCH_SEED", std::to_string(seed));
   const std::string mode = rank_mode(plan);
   return for_each_rank(plan, [&](Bootstrap& boot, int device) {
-    if (boot.rank() == 0) print_banner(o, boot.world_size(), mode.c_str(), seed);
+    // Every rank must use the same data. Ranks started by another launcher (torchrun, mpirun,
+    // `tpcomm launch`) each drew their own seed: rank 0's decides.
+    const std::uint64_t shared_seed = boot.broadcast_value(seed, 0);
+    if (boot.rank() == 0) print_banner(o, boot.world_size(), mode.c_str(), shared_seed);
     nlohmann::json rows = nlohmann::json::array();
-    Bench b(boot, device, o, seed);
+    Bench b(boot, device, o, shared_seed);
     const std::int64_t wrong = b.run(rows);
     if (boot.rank() != 0) return wrong < 0 ? 1 : (wrong == 0 ? 0 : 2);
     return finish(o, rows, wrong, boot.world_size());
