@@ -42,9 +42,13 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
   done
   step mgpu env TPCOMM_MGPU_DEAD_PEER=1 TPCOMM_TIMEOUT_MS=5000 "$bin/tpcomm" launch -n 2 --timeout 300 -- \
     "$bin/tpcomm_mgpu_tests" --gtest_filter='*DeadPeer*'
-  # The bench with ranks from another launcher, checked (every rank must use rank 0's data).
+  # The bench with ranks from other launchers, checked (every rank must use rank 0's data).
   step mgpu "$bin/tpcomm" launch -n 2 --timeout 300 -- "$bin/tpcomm" bench -b 1K -e 4K -f 4 \
     -d bfloat16 --graph -n 3 -w 1 --graph-replays 2 --algo lamport,lamport_two_shot,one_shot,two_shot,auto
+  if python3 -c 'import torch' 2>/dev/null; then
+    step mgpu python3 -m torch.distributed.run --nproc-per-node 2 --no-python "$bin/tpcomm" bench \
+      -b 1K -e 4K -f 4 -d bfloat16 --graph -n 3 -w 1 --graph-replays 2 --algo lamport,one_shot,auto
+  fi
 fi
 
 if { [ "$what" = all ] || [ "$what" = bench ]; } && [ "$gpus" -ge 2 ]; then

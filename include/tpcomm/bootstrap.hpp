@@ -39,8 +39,10 @@ struct LaunchInfo {
 /// `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE`). A launcher is recognised by its
 /// rank or world-size variable; its local variables are optional (-1 when absent). Every
 /// launcher takes the store address from `TPCOMM_STORE_ADDR` (`host:port`, `[ipv6]:port`)
-/// when set, else from `MASTER_ADDR`/`MASTER_PORT`; a multi-process job without either is an
-/// error (MPI and Slurm do not provide one). No variables at all means a single process (world
+/// when set, else from `MASTER_ADDR`/`MASTER_PORT`, where `MASTER_PORT + 1` is used when
+/// `TORCHELASTIC_USE_AGENT_STORE` says that torchrun's agent serves its own store on
+/// `MASTER_PORT`; a multi-process job without either is an error (MPI and Slurm do not provide
+/// one). No variables at all means a single process (world
 /// size 1). An empty value counts as unset.
 ///
 /// `getenv(name)` returns nullptr when unset. Throws `Error(kInvalidArgument)` naming the

@@ -260,7 +260,14 @@ Bootstrap Bootstrap::from_launch_info(const LaunchInfo& info, const Options& opt
   TPCOMM_LOG_INFO("bootstrap: rank ", info.rank, " of ", info.world_size, " (", info.source,
                   "), store at ", net::join_host_port(info.store_host, info.store_port),
                   info.rank == 0 ? concat(", hosted here on ", config.server.bind) : "");
-  auto store = std::make_shared<TcpStore>(std::move(config));
+  std::shared_ptr<TcpStore> store;
+  try {
+    store = std::make_shared<TcpStore>(std::move(config));
+  } catch (const Error& e) {
+    if (info.rank != 0 || e.status() != Status::kSystemError) throw;
+    TPCOMM_THROW(e.status(), "rank 0 cannot host the store: ", e.what(),
+                 " (choose a free port with TPCOMM_STORE_ADDR=host:port)");
+  }
   auto impl = std::make_unique<Impl>(std::move(store), info.rank, info.world_size, "tpcomm");
   impl->derive_locality(info.local_rank, info.local_world_size);
   return Bootstrap(std::move(impl));

@@ -159,6 +159,17 @@ LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv) 
           info.store_host.back() == ']')
         info.store_host = info.store_host.substr(1, info.store_host.size() - 2);
       info.store_port = parse_port("MASTER_PORT", *port);
+      // torchrun's agent already serves its own store on MASTER_PORT and tells its workers so:
+      // tpcomm's store takes the next port.
+      if (auto agent = env.get("TORCHELASTIC_USE_AGENT_STORE");
+          agent && (*agent == "True" || *agent == "true" || *agent == "1")) {
+        if (info.store_port == 65535) {
+          TPCOMM_THROW(Status::kInvalidArgument,
+                       "MASTER_PORT=65535 is torchrun's own store, and there is no next port "
+                       "for tpcomm's: set TPCOMM_STORE_ADDR=host:port");
+        }
+        ++info.store_port;
+      }
     }
   }
   if (info.world_size > 1 && info.store_port == 0) {

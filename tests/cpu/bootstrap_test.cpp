@@ -242,6 +242,28 @@ TEST(Bootstrap, ThreeProcessesOverTcp) {
   for (pid_t pid : pids) EXPECT_EQ(testing::wait_child(pid, 30s), 0);
 }
 
+// Rank 0 hosts the store; when its port is taken (under torchrun, by the agent's own store)
+// the error says so and names the knob that moves it.
+TEST(Bootstrap, TakenStorePortIsAClearError) {
+  net::Socket holder = net::listen_tcp("127.0.0.1", 0, 1);
+  LaunchInfo info;
+  info.rank = 0;
+  info.world_size = 2;
+  info.store_port = net::local_port(holder.get());
+  info.source = "explicit";
+  Options options;
+  options.timeout_ms = 1000;
+  try {
+    Bootstrap::from_launch_info(info, options);
+    FAIL() << "hosting the store on a taken port succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kSystemError);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 0 cannot host the store"), std::string::npos) << what;
+    EXPECT_NE(what.find("TPCOMM_STORE_ADDR"), std::string::npos) << what;
+  }
+}
+
 TEST(Bootstrap, WrongTokenCannotJoin) {
   const int port = net::free_port();
   auto rank_with = [port](int r, std::string token) {
