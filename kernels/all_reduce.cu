@@ -53,9 +53,8 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool prog
       choice.threads > 1024 || choice.threads % 32 != 0 || choice.threads < params.world_size)
     return Status::kInvalidArgument;
   const std::int64_t bytes = params.count * static_cast<std::int64_t>(dtype_size(params.dtype));
-  if ((choice.algo == Algo::kLamport && bytes > params.layout.lamport_slot_bytes) ||
-      (choice.algo == Algo::kLamportTwoShot &&
-       lamport_two_shot_slot_bytes(bytes, params.world_size) > params.layout.lamport_slot_bytes))
+  if (is_lamport(choice.algo) &&
+      !lamport_fits(choice.algo, bytes, params.world_size, params.layout.lamport_slot_bytes))
     return Status::kInvalidArgument;
   const void* kernel = nullptr;
   if (Status s = find_kernel(choice.algo, params.dtype, params.world_size, &kernel);
@@ -101,10 +100,9 @@ int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexc
 namespace {
 
 __global__ void fill_lamport_empty_kernel(uint4* p, std::int64_t packs) {
-  constexpr std::uint32_t kEmpty2 = kLamportEmpty * 0x10001u;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    p[i] = make_uint4(kEmpty2, kEmpty2, kEmpty2, kEmpty2);
+    p[i] = lamport_empty_pack();
 }
 
 }  // namespace

@@ -56,33 +56,34 @@ struct Measure {
   std::string failure;
 };
 
+/// The algorithm a row pins its group to; nullopt where the group decides (`auto`) or no group
+/// serves the row.
+std::optional<AlgoChoice> pinned_algo(BenchAlgo a) {
+  switch (a) {
+    case BenchAlgo::kOneShot:
+      return AlgoChoice::kOneShot;
+    case BenchAlgo::kTwoShot:
+      return AlgoChoice::kTwoShot;
+    case BenchAlgo::kLamport:
+      return AlgoChoice::kLamport;
+    case BenchAlgo::kLamportTwoShot:
+      return AlgoChoice::kLamportTwoShot;
+    case BenchAlgo::kNccl:
+      return AlgoChoice::kNccl;
+    case BenchAlgo::kAuto:
+    case BenchAlgo::kNcclDirect:
+    case BenchAlgo::kMemcpy:
+      break;
+  }
+  return std::nullopt;
+}
+
 /// Runs one collective on whichever path the row asks for.
 class Runner {
  public:
   Runner(Bootstrap& boot, int device, const BenchOptions& o, BenchAlgo algo) : o_(o), algo_(algo) {
     Options opt = Options::from_env();
-    switch (algo) {
-      case BenchAlgo::kAuto:
-        break;
-      case BenchAlgo::kOneShot:
-        opt.algo = AlgoChoice::kOneShot;
-        break;
-      case BenchAlgo::kTwoShot:
-        opt.algo = AlgoChoice::kTwoShot;
-        break;
-      case BenchAlgo::kLamport:
-        opt.algo = AlgoChoice::kLamport;
-        break;
-      case BenchAlgo::kLamportTwoShot:
-        opt.algo = AlgoChoice::kLamportTwoShot;
-        break;
-      case BenchAlgo::kNccl:
-        opt.algo = AlgoChoice::kNccl;
-        break;
-      case BenchAlgo::kNcclDirect:
-      case BenchAlgo::kMemcpy:
-        break;
-    }
+    if (auto pinned = pinned_algo(algo)) opt.algo = *pinned;
     if (algo == BenchAlgo::kMemcpy) {
       // nothing to build
     } else if (algo == BenchAlgo::kNcclDirect) {
@@ -219,8 +220,8 @@ class Bench {
               std::string(to_string(algo)).c_str());
         continue;
       }
-      const bool custom_only = algo == BenchAlgo::kOneShot || algo == BenchAlgo::kTwoShot ||
-                               algo == BenchAlgo::kLamport || algo == BenchAlgo::kLamportTwoShot;
+      const auto pinned = pinned_algo(algo);
+      const bool custom_only = pinned && *pinned != AlgoChoice::kNccl;
       if (custom_only && o_.op != Collective::kAllReduce) {
         if (boot_.rank() == 0)
           std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",

@@ -19,6 +19,12 @@ __device__ __forceinline__ uint4 lamport_outgoing(uint4 x) {
   return make_uint4(fix(x.x), fix(x.y), fix(x.z), fix(x.w));
 }
 
+/// A pack of empty marks.
+__device__ __forceinline__ uint4 lamport_empty_pack() {
+  constexpr std::uint32_t kEmpty2 = kLamportEmpty * 0x10001u;  // two empty elements
+  return make_uint4(kEmpty2, kEmpty2, kEmpty2, kEmpty2);
+}
+
 /// True once no 16-bit element of `x` holds the empty mark.
 __device__ __forceinline__ bool lamport_arrived(uint4 x) {
   auto empty = [](std::uint32_t w) {
@@ -63,6 +69,8 @@ __device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) 
   __shared__ std::uint32_t seq_shared, dirty_shared[kLamportBuffers];
   const SignalPad* self = p.pads[p.rank];
   if (threadIdx.x == 0) {
+    // All three sizes, read together with the count: which one matters depends on the count,
+    // and waiting for it first would put a second load on the critical path.
     seq_shared = self->lamport_seq[blockIdx.x] + 1u;
 #pragma unroll
     for (int b = 0; b < kLamportBuffers; ++b) dirty_shared[b] = self->lamport_dirty[b];
@@ -85,8 +93,7 @@ __device__ __forceinline__ void lamport_refill(const AllReduceParams& p, const L
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t packs = f.stale / 16;
   char* stale = lamport_buffer(p, p.rank, f.previous);
-  constexpr std::uint32_t kEmpty2 = kLamportEmpty * 0x10001u;  // two empty elements
-  const uint4 empty = make_uint4(kEmpty2, kEmpty2, kEmpty2, kEmpty2);
+  const uint4 empty = lamport_empty_pack();
 #pragma unroll
   for (int s = 0; s < R; ++s)
     for (std::int64_t i = first; i < packs; i += stride)

@@ -163,9 +163,9 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   impl->register_min_bytes = options.custom_ar_register_min_bytes;
   impl->programmatic = options.programmatic_launch;
   impl->timeout_ns = static_cast<std::uint64_t>(options.timeout_ms) * 1000000ull;
-  impl->layout = WorkspaceLayout::make(
-      options.custom_ar_max_bytes, std::min(options.lamport_max_bytes, options.custom_ar_max_bytes),
-      world);
+  const std::int64_t lamport_max_bytes =
+      std::min(options.lamport_max_bytes, options.custom_ar_max_bytes);
+  impl->layout = WorkspaceLayout::make(options.custom_ar_max_bytes, lamport_max_bytes, world);
 
   // All-or-nothing on every rank (it votes internally).
   try {
@@ -222,9 +222,7 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   caps.world_size = world;
   caps.custom_available = true;
   caps.max_bytes = options.custom_ar_max_bytes;
-  caps.lamport_max_bytes = impl->layout.lamport_slot_bytes == 0
-                               ? 0
-                               : std::min(options.lamport_max_bytes, options.custom_ar_max_bytes);
+  caps.lamport_max_bytes = lamport_max_bytes;
   caps.max_blocks = std::min(kMaxBlocks, resident);
   // The smallest of the ranks' limits, so every rank launches the same grid.
   std::int32_t mine = caps.max_blocks;

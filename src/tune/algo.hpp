@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "ipc/layout.hpp"
+
 namespace tpcomm {
 
 /// A custom all-reduce algorithm, or none (the request goes to the next backend, NCCL).
@@ -31,6 +33,16 @@ enum class Algo : std::uint8_t {
 /// buffers from a peer).
 constexpr bool is_lamport(Algo a) noexcept {
   return a == Algo::kLamport || a == Algo::kLamportTwoShot;
+}
+
+/// True when Lamport algorithm `a` can carry a message of `bytes` bytes among `world_size` ranks
+/// in receive slots of `slot_bytes` bytes; false for the other algorithms.
+constexpr bool lamport_fits(Algo a, std::int64_t bytes, int world_size,
+                            std::int64_t slot_bytes) noexcept {
+  if (a == Algo::kLamport) return bytes <= slot_bytes;
+  if (a == Algo::kLamportTwoShot)
+    return lamport_two_shot_slot_bytes(bytes, world_size) <= slot_bytes;
+  return false;
 }
 
 /// "none", "one_shot", "two_shot", "lamport", "lamport_two_shot".

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 
-#include "ipc/layout.hpp"
-
 namespace tpcomm {
 namespace {
 
@@ -54,11 +52,15 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
   if (bytes <= 0 || bytes > caps.max_bytes) return Choice{};
   if (bytes % static_cast<std::int64_t>(dtype_size(dtype)) != 0) return Choice{};
 
-  const bool lamport_serves = dtype_size(dtype) == 2 && bytes <= caps.lamport_max_bytes;
-  const bool lamport_two_shot_serves =
-      dtype_size(dtype) == 2 &&
-      lamport_two_shot_slot_bytes(bytes, caps.world_size) <= caps.lamport_max_bytes;
-  const Choice fallback = default_choice(bytes, caps.world_size, caps.max_blocks);
+  auto lamport_serves = [&](Algo a) {
+    return dtype_size(dtype) == 2 &&
+           lamport_fits(a, bytes, caps.world_size, caps.lamport_max_bytes);
+  };
+  auto fallback = [&] { return default_choice(bytes, caps.world_size, caps.max_blocks); };
+  auto forced_lamport = [&](Algo a) {
+    return lamport_serves(a) ? default_launch(a, bytes, caps.world_size, caps.max_blocks)
+                             : fallback();
+  };
   switch (forced) {
     case AlgoChoice::kNccl:
       return Choice{};
@@ -67,28 +69,23 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
     case AlgoChoice::kTwoShot:
       return default_launch(Algo::kTwoShot, bytes, caps.world_size, caps.max_blocks);
     case AlgoChoice::kLamport:
-      return lamport_serves
-                 ? default_launch(Algo::kLamport, bytes, caps.world_size, caps.max_blocks)
-                 : fallback;
+      return forced_lamport(Algo::kLamport);
     case AlgoChoice::kLamportTwoShot:
-      return lamport_two_shot_serves
-                 ? default_launch(Algo::kLamportTwoShot, bytes, caps.world_size, caps.max_blocks)
-                 : fallback;
+      return forced_lamport(Algo::kLamportTwoShot);
     case AlgoChoice::kAuto:
       break;
   }
   if (table != nullptr && table->key().world_size == caps.world_size) {
     if (auto tuned = table->lookup(bytes)) {
-      if (tuned->algo == Algo::kLamport && !lamport_serves) return fallback;
-      if (tuned->algo == Algo::kLamportTwoShot && !lamport_two_shot_serves) return fallback;
+      if (is_lamport(tuned->algo) && !lamport_serves(tuned->algo)) return fallback();
       return clamp_blocks(*tuned, caps.max_blocks);
     }
   }
   const std::int64_t lamport_default =
       caps.world_size <= 4 ? kLamportMaxBytesUpTo4Ranks : kLamportMaxBytes;
-  if (lamport_serves && bytes <= lamport_default)
+  if (bytes <= lamport_default && lamport_serves(Algo::kLamport))
     return default_launch(Algo::kLamport, bytes, caps.world_size, caps.max_blocks);
-  return fallback;
+  return fallback();
 }
 
 }  // namespace tpcomm

@@ -71,9 +71,7 @@ std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps
   const int max_blocks = caps.max_blocks;
   const std::int64_t packs = (bytes + 15) / 16;
   for (Algo algo : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport, Algo::kLamportTwoShot}) {
-    if (algo == Algo::kLamport && bytes > caps.lamport_max_bytes) continue;
-    if (algo == Algo::kLamportTwoShot &&
-        lamport_two_shot_slot_bytes(bytes, world_size) > caps.lamport_max_bytes)
+    if (is_lamport(algo) && !lamport_fits(algo, bytes, world_size, caps.lamport_max_bytes))
       continue;
     const bool sliced = algo == Algo::kTwoShot || algo == Algo::kLamportTwoShot;
     const std::int64_t work = sliced ? (packs + world_size - 1) / world_size : packs;
