@@ -75,17 +75,19 @@ Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool prog
   return e == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 
-Status preload_all_reduce(int world_size) noexcept {
+Status warm_up(int world_size, Stream stream) noexcept {
+  AllReduceParams empty{};  // count 0: every kernel returns at once
+  empty.world_size = world_size;
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    empty.dtype = t;
     for (Algo a : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport, Algo::kLamportTwoShot}) {
       if (is_lamport(a) && t == DType::kF32) continue;  // 16-bit types only
-      const void* kernel = nullptr;
-      if (Status s = find_kernel(a, t, world_size, &kernel); s != Status::kOk) return s;
-      cudaFuncAttributes attributes{};
-      if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) return Status::kCudaError;
+      if (Status s = launch_all_reduce(empty, Choice{a, 1, 32}, false, stream); s != Status::kOk)
+        return s;
     }
   }
-  return Status::kOk;
+  if (Status s = fill_lamport_empty(nullptr, 0, stream); s != Status::kOk) return s;
+  return warm_up_test_data(stream);
 }
 
 int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexcept {
@@ -110,9 +112,8 @@ __global__ void fill_lamport_empty_kernel(uint4* p, std::int64_t packs) {
 Status fill_lamport_empty(void* buffers, std::int64_t bytes, Stream stream) noexcept {
   if (bytes % 16 != 0 || (reinterpret_cast<std::uintptr_t>(buffers) & 15u) != 0)
     return Status::kInvalidArgument;
-  if (bytes == 0) return Status::kOk;
-  const std::int64_t packs = bytes / 16;
-  const int blocks = static_cast<int>(std::min<std::int64_t>((packs + 255) / 256, 1024));
+  const std::int64_t packs = bytes / 16;  // 0: a warm-up launch
+  const int blocks = static_cast<int>(std::clamp<std::int64_t>((packs + 255) / 256, 1, 1024));
   fill_lamport_empty_kernel<<<blocks, 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
       static_cast<uint4*>(buffers), packs);
   return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;

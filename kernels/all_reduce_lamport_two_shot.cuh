@@ -14,6 +14,7 @@ template <class T, int R>
 __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllReduceParams p) {
   static_assert(sizeof(T) == 2, "the empty mark is a 16-bit pattern");
   begin_launch();
+  if (p.count == 0) return;  // a warm-up launch: nothing to do (NOTE [first launch])
   const std::int64_t count = p.count;
   const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
   // Slice s is packs [s * slice, min((s + 1) * slice, packs)); in every slot, the pushed inputs
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllRe
   for (std::int64_t i = first; i < slice && ok; i += stride) {
     if (p.rank * slice + i >= packs) break;
     Pack<T> got[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait);
+    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait, p.pads);
     if (!ok) break;
     const uint4 sum = lamport_outgoing(sum_packs<T, R>(got).raw);
 #pragma unroll
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllRe
 #pragma unroll
     for (int s = 0; s < R; ++s) slots += s * slice + i < packs ? 1 : 0;
     Pack<T> sums[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, slots);
+    ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, p.pads, slots);
     if (!ok) break;
 #pragma unroll
     for (int s = 0; s < R; ++s)

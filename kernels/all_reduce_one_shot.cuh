@@ -10,6 +10,7 @@ namespace tpcomm::kernels {
 template <class T, int R>
 __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReduceParams p) {
   begin_launch();
+  if (p.count == 0) return;  // a warm-up launch: nothing to do (NOTE [first launch])
   const std::int64_t count = p.count;
   const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

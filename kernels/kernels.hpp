@@ -52,10 +52,10 @@ static_assert(std::is_trivially_copyable_v<AllReduceParams>);
 Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool programmatic,
                          Stream stream) noexcept;
 
-/// Loads every all-reduce kernel of `world_size` ranks now, so that no first launch has to
-/// load one while a peer's kernel spins waiting for it (lazy module loading can wait for the
-/// device to go idle). kCudaError when one cannot be loaded.
-Status preload_all_reduce(int world_size) noexcept;
+/// Launches every kernel that a group of `world_size` ranks may run once on `stream`, each with
+/// nothing to do, so that no kernel's first launch on that stream happens while a peer waits
+/// (NOTE [first launch] in backends/custom_ar.cpp). Asynchronous; kCudaError when a launch fails.
+Status warm_up(int world_size, Stream stream) noexcept;
 
 /// Fills `bytes` bytes (a multiple of 16, 16-byte aligned) of Lamport buffers with the empty
 /// mark (NOTE [lamport] in ipc/layout.hpp).
@@ -79,6 +79,9 @@ enum class Collective : std::uint8_t {
 /// every partial result is representable in `dtype`), starting at element index `first`.
 Status fill_data(void* data, DType dtype, std::int64_t count, std::uint64_t seed, int rank,
                  ReduceOp op, std::int64_t first, Stream stream) noexcept;
+
+/// Launches the test-data kernels once on `stream` with nothing to do (part of `warm_up`).
+Status warm_up_test_data(Stream stream) noexcept;
 
 /// Sets every byte of `bytes` bytes to 0xFF (NaN in every float type) so that an element the
 /// collective did not write cannot pass a check.

@@ -210,6 +210,14 @@ Status fill_data(void* data, DType dtype, std::int64_t count, std::uint64_t seed
   return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 
+Status warm_up_test_data(Stream stream) noexcept {
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  fill_kernel<<<1, 32, 0, s>>>(nullptr, DType::kF32, 0, 0, 0, ReduceOp::kSum, 0);
+  check_kernel<<<1, 32, 0, s>>>(nullptr, DType::kF32, 0, 0, 0, 1, ReduceOp::kSum,
+                                Collective::kAllReduce, 0, nullptr);
+  return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
+}
+
 Status poison(void* data, std::int64_t bytes, Stream stream) noexcept {
   if (bytes <= 0) return Status::kOk;
   return cudaMemsetAsync(data, 0xFF, static_cast<std::size_t>(bytes),

@@ -35,6 +35,10 @@ step info "$bin/tpcomm" info
 
 if [ "$what" = all ] || [ "$what" = tests ]; then
   step gpu "$bin/tpcomm_gpu_tests"
+  # Ranks sharing a process with the caller's kernels between collectives, ten times in a row
+  # (docs/FIRST-LAUNCH.md).
+  step first-launch "$bin/tpcomm_gpu_tests" --gtest_filter='*CallerKernels*:*LibraryKernels*' \
+    --gtest_repeat=10 --gtest_brief=1
   # One process per GPU where there are several; on one GPU, 2 and 4 processes share it.
   if [ "$gpus" -ge 2 ]; then nps="$gpus"; else nps="2 4"; fi
   for np in $nps; do

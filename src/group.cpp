@@ -203,7 +203,19 @@ struct Group::Impl {
            st == cudaStreamCaptureStatusActive;
   }
 
+  /// NOTE [first launch] (backends/custom_ar.cpp): a stream's first collective warms it up.
+  Status warm_up(Stream stream) noexcept {
+    if (custom == nullptr) return Status::kOk;
+    if (Status s = custom->impl().warm_up(stream); s != Status::kOk)
+      return fail(s, custom->impl().error_message().empty()
+                         ? detail::concat("warming up a stream failed: ", to_string(s))
+                         : custom->impl().error_message());
+    return Status::kOk;
+  }
+
   Status dispatch(Request req, Stream stream) noexcept {
+    // Point-to-point calls involve two ranks: the others would never meet the barrier.
+    if (req.op != Op::kSend && req.op != Op::kRecv) TPCOMM_TRY(warm_up(stream));
     TPCOMM_TRY(order(stream));
     req.capturing = capturing(stream);
     const Backend* served = nullptr;
@@ -436,9 +448,17 @@ std::string Group::backend_for_all_reduce(const TensorView& in, const TensorView
   return std::string(b->name());
 }
 
+Status Group::warm_up(Stream stream) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  return m.warm_up(stream);
+}
+
 Group::CaptureScope Group::capture(Stream stream) {
   Impl& m = *impl_;
   TPCOMM_CHECK(!m.scope_open, Status::kInvalidArgument, "capture scopes do not nest");
+  if (Status s = m.warm_up(stream); s != Status::kOk)
+    TPCOMM_THROW(s, "opening a capture scope: ", m.last_error);
   // The capture will not see work issued earlier on another stream: finish it now.
   if (m.any_call && m.last_stream != stream)
     TPCOMM_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(m.last_stream)));

@@ -80,6 +80,18 @@ class Group {
   [[nodiscard]] Status send(const TensorView& buf, int peer, Stream stream) noexcept;
   [[nodiscard]] Status recv(const TensorView& buf, int peer, Stream stream) noexcept;
 
+  /// Prepares `stream` for this group's collectives: launches every kernel the group may run
+  /// once on it with nothing to do, waits for the stream (and so for every kernel the caller
+  /// launched on it before), and meets every rank. Collective. The group's first collective on a
+  /// stream, and `capture`, do this by themselves, so every rank must start using a new stream
+  /// at the same call; calling it explicitly says where that happens. Later calls for the same
+  /// stream return at once. Where ranks share a process (virtual ranks, one thread per GPU),
+  /// launch each of your own kernels once on the stream before this, or before the first
+  /// collective on it: a kernel's first launch on a stream while a peer waits can hold that
+  /// stream until the peer gives up (README, "Ranks that share a process"). Not graph-safe: call
+  /// it outside a capture. kTimeout when a peer does not arrive within `TPCOMM_TIMEOUT_MS`.
+  [[nodiscard]] Status warm_up(Stream stream) noexcept;
+
   /// An open capture scope (see `capture`). Closing it is collective.
   class CaptureScope {
    public:
@@ -104,7 +116,8 @@ class Group {
   /// Opens a capture scope for CUDA-graph capture on `stream`: inside it NCCL is enabled and
   /// large custom all-reduces read the caller's buffers in place; `close()` (or the destructor)
   /// registers those buffers with every rank. Open the scope before `cudaStreamBeginCapture`.
-  /// Calls on a stream that is not capturing behave as outside the scope. Collective on close.
+  /// Calls on a stream that is not capturing behave as outside the scope. Collective on close,
+  /// and on open for a stream the group has not used yet (`warm_up`).
   [[nodiscard]] CaptureScope capture(Stream stream);
 
   /// The backend that would serve this all-reduce ("local", "custom_ar:one_shot",

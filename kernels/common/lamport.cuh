@@ -67,13 +67,14 @@ struct LamportFrame {
 /// after `begin_launch`.
 __device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) {
   __shared__ std::uint32_t seq_shared, dirty_shared[kLamportBuffers];
-  const SignalPad* self = p.pads[p.rank];
+  SignalPad* self = p.pads[p.rank];
   if (threadIdx.x == 0) {
     // All three sizes, read together with the count: which one matters depends on the count,
     // and waiting for it first would put a second load on the critical path.
     seq_shared = self->lamport_seq[blockIdx.x] + 1u;
 #pragma unroll
     for (int b = 0; b < kLamportBuffers; ++b) dirty_shared[b] = self->lamport_dirty[b];
+    self->lamport_started[blockIdx.x] = seq_shared;  // NOTE [bounded waits]
   }
   __syncthreads();
   LamportFrame f;
@@ -81,7 +82,7 @@ __device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) 
   f.buffer = static_cast<int>(f.seq % kLamportBuffers);
   f.previous = static_cast<int>((f.seq + kLamportBuffers - 1) % kLamportBuffers);
   f.stale = dirty_shared[f.previous];
-  f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank};
+  f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank, f.seq};
   return f;
 }
 
@@ -101,12 +102,13 @@ __device__ __forceinline__ void lamport_refill(const AllReduceParams& p, const L
 }
 
 /// Polls the pack at `offset` bytes into slots 0..`slots`-1 of `buffer` (this rank's, as
-/// mapped here) until none holds the empty mark; the packs in `got`. False when a wait gave up
-/// (NOTE [bounded waits]).
+/// mapped here) until none holds the empty mark; the packs in `got`. Slot r is written by rank
+/// r, whose signal pad is `pads[r]`. False when a wait gave up (NOTE [bounded waits]).
 template <class T, int R>
 __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t slot_bytes,
                                              std::int64_t offset, Pack<T> (&got)[R],
-                                             const WaitContext& w, int slots = R) {
+                                             const WaitContext& w, SignalPad* const* pads,
+                                             int slots = R) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (r < slots) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
@@ -121,7 +123,7 @@ __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t sl
             x = ld_volatile(at);
             return lamport_arrived(x);
           },
-          w, r);
+          w, r, &pads[r]->lamport_started[blockIdx.x]);
     }
     got[r].raw = x;
   }

@@ -32,7 +32,11 @@ namespace tpcomm::kernels {
 // host reads the word before the group's next call and from then on answers kTimeout/kAborted.
 // Once the word is set, every later wait of the rank gives up at its next abort poll, so the
 // operations already queued behind a failed one (a whole graph of them) drain in microseconds.
-// It never traps, so the CUDA context survives and the process can build a new group.
+// It never traps, so the CUDA context survives and the process can build a new group. The
+// report names the operation and what the awaited peer's block last started (every block
+// records the operation it starts in its own `SignalPad::started`), so the message can say
+// whether the peer never began the operation (its stream was held, NOTE [first launch] in
+// backends/custom_ar.cpp) or was stuck inside it.
 
 __device__ __forceinline__ std::uint64_t globaltimer_ns() {
   std::uint64_t t;
@@ -61,33 +65,41 @@ struct WaitContext {
   const std::uint32_t* abort_flag;
   ErrorWord* error;
   int rank;
+  std::uint32_t op;  // the operation this launch performs (its `seq` or `lamport_seq` count)
 };
 
-__device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer) {
+/// Records in the host-mapped error word that this block gave up waiting for `peer`, with the
+/// operation that peer's same block had last started (`SignalPad::started`), so that the host
+/// can tell a peer that never started this operation from one stuck inside it.
+__device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer,
+                                       const std::uint32_t* peer_started) {
   volatile ErrorWord* e = w.error;
   e->rank = static_cast<std::uint32_t>(w.rank);
   e->peer = static_cast<std::uint32_t>(peer);
   e->block = blockIdx.x;
+  e->op = w.op;
+  e->peer_started = *reinterpret_cast<const volatile std::uint32_t*>(peer_started);
   __threadfence_system();
   e->code = code;
 }
 
 /// Spins until `ready()` returns true. False when it gave up (NOTE [bounded waits]); `peer` is
-/// the rank named in the report.
+/// the rank named in the report, `peer_started` its `SignalPad::started` entry for this block.
 template <class Ready>
-__device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, int peer) {
+__device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, int peer,
+                                           const std::uint32_t* peer_started) {
   if (ready()) return true;
   const std::uint64_t start = globaltimer_ns();
   for (std::uint32_t spins = 1;; ++spins) {
     if (ready()) return true;
     if ((spins & 63u) == 0) {
       if (w.timeout_ns != 0 && globaltimer_ns() - start > w.timeout_ns) {
-        report(w, ErrorWord::kTimeout, peer);
+        report(w, ErrorWord::kTimeout, peer, peer_started);
         return false;
       }
       if ((spins & 1023u) == 0) {
         if (*reinterpret_cast<const volatile std::uint32_t*>(w.abort_flag) != 0) {
-          report(w, ErrorWord::kAborted, peer);
+          report(w, ErrorWord::kAborted, peer, peer_started);
           return false;
         }
         // An earlier wait of this rank gave up: so does this one, instead of waiting out its
@@ -100,8 +112,9 @@ __device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, 
 
 /// Spins until `*flag` reaches `target` (pattern 2). False when it gave up (NOTE [bounded waits]).
 __device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target,
-                                 const WaitContext& w, int peer) {
-  return wait_until([&] { return reached(ld_acquire_sys(flag), target); }, w, peer);
+                                 const WaitContext& w, int peer,
+                                 const std::uint32_t* peer_started) {
+  return wait_until([&] { return reached(ld_acquire_sys(flag), target); }, w, peer, peer_started);
 }
 
 /// Barrier of this block with block `blockIdx.x` of every peer (patterns 1 and 2). `pads[r]`
@@ -115,7 +128,7 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
   const int t = static_cast<int>(threadIdx.x);
   if (t < R && t != rank) {
     st_release_sys(&pads[t]->flags[blockIdx.x][rank], value);
-    ok = wait_flag(&pads[rank]->flags[blockIdx.x][t], value, w, t);
+    ok = wait_flag(&pads[rank]->flags[blockIdx.x][t], value, w, t, &pads[t]->started[blockIdx.x]);
   }
   return __syncthreads_and(ok) != 0;
 }

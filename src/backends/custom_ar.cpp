@@ -16,6 +16,24 @@
 #include "kernels/kernels.hpp"
 
 namespace tpcomm {
+
+// NOTE [first launch]
+// Ranks that share a process (virtual ranks, or one thread per GPU) wait for each other inside
+// kernels, and the first launch of a kernel can hold up its rank until the device has no other
+// work, which a peer spinning for that rank never allows: the ranks wedge until the deadline.
+// Measured on an H200 with 8 virtual ranks (docs/FIRST-LAUNCH.md):
+//  - with lazy module loading (CUDA's default), the launch call of a cold kernel loads its module
+//    under the context lock and waits for the device to go idle; every rank's thread blocks in
+//    its next CUDA call;
+//  - with CUDA_MODULE_LOADING=EAGER no call blocks, yet one rank's next kernel does not start
+//    until its peers have given up. Loading the function beforehand (cudaFuncGetAttributes, an
+//    occupancy query) or launching it on another stream does not prevent this; launching it once
+//    on the same stream before the first collective does.
+// So a group launches every kernel it may run once when it is built (nothing can be waiting
+// then), and once more on each stream before its first collective there (`warm_up`, which ends
+// with a barrier so that no rank starts a collective before every rank is done). Callers do the
+// same for their own kernels (README, "Ranks that share a process").
+
 namespace {
 
 /// Slots for buffers registered during capture; never reused (graphs may live forever).
@@ -54,6 +72,8 @@ struct CustomAllReduce::Impl {
   WorkspaceLayout layout{};
   std::array<char*, kMaxRanks> workspaces{};
   std::vector<std::uint64_t> nonces;  // per rank, to tell same-process peers
+  bool peers_in_process = false;      // another rank of the group runs in this process
+  std::vector<Stream> warm_streams;   // streams `warm_up` has prepared (NOTE [first launch])
   ErrorWord* error_host = nullptr;    // host-mapped
   ErrorWord* error_dev = nullptr;
   std::uint32_t* abort_host = nullptr;  // host-mapped
@@ -79,7 +99,9 @@ struct CustomAllReduce::Impl {
   /// Allocates and probes; throws on a local failure.
   void setup_local() {
     DeviceGuard guard(device);
-    TPCOMM_CHECK(kernels::preload_all_reduce(world) == Status::kOk, Status::kCudaError,
+    // The first launch of every kernel in this process, while no peer can be waiting (NOTE
+    // [first launch]); each stream the group later uses gets its own in `warm_up`.
+    TPCOMM_CHECK(kernels::warm_up(world, nullptr) == Status::kOk, Status::kCudaError,
                  "loading the all-reduce kernels failed");
     // Mappings written by peers, read back locally: a real check of every path.
     for (int r = 0; r < world; ++r) {
@@ -211,7 +233,11 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   // why one kernel per rank is enough).
   int sharing = 0;
   for (const Vote& v : votes) sharing += (v.node == vote.node && v.device == vote.device) ? 1 : 0;
-  for (const Vote& v : votes) impl->nonces.push_back(v.nonce);
+  for (const Vote& v : votes) {
+    impl->nonces.push_back(v.nonce);
+    if (&v != &votes[static_cast<std::size_t>(impl->rank)] && v.nonce == vote.nonce)
+      impl->peers_in_process = true;
+  }
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   int per_sm = 64;
@@ -246,13 +272,47 @@ Status CustomAllReduce::health() noexcept {
   const std::uint32_t code = e->code;
   if (code == 0) return Status::kOk;
   health_ = code == ErrorWord::kAborted ? Status::kAborted : Status::kTimeout;
-  error_message_ =
-      detail::concat("custom all-reduce: rank ", e->rank,
-                     code == ErrorWord::kAborted ? " was aborted while waiting for rank "
-                                                 : " timed out waiting for rank ",
-                     e->peer, " (block ", e->block, ")");
+  // Wrap-safe, like the kernels' counts (NOTE [signal pad]).
+  const bool peer_started = static_cast<std::int32_t>(e->peer_started - e->op) >= 0;
+  error_message_ = detail::concat(
+      "custom all-reduce: rank ", e->rank,
+      code == ErrorWord::kAborted ? " was aborted while waiting for rank "
+                                  : " timed out waiting for rank ",
+      e->peer, " (block ", e->block, ", operation ", e->op, "), which ",
+      peer_started
+          ? "had started that operation (it waits for another rank, or stopped)"
+          : detail::concat("had not started it (its last was operation ", e->peer_started, ")"));
+  if (!peer_started && impl_->peers_in_process)
+    error_message_ +=
+        ". Ranks that share a process: a kernel launched for the first time on a stream while "
+        "its peers wait can hold that stream until they give up; launch each of your kernels "
+        "once on every stream before its first collective (README, 'Ranks that share a process')";
   TPCOMM_LOG_ERROR(error_message_);
   return health_;
+}
+
+Status CustomAllReduce::warm_up(Stream stream) noexcept {
+  Impl& m = *impl_;
+  if (std::find(m.warm_streams.begin(), m.warm_streams.end(), stream) != m.warm_streams.end())
+    return Status::kOk;
+  if (Status h = health(); h != Status::kOk) return h;
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TPCOMM_CUDA_TRY(cudaStreamIsCapturing(s, &capture));
+  // A stream first used inside a capture cannot be synchronised: its kernels stay cold there.
+  if (capture != cudaStreamCaptureStatusNone) return Status::kOk;
+  if (kernels::warm_up(m.world, stream) != Status::kOk) return Status::kCudaError;
+  TPCOMM_CUDA_TRY(cudaStreamSynchronize(s));
+  try {
+    m.boot->barrier();
+  } catch (const Error& err) {
+    health_ = err.status();
+    error_message_ = detail::concat("custom all-reduce: warming up a new stream: ", err.what(),
+                                    " (every rank must start using a new stream at the same call)");
+    return health_;
+  }
+  m.warm_streams.push_back(stream);
+  return Status::kOk;
 }
 
 void CustomAllReduce::abort() noexcept {

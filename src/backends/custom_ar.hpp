@@ -44,6 +44,14 @@ class CustomAllReduce {
   [[nodiscard]] Status run(const TensorView& in, const TensorView& out, Choice choice,
                            bool capturing, Stream stream) noexcept;
 
+  /// Collective, once per stream (later calls return at once): launches every kernel of the
+  /// group once on `stream` with nothing to do, waits for the stream (and so for the caller's
+  /// kernels launched on it before), and meets every rank at a barrier, so that no kernel is
+  /// launched on `stream` for the first time while a peer waits for this rank (NOTE [first
+  /// launch] in custom_ar.cpp). Does nothing on a stream that is being captured. kTimeout (sticky)
+  /// when a peer does not arrive at the barrier.
+  [[nodiscard]] Status warm_up(Stream stream) noexcept;
+
   /// A capture scope opened: subsequent captured calls may register buffers.
   void begin_capture() noexcept;
   /// Collective: exchanges the buffers recorded since `begin_capture` and fills their slots.

@@ -118,6 +118,8 @@ TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int devic
   TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   TPCOMM_CUDA_CHECK(cudaEventCreate(&start));
   TPCOMM_CUDA_CHECK(cudaEventCreate(&stop));
+  if (Status w = ar.warm_up(reinterpret_cast<Stream>(s)); w != Status::kOk)
+    TPCOMM_THROW(w, "tuning: ", ar.error_message());
   // Never time on zeros.
   TPCOMM_CHECK(kernels::fill_data(in, DType::kBF16, max_count, 2024, boot.rank(), ReduceOp::kSum, 0,
                                   reinterpret_cast<Stream>(s)) == Status::kOk,

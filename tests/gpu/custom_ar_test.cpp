@@ -405,6 +405,66 @@ INSTANTIATE_TEST_SUITE_P(Lamport, LamportReuse,
                                   std::string(to_string(std::get<1>(info.param)));
                          });
 
+// The library's own kernels alone, first launched on the stream in the middle of a sequence:
+// bf16, then f16, then f32 all-reduces of growing and shrinking sizes, back to back with no host
+// synchronisation, so each dtype's kernels start while peers may already wait (NOTE [first
+// launch] in backends/custom_ar.cpp). Every operation exact.
+class LibraryKernels : public ::testing::TestWithParam<std::tuple<int, AlgoChoice>> {};
+
+TEST_P(LibraryKernels, Bf16ThenF16ThenF32WithoutWaiting) {
+  const auto [world, algo] = GetParam();
+  const std::int64_t bytes[] = {2048, 65536, 512, 1 << 20, 24576, 4 << 20, 8192};
+  struct Op {
+    DType t;
+    std::int64_t n;
+    std::uint64_t seed;
+  };
+  std::vector<Op> ops;
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32})
+    for (std::int64_t b : bytes)
+      ops.push_back({t, b / static_cast<std::int64_t>(dtype_size(t)), fresh_seed()});
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    Options o = options_for(algo);
+    o.timeout_ms = 5000;
+    Group g(boot, 0, o);
+    StreamHolder stream;
+    std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
+    for (const Op& op : ops) {
+      ins.push_back(std::make_unique<DeviceBuffer>(op.n * dtype_size(op.t)));
+      outs.push_back(std::make_unique<DeviceBuffer>(op.n * dtype_size(op.t)));
+      ASSERT_EQ(kernels::fill_data(ins.back()->get(), op.t, op.n, op.seed, rank, ReduceOp::kSum, 0,
+                                   stream.stream()),
+                Status::kOk);
+    }
+    DeviceBuffer wrong(sizeof(unsigned long long));
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    boot.barrier();
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      ASSERT_EQ(
+          g.all_reduce(TensorView::flat(ins[i]->get(), ops[i].t, ops[i].n, 0),
+                       TensorView::flat(outs[i]->get(), ops[i].t, ops[i].n, 0), stream.stream()),
+          Status::kOk)
+          << g.last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      EXPECT_EQ(wrong_elements(wrong, outs[i]->get(), ops[i].t, ops[i].n, ops[i].seed, rank, world,
+                               stream.stream()),
+                0u)
+          << "rank " << rank << " operation " << i << " " << to_string(ops[i].t);
+    boot.barrier();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sequence, LibraryKernels,
+                         ::testing::Combine(::testing::Values(4, 8),
+                                            ::testing::Values(AlgoChoice::kAuto,
+                                                              AlgoChoice::kLamport)),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::string(to_string(std::get<1>(info.param)));
+                         });
+
 // -0.0 is the empty mark of the Lamport buffers: inputs holding it are sent as +0.0, so the
 // operation still completes (instead of waiting for data that looks unwritten) with the right
 // sums, and every rank's output is bitwise the same.

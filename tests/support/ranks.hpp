@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tpcomm/bootstrap.hpp"
+#include "tpcomm/types.hpp"
 
 namespace tpcomm::testing {
 
