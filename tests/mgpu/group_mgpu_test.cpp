@@ -211,8 +211,10 @@ TEST(MultiProcess, NcclCollectivesThroughTheGroup) {
 }
 
 // A peer that dies without any cleanup: the survivors' kernels give up within the deadline,
-// the group names the rank that did not arrive, and tearing the group down stays bounded.
-// Runs last (the dead rank is gone afterwards); only when TPCOMM_MGPU_DEAD_PEER=1.
+// the group names the rank that did not arrive, and tearing the group down stays bounded. A
+// second group, whose stream the dead peer never warmed up, fails its first collective at the
+// warm-up barrier instead (NOTE [first launch]), as clearly. Runs last (the dead rank is gone
+// afterwards); only when TPCOMM_MGPU_DEAD_PEER=1.
 TEST(MultiProcess, ZDeadPeerTimesOut) {
   if (std::getenv("TPCOMM_MGPU_DEAD_PEER") == nullptr)
     GTEST_SKIP() << "set TPCOMM_MGPU_DEAD_PEER=1";
@@ -220,8 +222,10 @@ TEST(MultiProcess, ZDeadPeerTimesOut) {
   o.timeout_ms = 3000;
   const int victim = g_boot->world_size() - 1;
   auto g = std::make_unique<Group>(*g_boot, g_device, o);
+  auto cold = std::make_unique<Group>(*g_boot, g_device, o);
   StreamHolder stream;
   DeviceBuffer in(8192), out(8192);
+  ASSERT_EQ(g->warm_up(stream.stream()), Status::kOk) << g->last_error();
   g_boot->barrier();
   if (g_boot->rank() == victim) _exit(0);  // gone: no destructors, no goodbye
   const auto start = std::chrono::steady_clock::now();
@@ -234,6 +238,14 @@ TEST(MultiProcess, ZDeadPeerTimesOut) {
   EXPECT_NE(g->last_error().find("waiting for rank " + std::to_string(victim)), std::string::npos)
       << g->last_error();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  EXPECT_EQ(
+      cold->all_reduce(TensorView::flat(in.get(), DType::kBF16, 4096, g_device),
+                       TensorView::flat(out.get(), DType::kBF16, 4096, g_device), stream.stream()),
+      Status::kTimeout);
+  EXPECT_NE(cold->last_error().find("did not arrive"), std::string::npos) << cold->last_error();
+  EXPECT_NE(cold->last_error().find("new stream"), std::string::npos) << cold->last_error();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60.0);
+  cold.reset();
   g.reset();  // teardown with a dead peer: bounded by the store timeout
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 90.0);
 }
