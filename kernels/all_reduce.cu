@@ -1,100 +1,70 @@
 // SPDX-License-Identifier: Apache-2.0
-// Launchers of the custom all-reduce kernels: the one place where they are instantiated.
+// The launcher of the all-reduce kernels and the kernel table (each kernel is instantiated in its
+// own file), and the Lamport buffers' fill.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
-#include "kernels/all_reduce_lamport.cuh"
-#include "kernels/all_reduce_lamport_two_shot.cuh"
-#include "kernels/all_reduce_one_shot.cuh"
-#include "kernels/all_reduce_two_shot.cuh"
 #include "kernels/common/dispatch.cuh"
+#include "kernels/common/lamport.cuh"
 #include "kernels/kernels.hpp"
 
 namespace tpcomm::kernels {
-namespace {
 
-/// The kernel function of (algo, T, R).
-template <class T, int R>
-const void* kernel_of(Algo algo) {
-  switch (algo) {
-    case Algo::kOneShot:
-      return reinterpret_cast<const void*>(&all_reduce_one_shot_kernel<T, R>);
-    case Algo::kTwoShot:
-      return reinterpret_cast<const void*>(&all_reduce_two_shot_kernel<T, R>);
-    case Algo::kLamport:
-      if constexpr (sizeof(T) == 2)
-        return reinterpret_cast<const void*>(&all_reduce_lamport_kernel<T, R>);
-      break;
-    case Algo::kLamportTwoShot:
-      if constexpr (sizeof(T) == 2)
-        return reinterpret_cast<const void*>(&all_reduce_lamport_two_shot_kernel<T, R>);
-      break;
-    case Algo::kNone:
-      break;
+// Each defined in its kernel's own file.
+template <>
+const void* instance<KernelId::kOneShot>(DType, int) noexcept;
+template <>
+const void* instance<KernelId::kTwoShot>(DType, int) noexcept;
+template <>
+const void* instance<KernelId::kLamport>(DType, int) noexcept;
+template <>
+const void* instance<KernelId::kLamportTwoShot>(DType, int) noexcept;
+
+const void* kernel_function(KernelId kernel, DType dtype, int world_size) noexcept {
+  switch (kernel) {
+    case KernelId::kOneShot:
+      return instance<KernelId::kOneShot>(dtype, world_size);
+    case KernelId::kTwoShot:
+      return instance<KernelId::kTwoShot>(dtype, world_size);
+    case KernelId::kLamport:
+      return instance<KernelId::kLamport>(dtype, world_size);
+    case KernelId::kLamportTwoShot:
+      return instance<KernelId::kLamportTwoShot>(dtype, world_size);
   }
   return nullptr;
 }
 
-Status find_kernel(Algo algo, DType dtype, int world_size, const void** out) {
-  return dispatch_float_dtype(dtype, [&]<class T>() {
-    return dispatch_world_size(world_size, [&]<int R>() {
-      *out = kernel_of<T, R>(algo);
-      return *out != nullptr ? Status::kOk : Status::kInvalidArgument;
-    });
-  });
-}
-
-}  // namespace
-
-Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool programmatic,
-                         Stream stream) noexcept {
-  if (choice.blocks < 1 || choice.blocks > kMaxBlocks || choice.threads < 32 ||
-      choice.threads > 1024 || choice.threads % 32 != 0 || choice.threads < params.world_size)
+Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchShape shape,
+                         bool programmatic, Stream stream) noexcept {
+  if (shape.blocks < 1 || shape.blocks > kMaxBlocks || shape.threads < 32 ||
+      shape.threads > 1024 || shape.threads % 32 != 0 || shape.threads < params.world_size)
     return Status::kInvalidArgument;
   const std::int64_t bytes = params.count * static_cast<std::int64_t>(dtype_size(params.dtype));
-  if (is_lamport(choice.algo) &&
-      !lamport_fits(choice.algo, bytes, params.world_size, params.layout.lamport_slot_bytes))
+  if (lamport_slot_need(kernel, bytes, params.world_size) > params.layout.lamport_slot_bytes)
     return Status::kInvalidArgument;
-  const void* kernel = nullptr;
-  if (Status s = find_kernel(choice.algo, params.dtype, params.world_size, &kernel);
-      s != Status::kOk)
-    return s;
+  const void* function = kernel_function(kernel, params.dtype, params.world_size);
+  if (function == nullptr) return Status::kInvalidArgument;
   AllReduceParams copy = params;
   void* args[] = {&copy};
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(choice.blocks);
-  config.blockDim = dim3(choice.threads);
+  config.gridDim = dim3(shape.blocks);
+  config.blockDim = dim3(shape.threads);
   config.stream = reinterpret_cast<cudaStream_t>(stream);
   config.attrs = &attribute;
   config.numAttrs = programmatic ? 1 : 0;
-  cudaError_t e = cudaLaunchKernelExC(&config, kernel, args);
+  cudaError_t e = cudaLaunchKernelExC(&config, function, args);
   return e == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 
-Status warm_up(int world_size, Stream stream) noexcept {
-  AllReduceParams empty{};  // count 0: every kernel returns at once
-  empty.world_size = world_size;
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-    empty.dtype = t;
-    for (Algo a : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport, Algo::kLamportTwoShot}) {
-      if (is_lamport(a) && t == DType::kF32) continue;  // 16-bit types only
-      if (Status s = launch_all_reduce(empty, Choice{a, 1, 32}, false, stream); s != Status::kOk)
-        return s;
-    }
-  }
-  if (Status s = fill_lamport_empty(nullptr, 0, stream); s != Status::kOk) return s;
-  return warm_up_test_data(stream);
-}
-
-int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexcept {
-  const void* kernel = nullptr;
-  if (find_kernel(algo, dtype, world_size, &kernel) != Status::kOk) return 0;
+int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads) noexcept {
+  const void* function = kernel_function(kernel, dtype, world_size);
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess)
+  if (function == nullptr ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, function, threads, 0) != cudaSuccess)
     return 0;
   return blocks;
 }

@@ -5,11 +5,12 @@
 // in ipc/layout.hpp). The small-message algorithm where latency matters most.
 #pragma once
 
+#include "kernels/common/epilogue.cuh"
 #include "kernels/common/lamport.cuh"
 
 namespace tpcomm::kernels {
 
-template <class T, int R>
+template <class T, int R, class Epilogue>
 __global__ void __launch_bounds__(1024) all_reduce_lamport_kernel(AllReduceParams p) {
   static_assert(sizeof(T) == 2, "the empty mark is a 16-bit pattern");
   begin_launch();
@@ -40,11 +41,13 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_kernel(AllReduceParam
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
   T* out = static_cast<T*>(p.output);
   const bool out_aligned = is_aligned16(out);
+  const Epilogue epilogue(p);
   bool ok = true;
   for (std::int64_t v = first; v < packs && ok; v += stride) {
     Pack<T> got[R];
     ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait, p.pads);
-    if (ok) store_pack(out, v, count, out_aligned, sum_packs<T, R>(got));
+    if (ok)
+      store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
   }
   lamport_end(p, f, ok, packs * 16);
 }

@@ -6,11 +6,12 @@
 // round trip: data is its own flag (NOTE [lamport] in ipc/layout.hpp). 16-bit types only.
 #pragma once
 
+#include "kernels/common/epilogue.cuh"
 #include "kernels/common/lamport.cuh"
 
 namespace tpcomm::kernels {
 
-template <class T, int R>
+template <class T, int R, class Epilogue>
 __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllReduceParams p) {
   static_assert(sizeof(T) == 2, "the empty mark is a 16-bit pattern");
   begin_launch();
@@ -39,8 +40,10 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllRe
   }
   lamport_refill<R>(p, f);
 
-  // Reduce this rank's slice in rank order; push each sum to slot `rank` of every rank.
+  // Reduce this rank's slice in rank order, finish it with the epilogue, and push each result to
+  // slot `rank` of every rank.
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
+  const Epilogue epilogue(p);
   bool ok = true;
 #pragma unroll 1
   for (std::int64_t i = first; i < slice && ok; i += stride) {
@@ -48,7 +51,8 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllRe
     Pack<T> got[R];
     ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait, p.pads);
     if (!ok) break;
-    const uint4 sum = lamport_outgoing(sum_packs<T, R>(got).raw);
+    const std::int64_t v = p.rank * slice + i;
+    const uint4 sum = lamport_outgoing(epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems).raw);
 #pragma unroll
     for (int r = 0; r < R; ++r)
       st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + (slice + i) * 16, sum);

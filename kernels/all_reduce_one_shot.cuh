@@ -3,11 +3,12 @@
 // writes the whole sum. One barrier, R x n bytes read per rank: the small-message algorithm.
 #pragma once
 
+#include "kernels/common/epilogue.cuh"
 #include "kernels/common/workspace.cuh"
 
 namespace tpcomm::kernels {
 
-template <class T, int R>
+template <class T, int R, class Epilogue>
 __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReduceParams p) {
   begin_launch();
   if (p.count == 0) return;  // a warm-up launch: nothing to do (NOTE [first launch])
@@ -40,8 +41,10 @@ __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReducePara
   T* out = static_cast<T*>(p.output);
   const bool out_aligned = is_aligned16(out);
   const bool src_aligned = all_aligned<T, R>(f.src);
+  const Epilogue epilogue(p);
   for (std::int64_t v = first; v < packs; v += stride)
-    store_pack(out, v, count, out_aligned, reduce_pack<T, R>(f.src, v, count, src_aligned));
+    store_pack(out, v, count, out_aligned,
+               epilogue(reduce_pack<T, R>(f.src, v, count, src_aligned), v * Pack<T>::kElems));
 
   // Registered inputs belong to the caller again when this kernel ends: wait until every peer
   // has read them.

@@ -4,11 +4,12 @@
 // the medium- and large-message algorithm.
 #pragma once
 
+#include "kernels/common/epilogue.cuh"
 #include "kernels/common/workspace.cuh"
 
 namespace tpcomm::kernels {
 
-template <class T, int R>
+template <class T, int R, class Epilogue>
 __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReduceParams p) {
   begin_launch();
   if (p.count == 0) return;  // a warm-up launch: nothing to do (NOTE [first launch])
@@ -33,12 +34,15 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
   }
   if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait)) return;
 
-  // Reduce-scatter: this rank's slice, summed in rank order (bitwise the same as one-shot).
+  // Reduce-scatter: this rank's slice, summed in rank order (bitwise the same as one-shot) and
+  // finished by the epilogue before it is shared.
   T* scratch_self = scratch_of<T>(p, p.rank);
   const bool src_aligned = all_aligned<T, R>(f.src);
+  const Epilogue epilogue(p);
   for (std::int64_t i = first; i < slice; i += stride)
     if (const std::int64_t v = p.rank * slice + i; v < packs)
-      store_pack_ws(scratch_self, v, reduce_pack<T, R>(f.src, v, count, src_aligned));
+      store_pack_ws(scratch_self, v,
+                    epilogue(reduce_pack<T, R>(f.src, v, count, src_aligned), v * Pack<T>::kElems));
   if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(2), f.wait)) return;
   if (!p.end_barrier) allow_next_launch();
 

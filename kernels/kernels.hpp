@@ -8,9 +8,38 @@
 #include "ipc/layout.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/types.hpp"
-#include "tune/algo.hpp"
 
 namespace tpcomm::kernels {
+
+/// The all-reduce kernels, one file each (`kernels/all_reduce_<kernel>.cu` and its `.cuh`). Which
+/// algorithm runs which kernel, where it fits and how it is tuned is the registry's business
+/// (src/tune/algorithms.hpp); this layer knows only what each kernel needs.
+enum class KernelId : std::uint8_t { kOneShot, kTwoShot, kLamport, kLamportTwoShot };
+
+/// True for the kernels that push into the Lamport receive buffers (NOTE [lamport] in
+/// ipc/layout.hpp) instead of reading peers' inputs between barriers; 16-bit types only.
+constexpr bool pushes(KernelId k) noexcept {
+  return k == KernelId::kLamport || k == KernelId::kLamportTwoShot;
+}
+
+/// True for the kernels in which each rank reduces one slice of 1 / world size of the message.
+constexpr bool sliced(KernelId k) noexcept {
+  return k == KernelId::kTwoShot || k == KernelId::kLamportTwoShot;
+}
+
+/// Bytes of every Lamport slot that kernel `k` needs for a message of `bytes` bytes among
+/// `world_size` ranks; 0 for the kernels that do not push.
+constexpr std::int64_t lamport_slot_need(KernelId k, std::int64_t bytes, int world_size) noexcept {
+  if (k == KernelId::kLamport) return bytes;
+  if (k == KernelId::kLamportTwoShot) return lamport_two_shot_slot_bytes(bytes, world_size);
+  return 0;
+}
+
+/// Blocks per rank's kernel and threads per block.
+struct LaunchShape {
+  int blocks = 0;
+  int threads = 0;
+};
 
 /// Everything one rank's all-reduce kernel needs; passed by value.
 struct AllReduceParams {
@@ -44,25 +73,26 @@ struct AllReduceParams {
 };
 static_assert(std::is_trivially_copyable_v<AllReduceParams>);
 
-/// Launches `choice.algo` with `choice.blocks` x `choice.threads` on `stream`; with
-/// `programmatic`, as a programmatic dependent launch (NOTE [programmatic launch] in
-/// kernels/common/sync.cuh). kInvalidArgument for an unsupported dtype/world size/launch shape;
-/// kCudaError when the launch fails. Sum only; f32, f16, bf16 (Lamport: f16 and bf16 that fit
-/// `layout.lamport_slot_bytes`); world sizes 2..8.
-Status launch_all_reduce(const AllReduceParams& params, Choice choice, bool programmatic,
-                         Stream stream) noexcept;
+/// The kernel function of `kernel` for `dtype` and `world_size` ranks, with the identity
+/// epilogue (NOTE [epilogues] in kernels/common/epilogue.cuh); nullptr where it has none (an
+/// unsupported dtype or world size, f32 for the kernels that push).
+const void* kernel_function(KernelId kernel, DType dtype, int world_size) noexcept;
 
-/// Launches every kernel that a group of `world_size` ranks may run once on `stream`, each with
-/// nothing to do, so that no kernel's first launch on that stream happens while a peer waits
-/// (NOTE [first launch] in backends/custom_ar.cpp). Asynchronous; kCudaError when a launch fails.
-Status warm_up(int world_size, Stream stream) noexcept;
+/// Launches `kernel` on `stream` with `shape`; with `programmatic`, as a programmatic dependent
+/// launch (NOTE [programmatic launch] in kernels/common/sync.cuh). `params.count` 0 launches it
+/// with nothing to do (NOTE [first launch] in backends/custom_ar.cpp). kInvalidArgument for an
+/// unsupported dtype/world size/launch shape, or a message the Lamport slots cannot hold;
+/// kCudaError when the launch fails. Sum only; world sizes 2..8.
+Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchShape shape,
+                         bool programmatic, Stream stream) noexcept;
 
 /// Fills `bytes` bytes (a multiple of 16, 16-byte aligned) of Lamport buffers with the empty
 /// mark (NOTE [lamport] in ipc/layout.hpp).
 Status fill_lamport_empty(void* buffers, std::int64_t bytes, Stream stream) noexcept;
 
-/// Most blocks of `threads` threads of `algo` that one SM can hold at once (occupancy).
-int max_blocks_per_sm(Algo algo, DType dtype, int world_size, int threads) noexcept;
+/// Most blocks of `threads` threads of `kernel` that one SM can hold at once (occupancy); 0 where
+/// the kernel has no instantiation for `dtype` and `world_size`.
+int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads) noexcept;
 
 // ---- exact test data (tests and `tpcomm bench --check`) ----------------------------------
 
@@ -80,7 +110,7 @@ enum class Collective : std::uint8_t {
 Status fill_data(void* data, DType dtype, std::int64_t count, std::uint64_t seed, int rank,
                  ReduceOp op, std::int64_t first, Stream stream) noexcept;
 
-/// Launches the test-data kernels once on `stream` with nothing to do (part of `warm_up`).
+/// Launches the test-data kernels once on `stream` with nothing to do (NOTE [first launch]).
 Status warm_up_test_data(Stream stream) noexcept;
 
 /// Sets every byte of `bytes` bytes to 0xFF (NaN in every float type) so that an element the

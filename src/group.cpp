@@ -16,9 +16,9 @@
 #include "core/cuda_check.hpp"
 #include "core/log.hpp"
 #include "ipc/peer_buffer.hpp"
+#include "tune/algorithms.hpp"
 #include "tune/selector.hpp"
 #include "tune/table.hpp"
-#include "tune/tuner.hpp"
 
 namespace tpcomm {
 namespace {
@@ -28,7 +28,7 @@ class LocalBackend final : public Backend {
  public:
   std::string_view name() const noexcept override { return "local"; }
   Support supports(const Request&) const noexcept override { return Support::yes(); }
-  Status run(const Request& r, Stream stream) noexcept override {
+  Status run(const Request& r, const Support&, Stream stream) noexcept override {
     if (r.op == Op::kSend || r.op == Op::kRecv) return Status::kInvalidArgument;
     if (r.in.data == r.out.data || r.out.nbytes() == 0) return Status::kOk;
     TPCOMM_CUDA_TRY(cudaMemcpyAsync(r.out.data, r.in.data, static_cast<std::size_t>(r.out.nbytes()),
@@ -38,31 +38,37 @@ class LocalBackend final : public Backend {
   }
 };
 
-/// The custom one-shot/two-shot all-reduce; the selector decides per size.
+/// The custom all-reduce; the selector decides per call which algorithm of the registry serves.
 class CustomArBackend final : public Backend {
  public:
-  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, const Options& options,
+  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, Pinned pinned,
                   const TuneTable* const* table)
-      : ar_(std::move(ar)), forced_(options.algo), table_(table) {}
+      : ar_(std::move(ar)), pinned_(pinned), table_(table) {}
   std::string_view name() const noexcept override { return "custom_ar"; }
   CustomAllReduce& impl() noexcept { return *ar_; }
 
   Choice choose(const Request& r) const noexcept {
-    return select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, ar_->caps(), forced_, *table_);
+    return select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, ar_->caps(), pinned_, *table_);
   }
+  /// The plan handed from `supports` to `run` is the chosen algorithm and launch shape.
   Support supports(const Request& r) const noexcept override {
     if (r.op != Op::kAllReduce) return Support::no("only all-reduce");
-    if (choose(r).algo == Algo::kNone)
-      return Support::no("size, dtype or op outside the custom kernels");
-    return Support::yes();
+    const Choice c = choose(r);
+    if (c.algo == Algo::kNone) return Support::no("size, dtype or op outside the custom kernels");
+    return Support::yes(static_cast<std::uint64_t>(c.algo) |
+                        static_cast<std::uint64_t>(c.blocks) << 8 |
+                        static_cast<std::uint64_t>(c.threads) << 32);
   }
-  Status run(const Request& r, Stream stream) noexcept override {
-    return ar_->run(r.in, r.out, choose(r), r.capturing, stream);
+  Status run(const Request& r, const Support& support, Stream stream) noexcept override {
+    const Choice c{static_cast<Algo>(support.plan & 0xFF),
+                   static_cast<int>((support.plan >> 8) & 0xFFFFFF),
+                   static_cast<int>(support.plan >> 32)};
+    return ar_->run(r.in, r.out, c, r.capturing, stream);
   }
 
  private:
   std::unique_ptr<CustomAllReduce> ar_;
-  AlgoChoice forced_;
+  Pinned pinned_;
   const TuneTable* const* table_;
 };
 
@@ -73,7 +79,7 @@ class NcclBackend final : public Backend {
   std::string_view name() const noexcept override { return "nccl"; }
   NcclComm& comm() noexcept { return *comm_; }
   Support supports(const Request&) const noexcept override { return Support::yes(); }
-  Status run(const Request& r, Stream s) noexcept override {
+  Status run(const Request& r, const Support&, Stream s) noexcept override {
     const auto n = static_cast<std::size_t>(r.out.numel());
     const int world = comm_->world_size();
     switch (r.op) {
@@ -110,6 +116,29 @@ struct RankInfo {
   std::int32_t nccl_loadable;
   std::int32_t nccl_version;
 };
+
+bool same_gpu(const RankInfo& a, const RankInfo& b) {
+  return a.node == b.node && std::strcmp(a.bus_id.data(), b.bus_id.data()) == 0;
+}
+
+/// What the ranks told each other at construction.
+struct Peers {
+  std::vector<RankInfo> infos;
+  /// Every rank runs on this rank's GPU.
+  bool one_gpu = true;
+  /// The first two ranks that share a GPU, or {-1, -1}.
+  std::pair<int, int> shared{-1, -1};
+};
+
+/// A namespace of the group's own in `boot`'s store, named by rank 0. Collective.
+Bootstrap own_namespace(Bootstrap& boot) {
+  std::uint64_t tag = std::random_device{}();
+  tag = (tag << 32) ^ std::random_device{}() ^ process_nonce();
+  tag = boot.broadcast_value(tag, 0);
+  std::vector<int> ranks(static_cast<std::size_t>(boot.world_size()));
+  for (int r = 0; r < boot.world_size(); ++r) ranks[static_cast<std::size_t>(r)] = r;
+  return boot.split(ranks, "group-" + std::to_string(tag));
+}
 
 }  // namespace
 
@@ -234,118 +263,122 @@ struct Group::Impl {
     TPCOMM_LOG_ERROR("rank ", boot.rank(), ": ", message);
     return fail(s, std::move(message));
   }
-};
 
-Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
-  // A namespace of our own in the store, named by rank 0.
-  std::uint64_t tag = std::random_device{}();
-  tag = (tag << 32) ^ std::random_device{}() ^ process_nonce();
-  tag = boot.broadcast_value(tag, 0);
-  std::vector<int> ranks(static_cast<std::size_t>(boot.world_size()));
-  for (int r = 0; r < boot.world_size(); ++r) ranks[static_cast<std::size_t>(r)] = r;
-  impl_ = std::make_unique<Impl>(boot.split(ranks, "group-" + std::to_string(tag)));
-  Impl& m = *impl_;
-  m.device = device;
-  m.options = options;
-  const int world = boot.world_size();
-  DeviceGuard guard(device);
-
-  RankInfo info{};
-  info.nonce = process_nonce();
-  info.node = boot.node_id();
-  info.device = device;
-  TPCOMM_CUDA_CHECK(
-      cudaDeviceGetPCIBusId(info.bus_id.data(), static_cast<int>(info.bus_id.size()), device));
-  // TPCOMM_ALGO=nccl means NCCL for everything, even at world size 1 (to measure it).
-  const bool nccl_only = options.algo == AlgoChoice::kNccl;
-  const bool want_nccl = config.nccl && !options.disable_nccl && (world > 1 || nccl_only);
-  std::string nccl_why;
-  if (want_nccl) {
-    try {
-      info.nccl_version = NcclLib::load(options.nccl_path).version();
-      info.nccl_loadable = 1;
-    } catch (const Error& e) {
-      nccl_why = e.what();
+  /// Every rank's `RankInfo`, and what they say about the group's GPUs.
+  Peers meet_peers(bool want_nccl, std::string* nccl_why) {
+    RankInfo info{};
+    info.nonce = process_nonce();
+    info.node = boot.node_id();
+    info.device = device;
+    TPCOMM_CUDA_CHECK(
+        cudaDeviceGetPCIBusId(info.bus_id.data(), static_cast<int>(info.bus_id.size()), device));
+    if (want_nccl) {
+      try {
+        info.nccl_version = NcclLib::load(options.nccl_path).version();
+        info.nccl_loadable = 1;
+      } catch (const Error& e) {
+        *nccl_why = e.what();
+      }
     }
-  }
-  const auto infos = m.boot.all_gather_value(info);
-  bool one_gpu = true;
-  int shared_with = -1;
-  for (int r = 0; r < world; ++r) {
-    const RankInfo& o = infos[static_cast<std::size_t>(r)];
-    if (o.node != info.node || std::strcmp(o.bus_id.data(), info.bus_id.data()) != 0)
-      one_gpu = false;
-    for (int q = 0; q < r; ++q) {
-      const RankInfo& p = infos[static_cast<std::size_t>(q)];
-      if (p.node == o.node && std::strcmp(p.bus_id.data(), o.bus_id.data()) == 0 && shared_with < 0)
-        shared_with = q * 1000 + r;
+    Peers peers;
+    peers.infos = boot.all_gather_value(info);
+    const int world = boot.world_size();
+    for (int r = 0; r < world; ++r) {
+      const RankInfo& o = peers.infos[static_cast<std::size_t>(r)];
+      if (!same_gpu(o, info)) peers.one_gpu = false;
+      for (int q = 0; q < r && peers.shared.first < 0; ++q)
+        if (same_gpu(peers.infos[static_cast<std::size_t>(q)], o)) peers.shared = {q, r};
     }
+    return peers;
   }
 
-  if (world == 1 && !nccl_only) m.chain.add(std::make_unique<LocalBackend>());
-
-  if (config.custom_all_reduce && world > 1) {
+  /// The custom all-reduce, where every rank can take part (it votes); a log line otherwise.
+  void add_custom(Pinned pinned) {
     std::string why;
-    if (auto ar = CustomAllReduce::create(m.boot, device, options, &why)) {
-      auto backend = std::make_unique<CustomArBackend>(std::move(ar), options, &m.table);
-      m.custom = backend.get();
-      m.chain.add(std::move(backend));
-    } else if (m.boot.rank() == 0) {
+    if (auto ar = CustomAllReduce::create(boot, device, options, &why)) {
+      auto backend = std::make_unique<CustomArBackend>(std::move(ar), pinned, &table);
+      custom = backend.get();
+      chain.add(std::move(backend));
+    } else if (boot.rank() == 0) {
       TPCOMM_LOG_WARN("custom all-reduce not used: ", why);
     }
   }
 
-  if (want_nccl) {
+  /// NCCL, unless a rank cannot load it or two ranks share a GPU (which NCCL refuses).
+  void add_nccl(const Peers& peers, const std::string& nccl_why) {
     int missing = -1;
-    for (int r = 0; r < world && missing < 0; ++r)
-      if (infos[static_cast<std::size_t>(r)].nccl_loadable == 0) missing = r;
+    for (int r = 0; r < boot.world_size() && missing < 0; ++r)
+      if (peers.infos[static_cast<std::size_t>(r)].nccl_loadable == 0) missing = r;
     if (missing >= 0) {
-      if (m.boot.rank() == 0 || missing == m.boot.rank())
+      if (boot.rank() == 0 || missing == boot.rank())
         TPCOMM_LOG_WARN("NCCL not used: rank ", missing, " cannot load it",
                         nccl_why.empty() ? std::string() : ": " + nccl_why);
-    } else if (shared_with >= 0) {
-      if (m.boot.rank() == 0)
-        TPCOMM_LOG_WARN("NCCL not used: ranks ", shared_with / 1000, " and ", shared_with % 1000,
+    } else if (peers.shared.first >= 0) {
+      if (boot.rank() == 0)
+        TPCOMM_LOG_WARN("NCCL not used: ranks ", peers.shared.first, " and ", peers.shared.second,
                         " share one GPU, which NCCL refuses");
     } else {
       auto backend =
-          std::make_unique<NcclBackend>(std::make_unique<NcclComm>(m.boot, device, options));
-      m.nccl = backend.get();
-      m.chain.add(std::move(backend));
+          std::make_unique<NcclBackend>(std::make_unique<NcclComm>(boot, device, options));
+      nccl = backend.get();
+      chain.add(std::move(backend));
     }
   }
 
-  if (m.custom != nullptr) {
-    m.tune_key = TuneKey{};
+  /// The tuned table for this group's key: rank 0 reads the cache, every rank installs what it
+  /// read, so all decide alike.
+  void load_tune_table(const Peers& peers) {
     cudaDeviceProp prop{};
     TPCOMM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     int driver = 0;
     cudaDriverGetVersion(&driver);
-    m.tune_key.gpu = prop.name;
-    m.tune_key.world_size = world;
-    m.tune_key.topology = one_gpu ? "one-gpu" : "p2p";
-    m.tune_key.driver_version = driver;
-    m.tune_key.nccl_version = infos[0].nccl_version;
-    m.tune_key.tpcomm_version = TPCOMM_VERSION;
-    // Rank 0 reads the cache; every rank installs what it read, so all decide alike.
+    tune_key = TuneKey{};
+    tune_key.gpu = prop.name;
+    tune_key.world_size = boot.world_size();
+    tune_key.topology = peers.one_gpu ? "one-gpu" : "p2p";
+    tune_key.driver_version = driver;
+    tune_key.nccl_version = peers.infos[0].nccl_version;
+    tune_key.tpcomm_version = TPCOMM_VERSION;
     std::string text;
-    const std::string path = tune_path(options, m.tune_key);
-    if (m.boot.rank() == 0) {
+    const std::string path = tune_path(options, tune_key);
+    if (boot.rank() == 0) {
       std::string why;
-      if (auto t = TuneTable::load(path, m.tune_key, &why)) {
+      if (auto t = TuneTable::load(path, tune_key, &why)) {
         text = t->to_text();
         TPCOMM_LOG_INFO("using tuned table ", path);
       } else {
         TPCOMM_LOG_INFO("no tuned table (", why, "); built-in thresholds decide");
       }
     }
-    auto shared = m.boot.broadcast(std::as_bytes(std::span(text.data(), text.size())), 0);
+    auto shared = boot.broadcast(std::as_bytes(std::span(text.data(), text.size())), 0);
     if (!shared.empty()) {
-      m.table_storage = TuneTable::parse(
+      table_storage = TuneTable::parse(
           std::string_view(reinterpret_cast<const char*>(shared.data()), shared.size()));
-      m.table = &*m.table_storage;
+      table = &*table_storage;
     }
   }
+};
+
+Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
+  Pinned pinned;
+  TPCOMM_CHECK(parse_pinned(options.algo, &pinned), Status::kInvalidArgument, "algorithm \"",
+               options.algo, "\" (TPCOMM_ALGO) is not one of ", pinned_names());
+  options.algo = std::string(to_string(pinned));
+  impl_ = std::make_unique<Impl>(own_namespace(boot));
+  Impl& m = *impl_;
+  m.device = device;
+  m.options = std::move(options);
+  DeviceGuard guard(device);
+  // TPCOMM_ALGO=nccl means NCCL for everything, even at world size 1 (to measure it).
+  const bool nccl_only = pinned == Algo::kNone;
+  const int world = m.boot.world_size();
+  const bool want_nccl = config.nccl && !m.options.disable_nccl && (world > 1 || nccl_only);
+  std::string nccl_why;
+  const Peers peers = m.meet_peers(want_nccl, &nccl_why);
+  if (world == 1 && !nccl_only) m.chain.add(std::make_unique<LocalBackend>());
+  if (config.custom_all_reduce && world > 1) m.add_custom(pinned);
+  if (want_nccl) m.add_nccl(peers, nccl_why);
+  if (m.custom != nullptr) m.load_tune_table(peers);
 }
 
 Group::~Group() = default;
@@ -497,7 +530,7 @@ Status Group::CaptureScope::close() noexcept {
 void Group::tune() {
   Impl& m = *impl_;
   if (m.custom == nullptr) return;
-  TuneTable table = tune_custom_all_reduce(m.custom->impl(), m.boot, m.device, m.tune_key);
+  TuneTable table = m.custom->impl().tune(m.tune_key);
   if (m.boot.rank() == 0) {
     const std::string path = tune_path(m.options, m.tune_key);
     table.save(path);

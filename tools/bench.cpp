@@ -19,6 +19,7 @@
 #include "core/cuda_check.hpp"
 #include "core/log.hpp"
 #include "tools/bench_args.hpp"
+#include "tune/graph_timer.hpp"
 #include "tools/commands.hpp"
 #include "tools/ranks.hpp"
 #include "tpcomm/group.hpp"
@@ -56,37 +57,16 @@ struct Measure {
   std::string failure;
 };
 
-/// The algorithm a row pins its group to; nullopt where the group decides (`auto`) or no group
-/// serves the row.
-std::optional<AlgoChoice> pinned_algo(BenchAlgo a) {
-  switch (a) {
-    case BenchAlgo::kOneShot:
-      return AlgoChoice::kOneShot;
-    case BenchAlgo::kTwoShot:
-      return AlgoChoice::kTwoShot;
-    case BenchAlgo::kLamport:
-      return AlgoChoice::kLamport;
-    case BenchAlgo::kLamportTwoShot:
-      return AlgoChoice::kLamportTwoShot;
-    case BenchAlgo::kNccl:
-      return AlgoChoice::kNccl;
-    case BenchAlgo::kAuto:
-    case BenchAlgo::kNcclDirect:
-    case BenchAlgo::kMemcpy:
-      break;
-  }
-  return std::nullopt;
-}
-
 /// Runs one collective on whichever path the row asks for.
 class Runner {
  public:
   Runner(Bootstrap& boot, int device, const BenchOptions& o, BenchAlgo algo) : o_(o), algo_(algo) {
     Options opt = Options::from_env();
-    if (auto pinned = pinned_algo(algo)) opt.algo = *pinned;
-    if (algo == BenchAlgo::kMemcpy) {
+    // The `auto` row keeps what TPCOMM_ALGO says; every other group row pins its own.
+    if (algo.kind == BenchAlgo::Kind::kGroup && algo.name != "auto") opt.algo = algo.name;
+    if (algo.kind == BenchAlgo::Kind::kMemcpy) {
       // nothing to build
-    } else if (algo == BenchAlgo::kNcclDirect) {
+    } else if (algo.kind == BenchAlgo::Kind::kNcclDirect) {
       direct_ = std::make_unique<NcclComm>(boot, device, opt);
     } else {
       group_ = std::make_unique<Group>(boot, device, opt);
@@ -97,11 +77,11 @@ class Runner {
   Group* group() { return group_.get(); }
 
   /// Whether the output can be checked (a plain copy computes no collective).
-  bool checkable() const { return algo_ != BenchAlgo::kMemcpy; }
+  bool checkable() const { return algo_.kind != BenchAlgo::Kind::kMemcpy; }
 
   Status run(const void* in, void* out, const Shape& s, Stream stream) {
     const DType t = o_.dtype;
-    if (algo_ == BenchAlgo::kMemcpy) {
+    if (algo_.kind == BenchAlgo::Kind::kMemcpy) {
       const auto bytes = static_cast<std::size_t>(s.in) * dtype_size(t);
       return cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice,
                              reinterpret_cast<cudaStream_t>(stream)) == cudaSuccess
@@ -143,7 +123,7 @@ class Runner {
   }
 
   std::string served_by(const Shape& s) const {
-    if (algo_ == BenchAlgo::kMemcpy) return "cudaMemcpyAsync";
+    if (algo_.kind == BenchAlgo::Kind::kMemcpy) return "cudaMemcpyAsync";
     if (direct_) return "nccl(direct)";
     if (o_.op != Collective::kAllReduce) return group_->world_size() == 1 ? "local" : "nccl";
     auto v = TensorView::flat(reinterpret_cast<void*>(256), o_.dtype, s.in, group_->device());
@@ -197,6 +177,7 @@ class Bench {
   std::int64_t run(nlohmann::json& rows) {
     DeviceGuard guard(device_);
     TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    graph_ = std::make_unique<GraphTimer>(stream());
     TPCOMM_CUDA_CHECK(cudaEventCreate(&start_));
     TPCOMM_CUDA_CHECK(cudaEventCreate(&stop_));
     const int world = boot_.world_size();
@@ -216,21 +197,20 @@ class Bench {
 
     std::int64_t total_wrong = 0;
     bool failed = false;
-    for (BenchAlgo algo : o_.algos) {
-      const bool nccl_path = algo == BenchAlgo::kNccl || algo == BenchAlgo::kNcclDirect;
+    for (const BenchAlgo& algo : o_.algos) {
+      const bool nccl_path = algo.kind == BenchAlgo::Kind::kNcclDirect ||
+                             (algo.kind == BenchAlgo::Kind::kGroup && algo.name == "nccl");
       if (nccl_path && world > 1 && shares_gpu()) {
         if (boot_.rank() == 0)
           std::printf(
               "#\n# %s: skipped: NCCL refuses two ranks on one GPU (run with -g on several GPUs)\n",
-              std::string(to_string(algo)).c_str());
+              algo.name.c_str());
         continue;
       }
-      const auto pinned = pinned_algo(algo);
-      const bool custom_only = pinned && *pinned != AlgoChoice::kNccl;
-      if (custom_only && o_.op != Collective::kAllReduce) {
+      if (algo.pins_custom() && o_.op != Collective::kAllReduce) {
         if (boot_.rank() == 0)
           std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",
-                      std::string(to_string(algo)).c_str());
+                      algo.name.c_str());
         continue;
       }
       std::optional<Runner> runner;
@@ -242,12 +222,12 @@ class Bench {
       }
       if (!runner) {
         if (boot_.rank() == 0)
-          std::printf("#\n# %s: skipped: %s\n", std::string(to_string(algo)).c_str(), why.c_str());
+          std::printf("#\n# %s: skipped: %s\n", algo.name.c_str(), why.c_str());
         continue;
       }
       if (runner->warm_up(stream()) != Status::kOk) {
         if (boot_.rank() == 0)
-          std::printf("#\n# %s: failed: %s\n", std::string(to_string(algo)).c_str(),
+          std::printf("#\n# %s: failed: %s\n", algo.name.c_str(),
                       runner->last_error().c_str());
         failed = true;
         break;
@@ -259,7 +239,8 @@ class Bench {
         const std::int64_t bytes = count * es;
         const Shape s = shape_of(o_.op, count, world);
         Measure oop = measure(*runner, s, false, k);
-        const bool no_in_place = o_.op == Collective::kAllToAll || algo == BenchAlgo::kMemcpy;
+        const bool no_in_place =
+            o_.op == Collective::kAllToAll || algo.kind == BenchAlgo::Kind::kMemcpy;
         Measure ip = no_in_place ? Measure{} : measure(*runner, s, true, k);
         total_wrong += static_cast<std::int64_t>(oop.wrong + ip.wrong);
         failed = failed || !oop.failure.empty() || !ip.failure.empty();
@@ -268,7 +249,7 @@ class Bench {
           print_row(bytes, count, oop, ip, served);
           rows.push_back(row_json(algo, bytes, count, oop, ip, served));
           std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n",
-                       std::string(to_string(algo)).c_str(),
+                       algo.name.c_str(),
                        std::string(collective_name(o_.op)).c_str(), k + 1, sizes.size());
         }
         if (failed) break;
@@ -367,7 +348,7 @@ class Bench {
       // The captured path, checked too: refill, poison, replay once.
       m.failure = check_graph(runner, s, size_index, wrong);
     }
-    graph_.reset();  // NOTE [graphs of virtual ranks]: before the collective below
+    graph_->reset();  // NOTE [graphs of virtual ranks] (tune/graph_timer.hpp): before the collective
     TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": timed ", t, " us",
                      m.failure.empty() ? "" : ", failed: ", m.failure);
     // Average the time over ranks and sum the errors, as nccl-tests does.
@@ -403,69 +384,30 @@ class Bench {
   }
 
   /// Captures `iters` operations into one graph and returns the median time per operation over
-  /// `graph_replays` replays.
+  /// `graph_replays` replays (`GraphTimer`, NOTE [graphs of virtual ranks]).
   double time_graph(Runner& runner, void* in, void* out, const Shape& s, Measure& m) {
-    // NOTE [graphs of virtual ranks]: some CUDA calls (instantiating, uploading and destroying
-    // a graph; copies to pageable memory) can wait for the device, or for a lock that a waiting
-    // call holds. Where ranks share a GPU, that wait never ends while one rank's kernel spins
-    // for a peer whose thread is blocked in such a call. So: no rank captures while kernels
-    // are in flight (the warm-up iterations above), every rank instantiates and uploads before
-    // any rank launches, replays start after a barrier with nothing else in between, each rank
-    // destroys its graph before the next collective (`measure`), and the error counter is
-    // host-mapped memory rather than a copy.
-    cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(stream_);  // no rank captures while its kernels are in flight
     boot_.barrier();
-    graph_ = std::make_unique<CapturedGraph>();
     std::optional<Group::CaptureScope> scope;
     if (runner.group() != nullptr) scope.emplace(runner.group()->capture(stream()));
-    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-      m.failure = "cudaStreamBeginCapture failed";
-      return 0;
-    }
-    for (int i = 0; i < o_.iters && m.failure.empty(); ++i)
-      if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
-        m.failure = std::string(to_string(st)) + ": " + runner.last_error();
-    cudaEventRecord(stop_, stream_);  // keeps capture valid even with zero launches
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph_->graph);
+    m.failure = graph_->capture([&] {
+      for (int i = 0; i < o_.iters; ++i)
+        if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
+          return std::string(to_string(st)) + ": " + runner.last_error();
+      cudaEventRecord(stop_, stream_);  // keeps the capture valid even with zero launches
+      return std::string();
+    });
     if (scope) {
       if (Status st = scope->close(); st != Status::kOk && m.failure.empty())
         m.failure = std::string("capture registration: ") + runner.last_error();
     }
     if (!m.failure.empty()) return 0;
-    if (ended != cudaSuccess ||
-        cudaGraphInstantiate(&graph_->exec, graph_->graph, 0) != cudaSuccess) {
-      m.failure = "graph capture failed";
-      return 0;
-    }
-    cudaGraphUpload(graph_->exec, stream_);
-    cudaStreamSynchronize(stream_);
-    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": graph instantiated and uploaded");
-    boot_.barrier();
-    cudaGraphLaunch(graph_->exec, stream_);
-    cudaStreamSynchronize(stream_);
-    TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": first replay done");
-    std::vector<cudaEvent_t> events(static_cast<std::size_t>(o_.graph_replays) + 1);
-    for (auto& e : events) cudaEventCreate(&e);
-    boot_.barrier();
-    cudaEventRecord(events[0], stream_);
-    for (int r = 0; r < o_.graph_replays; ++r) {
-      cudaGraphLaunch(graph_->exec, stream_);
-      cudaEventRecord(events[static_cast<std::size_t>(r) + 1], stream_);
-    }
-    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
-      m.failure = cudaGetErrorString(e);
-    std::vector<double> per_op;
-    for (int r = 0; r < o_.graph_replays; ++r) {
-      float ms = 0;
-      cudaEventElapsedTime(&ms, events[static_cast<std::size_t>(r)],
-                           events[static_cast<std::size_t>(r) + 1]);
-      per_op.push_back(ms * 1000.0 / o_.iters);
-    }
-    for (auto& e : events) cudaEventDestroy(e);
-    if (runner.group() != nullptr && runner.group()->health() != Status::kOk)
+    double us = 0;
+    m.failure = graph_->time(boot_, o_.graph_replays, &us);
+    if (m.failure.empty() && runner.group() != nullptr &&
+        runner.group()->health() != Status::kOk)
       m.failure = runner.group()->last_error();
-    std::sort(per_op.begin(), per_op.end());
-    return per_op[per_op.size() / 2];
+    return us / o_.iters;
   }
 
   std::string check_graph(Runner& runner, const Shape& s, std::size_t size_index,
@@ -480,7 +422,7 @@ class Bench {
     // but the replay between the barrier and the wait for it.
     cudaStreamSynchronize(stream_);
     boot_.barrier();
-    cudaGraphLaunch(graph_->exec, stream_);
+    if (std::string f = graph_->replay(); !f.empty()) return f;
     cudaStreamSynchronize(stream_);
     kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), boot_.world_size(), o_.redop,
                         o_.op, o_.root, bufs_.wrong, stream());
@@ -492,9 +434,9 @@ class Bench {
     return {};
   }
 
-  void print_header(BenchAlgo algo) {
+  void print_header(const BenchAlgo& algo) {
     if (boot_.rank() != 0) return;
-    std::printf("#\n# algo: %s%s\n", std::string(to_string(algo)).c_str(),
+    std::printf("#\n# algo: %s%s\n", algo.name.c_str(),
                 o_.graph ? " (CUDA graph replay)" : "");
     std::printf("#%64s%36s\n", "out-of-place", "in-place");
     std::printf("#%11s %12s %9s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s  %s\n", "size", "count",
@@ -527,7 +469,7 @@ class Bench {
     std::fflush(stdout);
   }
 
-  nlohmann::json row_json(BenchAlgo algo, std::int64_t bytes, std::int64_t count,
+  nlohmann::json row_json(const BenchAlgo& algo, std::int64_t bytes, std::int64_t count,
                           const Measure& oop, const Measure& ip, const std::string& served) const {
     auto col = [&](const Measure& m) -> nlohmann::json {
       if (!m.ran) return nullptr;
@@ -538,7 +480,7 @@ class Bench {
               {"busbw_gbps", algbw * bus_factor(o_.op, boot_.world_size())},
               {"wrong", m.wrong}};
     };
-    return {{"algo", to_string(algo)},
+    return {{"algo", algo.name},
             {"op", collective_name(o_.op)},
             {"size", bytes},
             {"count", count},
@@ -551,15 +493,6 @@ class Bench {
             {"in_place", col(ip)}};
   }
 
-  struct CapturedGraph {
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    ~CapturedGraph() {
-      if (exec) cudaGraphExecDestroy(exec);
-      if (graph) cudaGraphDestroy(graph);
-    }
-  };
-
   Bootstrap& boot_;
   int device_;
   const BenchOptions& o_;
@@ -568,7 +501,7 @@ class Bench {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;
-  std::unique_ptr<CapturedGraph> graph_;
+  std::unique_ptr<GraphTimer> graph_;  // on `stream_`
 };
 
 void print_banner(const BenchOptions& o, int world, const char* mode, std::uint64_t seed) {

@@ -2,24 +2,13 @@
 #include "tools/bench_args.hpp"
 
 #include <array>
-#include <map>
 #include <utility>
 
 #include "core/parse.hpp"
+#include "tune/algorithms.hpp"
 
 namespace tpcomm::tools {
 namespace {
-
-constexpr std::array<std::pair<BenchAlgo, std::string_view>, 8> kAlgoNames{{
-    {BenchAlgo::kAuto, "auto"},
-    {BenchAlgo::kOneShot, "one_shot"},
-    {BenchAlgo::kTwoShot, "two_shot"},
-    {BenchAlgo::kLamport, "lamport"},
-    {BenchAlgo::kLamportTwoShot, "lamport_two_shot"},
-    {BenchAlgo::kNccl, "nccl"},
-    {BenchAlgo::kNcclDirect, "nccl_direct"},
-    {BenchAlgo::kMemcpy, "memcpy"},
-}};
 
 constexpr std::array<std::pair<kernels::Collective, std::string_view>, 5> kCollNames{{
     {kernels::Collective::kAllReduce, "allreduce"},
@@ -43,10 +32,22 @@ CLI::Validator bytes_validator() {
 
 }  // namespace
 
-std::string_view to_string(BenchAlgo a) noexcept {
-  for (const auto& [k, n] : kAlgoNames)
-    if (k == a) return n;
-  return "unknown";
+std::vector<BenchAlgo> all_bench_algos() {
+  std::vector<BenchAlgo> out{BenchAlgo{}};
+  for (const AlgoInfo& a : kAlgorithms) out.push_back({BenchAlgo::Kind::kGroup, std::string(a.name)});
+  out.push_back({BenchAlgo::Kind::kGroup, "nccl"});
+  out.push_back({BenchAlgo::Kind::kNcclDirect, "nccl_direct"});
+  out.push_back({BenchAlgo::Kind::kMemcpy, "memcpy"});
+  return out;
+}
+
+std::optional<BenchAlgo> parse_bench_algo(std::string_view name) {
+  if (name == "nccl_direct" || name == "nccl-direct")
+    return BenchAlgo{BenchAlgo::Kind::kNcclDirect, "nccl_direct"};
+  if (name == "memcpy") return BenchAlgo{BenchAlgo::Kind::kMemcpy, "memcpy"};
+  Pinned pinned;
+  if (!parse_pinned(name, &pinned)) return std::nullopt;
+  return BenchAlgo{BenchAlgo::Kind::kGroup, std::string(to_string(pinned))};
 }
 
 std::string_view collective_name(kernels::Collective op) noexcept {
@@ -111,33 +112,26 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
       ->check(CLI::Range(1, 100000));
   cmd.add_option("-u,--unalign", o.unalign, "offset both buffers by this many elements")
       ->check(CLI::Range(0, 1024));
-  std::map<std::string, BenchAlgo> algos;
-  for (const auto& [k, n] : kAlgoNames) algos.emplace(std::string(n), k);
-  algos.emplace("nccl-direct", BenchAlgo::kNcclDirect);
-  algos.emplace("one-shot", BenchAlgo::kOneShot);
-  algos.emplace("two-shot", BenchAlgo::kTwoShot);
   cmd.add_option_function<std::vector<std::string>>(
          "--algo",
-         [&o, algos](const std::vector<std::string>& names) {
+         [&o](const std::vector<std::string>& names) {
            o.algos.clear();
            for (const std::string& n : names) {
              if (n == "all") {
-               for (const auto& [k, name] : kAlgoNames) o.algos.push_back(k);
+               for (const BenchAlgo& a : all_bench_algos()) o.algos.push_back(a);
                continue;
              }
-             auto it = algos.find(n);
-             if (it == algos.end())
-               throw CLI::ValidationError(
-                   "--algo",
-                   "unknown algorithm " + n +
-                       " (auto, one_shot, two_shot, lamport, lamport_two_shot, nccl, nccl_direct, "
-                       "memcpy, all)");
-             o.algos.push_back(it->second);
+             auto a = parse_bench_algo(n);
+             if (!a)
+               throw CLI::ValidationError("--algo", "unknown algorithm " + n + " (" +
+                                                        pinned_names() +
+                                                        ", nccl_direct, memcpy, all)");
+             o.algos.push_back(*a);
            }
          },
-         "how to serve the collective, comma-separated: auto, one_shot, two_shot, lamport, "
-         "lamport_two_shot (f16/bf16; other types get the built-in choice), nccl, nccl_direct, "
-         "memcpy (a device copy of the same bytes, for reference), all")
+         "how to serve the collective, comma-separated: " + pinned_names() +
+             " (a custom algorithm is pinned where it can serve; elsewhere the built-in choice), "
+             "nccl_direct, memcpy (a device copy of the same bytes, for reference), all")
       ->delimiter(',');
   cmd.add_option("--json", o.json, "also write the results as JSON to this file");
   auto* g = cmd.add_option("-g,--ngpus", o.gpus, "start this many processes, one per GPU")

@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/kernels.hpp"
@@ -13,19 +15,33 @@
 
 namespace tpcomm::tools {
 
-/// How an all-reduce is served in a benchmark row.
-enum class BenchAlgo : std::uint8_t {
-  kAuto,            // the group decides (tuned table, then NCCL)
-  kOneShot,         // custom one-shot, pinned
-  kTwoShot,         // custom two-shot, pinned
-  kLamport,         // custom Lamport, pinned (f16/bf16 up to its buffers' size)
-  kLamportTwoShot,  // custom Lamport two-shot, pinned (likewise)
-  kNccl,            // the group, pinned to its NCCL backend
-  kNcclDirect,      // ncclAllReduce & co. called directly on an NCCL communicator: the peer
-  kMemcpy,          // a device-to-device copy of the same bytes: the one-GPU physical limit
+/// How a benchmark row serves the collective.
+struct BenchAlgo {
+  enum class Kind : std::uint8_t {
+    /// Through a `Group` whose `Options::algo` is `name`: "auto" (the group decides), "nccl"
+    /// (its NCCL backend) or a custom algorithm of the registry (pinned).
+    kGroup,
+    /// ncclAllReduce & co. called directly on an NCCL communicator: the peer.
+    kNcclDirect,
+    /// A device-to-device copy of the same bytes: the one-GPU physical limit.
+    kMemcpy,
+  };
+  Kind kind = Kind::kGroup;
+  /// The row's name, as `--algo` spells it canonically.
+  std::string name = "auto";
+
+  /// True for a group row pinned to one custom algorithm.
+  [[nodiscard]] bool pins_custom() const noexcept {
+    return kind == Kind::kGroup && name != "auto" && name != "nccl";
+  }
+  friend bool operator==(const BenchAlgo&, const BenchAlgo&) = default;
 };
 
-std::string_view to_string(BenchAlgo a) noexcept;
+/// Every row `--algo all` runs: auto, the registry's algorithms, nccl, nccl_direct, memcpy.
+std::vector<BenchAlgo> all_bench_algos();
+
+/// A `--algo` name (any case, '-' for '_', the registry's aliases), or nullopt.
+std::optional<BenchAlgo> parse_bench_algo(std::string_view name);
 
 struct BenchOptions {
   std::int64_t min_bytes = 32 << 20;  // -b
@@ -42,7 +58,7 @@ struct BenchOptions {
   bool graph = false;                                        // --graph
   int graph_replays = 10;                                    // --graph-replays
   std::int64_t unalign = 0;                                  // -u (elements)
-  std::vector<BenchAlgo> algos{BenchAlgo::kAuto};            // --algo
+  std::vector<BenchAlgo> algos{BenchAlgo{}};                 // --algo
   std::string json;                                          // --json FILE
   int gpus = 0;            // -g N: launch N processes, one per GPU
   int virtual_ranks = 0;   // --virtual-ranks N: N threads on GPU 0

@@ -131,7 +131,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_LOG", std::string(to_string(o.log_level))},
       {"TPCOMM_NCCL_PATH", o.nccl_path},
       {"TPCOMM_TIMEOUT_MS", std::to_string(o.timeout_ms)},
-      {"TPCOMM_ALGO", std::string(to_string(o.algo))},
+      {"TPCOMM_ALGO", o.algo},
       {"TPCOMM_TUNE_FILE", o.tune_file.empty() ? "(default location)" : o.tune_file},
       {"TPCOMM_CUSTOM_AR_MAX_BYTES", format_bytes(o.custom_ar_max_bytes)},
       {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", format_bytes(o.custom_ar_register_min_bytes)},

@@ -13,26 +13,6 @@ namespace tpcomm {
 /// Log verbosity, from `TPCOMM_LOG`.
 enum class LogLevel : int { kOff, kError, kWarn, kInfo, kDebug, kTrace };
 
-/// Which all-reduce algorithm to use, from `TPCOMM_ALGO` (or `tpcomm bench --algo`).
-enum class AlgoChoice : int {
-  /// The tuned table (or built-in defaults) decides; NCCL serves what the table does not.
-  kAuto,
-  /// Always NCCL.
-  kNccl,
-  /// The custom one-shot kernel wherever it can serve (size limits still apply).
-  kOneShot,
-  /// The custom two-shot kernel wherever it can serve.
-  kTwoShot,
-  /// The custom Lamport kernel wherever it can serve (f16/bf16 up to `lamport_max_bytes`);
-  /// elsewhere the built-in choice.
-  kLamport,
-  /// The custom Lamport two-shot kernel wherever it can serve (f16/bf16 whose slices fit the
-  /// Lamport buffers); elsewhere the built-in choice.
-  kLamportTwoShot,
-};
-
-std::string_view to_string(AlgoChoice a) noexcept;
-std::optional<AlgoChoice> parse_algo_choice(std::string_view s) noexcept;
 std::string_view to_string(LogLevel l) noexcept;
 std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 
@@ -61,7 +41,11 @@ struct Options {
   std::string nccl_path = "libnccl.so.2";
   /// Deadline for every wait: store operations, kernel spin-waits, NCCL completion polling.
   std::int64_t timeout_ms = 30000;
-  AlgoChoice algo = AlgoChoice::kAuto;
+  /// The all-reduce algorithm: "auto" (the tuned table, else the built-in choice; NCCL serves
+  /// what the custom kernels do not), "nccl" (NCCL for everything), or the name of one custom
+  /// algorithm (`tpcomm info` lists them), used wherever it can serve, the built-in choice
+  /// elsewhere. A name that is none of these makes `from_env` (and building a group) throw.
+  std::string algo = "auto";
   /// Where the tuned table is cached; empty means the default location, which falls back to
   /// `$HOME/.cache/tpcomm/` and then `/tmp/tpcomm-cache/` (see `default_tune_path`).
   std::string tune_file;

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/kernels.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/types.hpp"
 
@@ -47,6 +48,25 @@ Status dispatch_world_size(int world_size, F&& f) {
     default:
       return Status::kInvalidArgument;
   }
+}
+
+/// The instantiation of kernel `K` for `dtype` and `world_size` (identity epilogue), or nullptr:
+/// each kernel's own `.cu` file defines it with `find_instance`.
+template <KernelId K>
+const void* instance(DType dtype, int world_size) noexcept;
+
+/// `f.template operator()<T, R>()` for the element type of `dtype` and a world size 2..8, or
+/// nullptr where there is none.
+template <class F>
+const void* find_instance(DType dtype, int world_size, F&& f) noexcept {
+  const void* out = nullptr;
+  (void)dispatch_float_dtype(dtype, [&]<class T>() {
+    return dispatch_world_size(world_size, [&]<int R>() {
+      out = f.template operator()<T, R>();
+      return Status::kOk;
+    });
+  });
+  return out;
 }
 
 }  // namespace tpcomm::kernels

@@ -60,11 +60,12 @@ Status BackendChain::run(const Request& request, Stream stream,
                          const Backend** served_by) noexcept {
   for (std::size_t i = 0; i < backends_.size(); ++i) {
     Backend& b = *backends_[i];
-    if (Support s = b.supports(request); !s.ok()) {
+    const Support s = b.supports(request);
+    if (!s.ok()) {
       if (i + 1 < backends_.size()) note_fallback(i, s.reason);
       continue;
     }
-    Status st = b.run(request, stream);
+    Status st = b.run(request, s, stream);
     if (st == Status::kUnsupported) {
       if (i + 1 < backends_.size()) note_fallback(i, "declined at run time");
       continue;

@@ -39,12 +39,15 @@ struct Request {
   bool capturing = false;
 };
 
-/// A backend's answer to "can you serve this?": `reason` says why not (a static string).
+/// A backend's answer to "can you serve this?": `reason` says why not (a static string); `plan`
+/// is what the backend decided while answering (the custom backend's algorithm and launch
+/// shape), handed back to its `run`, so that a call is decided once.
 struct Support {
   const char* reason = nullptr;
+  std::uint64_t plan = 0;
   [[nodiscard]] bool ok() const noexcept { return reason == nullptr; }
-  static Support yes() noexcept { return {}; }
-  static Support no(const char* why) noexcept { return {why}; }
+  static Support yes(std::uint64_t plan = 0) noexcept { return {nullptr, plan}; }
+  static Support no(const char* why) noexcept { return {why, 0}; }
 };
 
 /// A way to run collectives. `supports` is pure and cheap and depends only on rank-invariant
@@ -56,7 +59,9 @@ class Backend {
   virtual ~Backend() = default;
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
   [[nodiscard]] virtual Support supports(const Request& request) const noexcept = 0;
-  [[nodiscard]] virtual Status run(const Request& request, Stream stream) noexcept = 0;
+  /// Serves `request`; `support` is what `supports` answered for it.
+  [[nodiscard]] virtual Status run(const Request& request, const Support& support,
+                                   Stream stream) noexcept = 0;
 };
 
 /// The ordered backends of a group. Not thread-safe for `add`; `run`/`select` may be called

@@ -14,6 +14,8 @@
 #include "ipc/layout.hpp"
 #include "ipc/peer_buffer.hpp"
 #include "kernels/kernels.hpp"
+#include "tune/graph_timer.hpp"
+#include "tune/tuner.hpp"
 
 namespace tpcomm {
 
@@ -38,6 +40,23 @@ namespace {
 
 /// Slots for buffers registered during capture; never reused (graphs may live forever).
 constexpr std::int64_t kRegistrySlots = 8192;
+
+/// Launches every kernel a group of `world` ranks may run once on `stream`, each with nothing to
+/// do (NOTE [first launch]): every algorithm of the registry for every dtype it serves, the
+/// Lamport refill, and the test-data kernels of `tpcomm bench` and the tests.
+Status launch_every_kernel(int world, Stream stream) noexcept {
+  kernels::AllReduceParams empty{};  // count 0: the kernels return at once
+  empty.world_size = world;
+  for (const AlgoInfo& a : kAlgorithms) {
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      if (kernels::kernel_function(a.kernel, t, world) == nullptr) continue;
+      empty.dtype = t;
+      TPCOMM_TRY(kernels::launch_all_reduce(empty, a.kernel, {1, 32}, false, stream));
+    }
+  }
+  TPCOMM_TRY(kernels::fill_lamport_empty(nullptr, 0, stream));
+  return kernels::warm_up_test_data(stream);
+}
 
 std::uint64_t probe_value(int from, int to) {
   return 0x7470636f00000000ull | (static_cast<std::uint64_t>(from) << 8) |
@@ -101,7 +120,7 @@ struct CustomAllReduce::Impl {
     DeviceGuard guard(device);
     // The first launch of every kernel in this process, while no peer can be waiting (NOTE
     // [first launch]); each stream the group later uses gets its own in `warm_up`.
-    TPCOMM_CHECK(kernels::warm_up(world, nullptr) == Status::kOk, Status::kCudaError,
+    TPCOMM_CHECK(launch_every_kernel(world, nullptr) == Status::kOk, Status::kCudaError,
                  "loading the all-reduce kernels failed");
     // Mappings written by peers, read back locally: a real check of every path.
     for (int r = 0; r < world; ++r) {
@@ -172,7 +191,7 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   };
   // Rank-invariant refusals first: every rank sees the same options and world size.
   if (options.disable_custom_ar) return fail("disabled by TPCOMM_DISABLE_CUSTOM_AR");
-  if (options.algo == AlgoChoice::kNccl) return fail("TPCOMM_ALGO=nccl");
+  if (options.algo == "nccl") return fail("TPCOMM_ALGO=nccl");
   if (world < 2 || world > kMaxRanks)
     return fail("world size " + std::to_string(world) + " is outside 2.." +
                 std::to_string(kMaxRanks));
@@ -241,8 +260,8 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   int per_sm = 64;
-  for (Algo a : {Algo::kOneShot, Algo::kTwoShot, Algo::kLamport, Algo::kLamportTwoShot})
-    per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a, DType::kBF16, world, 1024));
+  for (const AlgoInfo& a : kAlgorithms)
+    per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, 1024));
   const int resident = std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
   SelectorCaps caps{};
   caps.world_size = world;
@@ -301,7 +320,7 @@ Status CustomAllReduce::warm_up(Stream stream) noexcept {
   TPCOMM_CUDA_TRY(cudaStreamIsCapturing(s, &capture));
   // A stream first used inside a capture cannot be synchronised: its kernels stay cold there.
   if (capture != cudaStreamCaptureStatusNone) return Status::kOk;
-  if (kernels::warm_up(m.world, stream) != Status::kOk) return Status::kCudaError;
+  if (launch_every_kernel(m.world, stream) != Status::kOk) return Status::kCudaError;
   TPCOMM_CUDA_TRY(cudaStreamSynchronize(s));
   try {
     m.boot->barrier();
@@ -329,7 +348,8 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
   Impl& m = *impl_;
   kernels::AllReduceParams p = m.params(in, out);
   // Lamport always copies the input into the peers' buffers: nothing to register.
-  if (capturing && capture_open_ && !is_lamport(choice.algo) &&
+  const kernels::KernelId kernel = info(choice.algo).kernel;
+  if (capturing && capture_open_ && !kernels::pushes(kernel) &&
       in.nbytes() >= m.register_min_bytes) {
     // Registered (NOTE [staging]): the slot is filled when the scope closes.
     if (next_slot_ >= kRegistrySlots) return Status::kUnsupported;
@@ -339,7 +359,50 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
     m.recorded.push_back(read_in_place ? in.data : nullptr);
     ++next_slot_;
   }
-  return kernels::launch_all_reduce(p, choice, m.programmatic, stream);
+  return kernels::launch_all_reduce(p, kernel, choice.shape(), m.programmatic, stream);
+}
+
+TuneTable CustomAllReduce::tune(const TuneKey& key) {
+  constexpr int kOpsPerGraph = 20;
+  constexpr int kReplays = 5;
+  Impl& m = *impl_;
+  DeviceGuard guard(m.device);
+  struct Resources {
+    void* in = nullptr;
+    void* out = nullptr;
+    cudaStream_t stream = nullptr;
+    ~Resources() {
+      cudaFree(in);
+      cudaFree(out);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }
+  } r;
+  TPCOMM_CUDA_CHECK(cudaMalloc(&r.in, static_cast<std::size_t>(caps_.max_bytes)));
+  TPCOMM_CUDA_CHECK(cudaMalloc(&r.out, static_cast<std::size_t>(caps_.max_bytes)));
+  TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  const auto stream = reinterpret_cast<Stream>(r.stream);
+  if (Status w = warm_up(stream); w != Status::kOk) TPCOMM_THROW(w, "tuning: ", error_message_);
+  // Never time on zeros.
+  TPCOMM_CHECK(kernels::fill_data(r.in, DType::kBF16, caps_.max_bytes / 2, 2024, m.rank,
+                                  ReduceOp::kSum, 0, stream) == Status::kOk,
+               Status::kCudaError, "tuning: filling the input failed");
+  auto time = [&](const Choice& c, std::int64_t bytes) {
+    const auto in = TensorView::flat(r.in, DType::kBF16, bytes / 2, m.device);
+    const auto out = TensorView::flat(r.out, DType::kBF16, bytes / 2, m.device);
+    GraphTimer graph(stream);  // destroyed on return, before the collective that follows
+    std::string failure = graph.capture([&] {
+      for (int i = 0; i < kOpsPerGraph; ++i)
+        if (Status s = run(in, out, c, /*capturing=*/false, stream); s != Status::kOk)
+          return detail::concat("launching ", to_string(c), " failed: ", to_string(s));
+      return std::string();
+    });
+    double us = 0;
+    if (failure.empty()) failure = graph.time(*m.boot, kReplays, &us);
+    if (Status h = health(); h != Status::kOk) TPCOMM_THROW(h, "tuning: ", error_message_);
+    TPCOMM_CHECK(failure.empty(), Status::kCudaError, "tuning: ", failure);
+    return us / kOpsPerGraph;
+  };
+  return tune_all_reduce(caps_, *m.boot, key, time);
 }
 
 void CustomAllReduce::begin_capture() noexcept {

@@ -11,7 +11,7 @@
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/tensor.hpp"
-#include "tune/algo.hpp"
+#include "tune/algorithms.hpp"
 #include "tune/selector.hpp"
 #include "tune/table.hpp"
 
@@ -51,6 +51,12 @@ class CustomAllReduce {
   /// launch] in custom_ar.cpp). Does nothing on a stream that is being captured. kTimeout (sticky)
   /// when a peer does not arrive at the barrier.
   [[nodiscard]] Status warm_up(Stream stream) noexcept;
+
+  /// Measures every candidate (algorithm x launch shape) of the registry per size bucket, each
+  /// as a CUDA graph of back-to-back bf16 all-reduces replayed on a private stream
+  /// (`GraphTimer`), and returns the table rank 0's times decide (`tune_all_reduce`). Collective;
+  /// throws `Error` when a measurement fails (a timed-out peer, a CUDA error).
+  TuneTable tune(const TuneKey& key);
 
   /// A capture scope opened: subsequent captured calls may register buffers.
   void begin_capture() noexcept;

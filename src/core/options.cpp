@@ -11,6 +11,7 @@
 #include "core/check.hpp"
 #include "core/parse.hpp"
 #include "tpcomm/options.hpp"
+#include "tune/algorithms.hpp"
 
 namespace tpcomm {
 namespace {
@@ -21,15 +22,6 @@ std::string lower(std::string_view s) {
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return out;
 }
-
-constexpr std::array<std::pair<AlgoChoice, std::string_view>, 6> kAlgoNames{{
-    {AlgoChoice::kAuto, "auto"},
-    {AlgoChoice::kNccl, "nccl"},
-    {AlgoChoice::kOneShot, "one_shot"},
-    {AlgoChoice::kTwoShot, "two_shot"},
-    {AlgoChoice::kLamport, "lamport"},
-    {AlgoChoice::kLamportTwoShot, "lamport_two_shot"},
-}};
 
 constexpr std::array<std::pair<LogLevel, std::string_view>, 6> kLevelNames{{
     {LogLevel::kOff, "off"},
@@ -89,22 +81,6 @@ std::string format_bytes(std::int64_t bytes) {
   return detail::concat(bytes, " ", kUnits[u]);
 }
 
-std::string_view to_string(AlgoChoice a) noexcept {
-  for (const auto& [k, n] : kAlgoNames)
-    if (k == a) return n;
-  return "unknown";
-}
-
-std::optional<AlgoChoice> parse_algo_choice(std::string_view s) noexcept {
-  std::string v = lower(s);
-  std::replace(v.begin(), v.end(), '-', '_');
-  if (v == "oneshot" || v == "1stage") v = "one_shot";
-  if (v == "twoshot" || v == "2stage") v = "two_shot";
-  for (const auto& [k, n] : kAlgoNames)
-    if (n == v) return k;
-  return std::nullopt;
-}
-
 std::string_view to_string(LogLevel l) noexcept {
   for (const auto& [k, n] : kLevelNames)
     if (k == l) return n;
@@ -138,9 +114,9 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
     o.timeout_ms = *t;
   }
   if (auto v = getenv("TPCOMM_ALGO")) {
-    auto a = parse_algo_choice(*v);
-    if (!a) bad("TPCOMM_ALGO", *v, "auto, nccl, one_shot, two_shot, lamport or lamport_two_shot");
-    o.algo = *a;
+    Pinned pinned;
+    if (!parse_pinned(*v, &pinned)) bad("TPCOMM_ALGO", *v, "one of " + pinned_names());
+    o.algo = std::string(to_string(pinned));
   }
   if (auto v = getenv("TPCOMM_TUNE_FILE")) o.tune_file = *v;
   if (auto v = getenv("TPCOMM_CUSTOM_AR_MAX_BYTES")) {

@@ -28,22 +28,36 @@ Choice clamp_blocks(Choice c, int max_blocks) noexcept {
 Choice default_launch(Algo algo, std::int64_t bytes, int world_size, int max_blocks) noexcept {
   if (algo == Algo::kNone) return Choice{};
   std::int64_t vectors = ceil_div(std::max<std::int64_t>(bytes, 0), kVectorBytes);
-  // Two-shot: each rank reduces, then gathers, one 1/world_size slice per peer.
-  if (algo == Algo::kTwoShot || algo == Algo::kLamportTwoShot)
-    vectors = ceil_div(vectors, std::max(world_size, 1));
+  if (kernels::sliced(info(algo).kernel)) vectors = ceil_div(vectors, std::max(world_size, 1));
   const std::int64_t cap = std::max(1, std::min(max_blocks, kDefaultMaxBlocks));
   const std::int64_t blocks = std::clamp<std::int64_t>(ceil_div(vectors, kDefaultThreads), 1, cap);
   return Choice{algo, static_cast<int>(blocks), kDefaultThreads};
 }
 
+Choice built_in_choice(std::int64_t bytes, DType dtype, const SelectorCaps& caps,
+                       bool allow_push) noexcept {
+  const AlgoInfo* best = nullptr;
+  for (const AlgoInfo& a : kAlgorithms) {
+    if (a.built_in.order == 0 || (best != nullptr && a.built_in.order >= best->built_in.order))
+      continue;
+    if (kernels::pushes(a.kernel) &&
+        (!allow_push || !fits(a.algo, bytes, dtype, caps.world_size, caps.lamport_max_bytes)))
+      continue;
+    if (bytes <= a.built_in.bound(caps.world_size)) best = &a;
+  }
+  if (best == nullptr) return Choice{};
+  return default_launch(best->algo, bytes, caps.world_size, caps.max_blocks);
+}
+
 Choice default_choice(std::int64_t bytes, int world_size, int max_blocks) noexcept {
-  bool one_shot = world_size == 2 || (world_size <= 4 && bytes < kOneShotMaxBytesUpTo4Ranks) ||
-                  bytes < kOneShotMaxBytes;
-  return default_launch(one_shot ? Algo::kOneShot : Algo::kTwoShot, bytes, world_size, max_blocks);
+  SelectorCaps caps;
+  caps.world_size = world_size;
+  caps.max_blocks = max_blocks;
+  return built_in_choice(bytes, DType::kF32, caps, /*allow_push=*/false);
 }
 
 Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const SelectorCaps& caps,
-                         AlgoChoice forced, const TuneTable* table) noexcept {
+                         Pinned pinned, const TuneTable* table) noexcept {
   // Hard requirements: what the kernels can do at all.
   if (!caps.custom_available) return Choice{};
   if (caps.world_size < 2 || caps.world_size > 8) return Choice{};
@@ -52,40 +66,19 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
   if (bytes <= 0 || bytes > caps.max_bytes) return Choice{};
   if (bytes % static_cast<std::int64_t>(dtype_size(dtype)) != 0) return Choice{};
 
-  auto lamport_serves = [&](Algo a) {
-    return dtype_size(dtype) == 2 &&
-           lamport_fits(a, bytes, caps.world_size, caps.lamport_max_bytes);
+  // A pinned or tuned algorithm that cannot carry this message: the built-in choice among the
+  // kernels that read peers' inputs.
+  auto serve = [&](Choice c) {
+    if (c.algo == Algo::kNone ||
+        fits(c.algo, bytes, dtype, caps.world_size, caps.lamport_max_bytes))
+      return clamp_blocks(c, caps.max_blocks);
+    return built_in_choice(bytes, dtype, caps, /*allow_push=*/false);
   };
-  auto fallback = [&] { return default_choice(bytes, caps.world_size, caps.max_blocks); };
-  auto forced_lamport = [&](Algo a) {
-    return lamport_serves(a) ? default_launch(a, bytes, caps.world_size, caps.max_blocks)
-                             : fallback();
-  };
-  switch (forced) {
-    case AlgoChoice::kNccl:
-      return Choice{};
-    case AlgoChoice::kOneShot:
-      return default_launch(Algo::kOneShot, bytes, caps.world_size, caps.max_blocks);
-    case AlgoChoice::kTwoShot:
-      return default_launch(Algo::kTwoShot, bytes, caps.world_size, caps.max_blocks);
-    case AlgoChoice::kLamport:
-      return forced_lamport(Algo::kLamport);
-    case AlgoChoice::kLamportTwoShot:
-      return forced_lamport(Algo::kLamportTwoShot);
-    case AlgoChoice::kAuto:
-      break;
-  }
+  if (pinned) return serve(default_launch(*pinned, bytes, caps.world_size, caps.max_blocks));
   if (table != nullptr && table->key().world_size == caps.world_size) {
-    if (auto tuned = table->lookup(bytes)) {
-      if (is_lamport(tuned->algo) && !lamport_serves(tuned->algo)) return fallback();
-      return clamp_blocks(*tuned, caps.max_blocks);
-    }
+    if (auto tuned = table->lookup(bytes)) return serve(*tuned);
   }
-  const std::int64_t lamport_default =
-      caps.world_size <= 4 ? kLamportMaxBytesUpTo4Ranks : kLamportMaxBytes;
-  if (bytes <= lamport_default && lamport_serves(Algo::kLamport))
-    return default_launch(Algo::kLamport, bytes, caps.world_size, caps.max_blocks);
-  return fallback();
+  return built_in_choice(bytes, dtype, caps, /*allow_push=*/true);
 }
 
 }  // namespace tpcomm

@@ -6,7 +6,7 @@
 
 #include "tpcomm/options.hpp"
 #include "tpcomm/types.hpp"
-#include "tune/algo.hpp"
+#include "tune/algorithms.hpp"
 #include "tune/table.hpp"
 
 namespace tpcomm {
@@ -23,41 +23,38 @@ struct SelectorCaps {
   /// Most blocks one rank's kernel may launch. Capped, for instance, when several virtual ranks
   /// share one GPU, so that every rank's blocks are resident at once and the barriers between
   /// them cannot deadlock.
-  int max_blocks = kMaxBlocksPerRank;
+  int max_blocks = kMaxBlocks;
   /// Largest all-reduce the Lamport kernel serves, in bytes (its buffers' slot size); 0 when
   /// the group has no Lamport buffers.
   std::int64_t lamport_max_bytes = 0;
 };
 
-/// Block count the vLLM/SGLang kernels never exceed: a grid search on A100-class parts found
-/// more blocks only add NVLink contention.
+/// Blocks the built-in launch shapes never exceed (a default, not a limit: the tuner may pick
+/// more): the vLLM/SGLang kernels' grid search on A100-class parts found that more blocks only
+/// add NVLink contention.
 inline constexpr int kDefaultMaxBlocks = 36;
-/// Threads per block of the built-in defaults.
+/// Threads per block of the built-in launch shapes.
 inline constexpr int kDefaultThreads = 512;
-/// Below this size one-shot is the default for 3 and 4 ranks (vLLM/SGLang switch point).
-inline constexpr std::int64_t kOneShotMaxBytesUpTo4Ranks = std::int64_t{512} << 10;
-/// Below this size one-shot is the default for 5 to 8 ranks.
-inline constexpr std::int64_t kOneShotMaxBytes = std::int64_t{256} << 10;
-/// Up to this size the Lamport kernel is the default for f16/bf16 with up to 4 ranks, where
-/// the group has Lamport buffers that large (TensorRT-LLM's push one-shot stays ahead of the
-/// pull kernels to about here on H100/H200).
-inline constexpr std::int64_t kLamportMaxBytesUpTo4Ranks = std::int64_t{256} << 10;
-/// Up to this size the Lamport kernel is the default for 5 to 8 ranks.
-inline constexpr std::int64_t kLamportMaxBytes = std::int64_t{64} << 10;
 
 /// The default launch shape of `algo` for a message of `bytes` bytes: `kDefaultThreads`
 /// threads, and one block per `kDefaultThreads` 16-byte vectors of one rank's work — all
-/// ceil(bytes / 16) vectors for one-shot and Lamport, ceil(that / world_size) for the two-shots —
-/// clamped to
-/// [1, min(max_blocks, kDefaultMaxBlocks)] (a `max_blocks` below 1 counts as 1). `Algo::kNone`
-/// gives `Choice{}`.
+/// ceil(bytes / 16) vectors, or ceil(that / world_size) for the kernels that work on slices —
+/// clamped to [1, min(max_blocks, kDefaultMaxBlocks)] (a `max_blocks` below 1 counts as 1).
+/// `Algo::kNone` gives `Choice{}`.
 [[nodiscard]] Choice default_launch(Algo algo, std::int64_t bytes, int world_size,
                                     int max_blocks) noexcept;
 
-/// The built-in choice where no tuned table covers a size, after vLLM's and SGLang's custom
-/// all-reduce for fully NVLink-connected GPUs: two ranks always use one-shot; otherwise
-/// one-shot below 512 KiB for up to 4 ranks and below 256 KiB for more, two-shot above; the
-/// launch shape is `default_launch`'s.
+/// The built-in choice where no tuned table covers a size (`BuiltIn` in tune/algorithms.hpp):
+/// among the algorithms that can serve `bytes` bytes of `dtype` in a group with `caps`, and only
+/// those that read peers' inputs unless `allow_push`, the lowest `BuiltIn::order` whose bound
+/// for `caps.world_size` holds `bytes`; with `default_launch`'s shape.
+[[nodiscard]] Choice built_in_choice(std::int64_t bytes, DType dtype, const SelectorCaps& caps,
+                                     bool allow_push) noexcept;
+
+/// `built_in_choice` among the algorithms that read peers' inputs (any dtype), for a group of
+/// `world_size` ranks whose kernels launch at most `max_blocks` blocks: with the registry's
+/// bounds, one-shot for 2 ranks, and below 512 KiB for up to 4 ranks and 256 KiB for more;
+/// two-shot above.
 [[nodiscard]] Choice default_choice(std::int64_t bytes, int world_size, int max_blocks) noexcept;
 
 /// Chooses how the custom backend serves an all-reduce of `bytes` bytes of `dtype` with `op`,
@@ -67,16 +64,13 @@ inline constexpr std::int64_t kLamportMaxBytes = std::int64_t{64} << 10;
 /// 1. hard requirements, else `kNone`: `caps.custom_available`; 2 <= `caps.world_size` <= 8;
 ///    `caps.max_blocks` >= 1; `dtype` is f32, f16 or bf16; `op` is sum; 0 < `bytes` <=
 ///    `caps.max_bytes` and `bytes` is a whole number of elements;
-/// 2. `forced` (`TPCOMM_ALGO`): `kNccl` gives `kNone`; the others give that algorithm with
-///    `default_launch`'s shape;
-/// 3. `kAuto`: the tuned table's choice when `table` is not null, was tuned for
-///    `caps.world_size` ranks and covers `bytes` (its choice may be `kNone`: NCCL won that
-///    bucket); else Lamport up to `kLamportMaxBytesUpTo4Ranks` (up to 4 ranks) or
-///    `kLamportMaxBytes` (more); else `default_choice`;
-/// 4. Lamport only where it can serve: `dtype` is f16 or bf16 and `bytes` <=
-///    `caps.lamport_max_bytes` (the Lamport two-shot: `lamport_two_shot_slot_bytes(bytes,
-///    caps.world_size)` <= `caps.lamport_max_bytes`); where a forced or tuned Lamport cannot,
-///    `default_choice`. The built-in choice never picks the Lamport two-shot: the tuner does;
+/// 2. `pinned` (`TPCOMM_ALGO`): `Algo::kNone` ("nccl") gives `kNone`; an algorithm gives that
+///    algorithm with `default_launch`'s shape;
+/// 3. automatic (`pinned` is nullopt): the tuned table's choice when `table` is not null, was
+///    tuned for `caps.world_size` ranks and covers `bytes` (its choice may be `kNone`: NCCL won
+///    that bucket); else `built_in_choice`;
+/// 4. a pinned or tuned algorithm that does not `fit` (a Lamport kernel for f32, or beyond its
+///    buffers) gives `built_in_choice` among the algorithms that read peers' inputs;
 /// 5. in every case `blocks` is clamped to `caps.max_blocks`.
 ///
 /// Rank invariance (DESIGN.md §3): every rank of a group must take the same path for the same
@@ -87,7 +81,7 @@ inline constexpr std::int64_t kLamportMaxBytes = std::int64_t{64} << 10;
 /// alignment or whether a buffer is registered, may become an input: a misaligned pointer means
 /// the same algorithm with a staging copy, not another algorithm. Thread-safe; no allocation.
 [[nodiscard]] Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op,
-                                       const SelectorCaps& caps, AlgoChoice forced,
+                                       const SelectorCaps& caps, Pinned pinned,
                                        const TuneTable* table) noexcept;
 
 }  // namespace tpcomm

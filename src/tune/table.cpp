@@ -141,23 +141,18 @@ std::string entry_error(const TuneEntry& e, const TuneEntry* prev) {
     return concat("bucket ", e.max_bytes, " follows bucket ", prev->max_bytes,
                   ": buckets must be in increasing order");
   const Choice& c = e.choice;
-  switch (c.algo) {
-    case Algo::kNone:
-      if (c.blocks != 0 || c.threads != 0)
-        return concat("algorithm none takes blocks 0 and threads 0, got ", c.blocks, " and ",
-                      c.threads);
-      break;
-    case Algo::kOneShot:
-    case Algo::kTwoShot:
-    case Algo::kLamport:
-    case Algo::kLamportTwoShot:
-      if (c.blocks < 1 || c.blocks > kMaxBlocksPerRank)
-        return concat("blocks ", c.blocks, " out of range 1..", kMaxBlocksPerRank);
-      if (!is_valid_threads(c.threads))
-        return concat("threads ", c.threads, " is not one of 64, 128, 256, 512, 1024");
-      break;
-    default:
-      return concat("unknown algorithm code ", static_cast<int>(c.algo));
+  if (static_cast<std::size_t>(c.algo) > kAlgorithms.size())
+    return concat("unknown algorithm code ", static_cast<int>(c.algo));
+  if (c.algo == Algo::kNone) {
+    if (c.blocks != 0 || c.threads != 0)
+      return concat("algorithm none takes blocks 0 and threads 0, got ", c.blocks, " and ",
+                    c.threads);
+  } else {
+    const int max_blocks = info(c.algo).max_blocks;
+    if (c.blocks < 1 || c.blocks > max_blocks)
+      return concat("blocks ", c.blocks, " out of range 1..", max_blocks);
+    if (!is_valid_threads(c.threads))
+      return concat("threads ", c.threads, " is not one of 64, 128, 256, 512, 1024");
   }
   if (!std::isfinite(e.time_us) || e.time_us < 0.0)
     return concat("time_us ", e.time_us, " is not a finite number >= 0");

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tpcomm/options.hpp"
-#include "tune/algo.hpp"
+#include "tune/algorithms.hpp"
 
 namespace tpcomm {
 
@@ -77,9 +77,10 @@ struct TuneEntry {
 ///
 /// The `key` line comes before any bucket line and holds all six `TuneKey` fields (see
 /// `TuneKey::to_text`). A bucket line is five whitespace-separated fields: `max_bytes` (a
-/// positive integer, strictly increasing from line to line), `algo` (`none`, `one_shot`,
-/// `two_shot`), `blocks` (1..128) and `threads` (64, 128, 256, 512 or 1024) — both 0 for
-/// `none` — and `time_us` (a finite number >= 0).
+/// positive integer, strictly increasing from line to line), `algo` (`none` or an algorithm's
+/// name in the registry, tune/algorithms.hpp), `blocks` (1..the algorithm's `max_blocks`) and
+/// `threads` (64, 128, 256, 512 or 1024) — both 0 for `none` — and `time_us` (a finite number
+/// >= 0).
 class TuneTable {
  public:
   /// An empty table: it covers no size.

@@ -1,25 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
-// Measures the custom all-reduce candidates and builds the tuned table.
+// Builds the tuned table from measurements of every candidate (algorithm x launch shape).
 #pragma once
 
-#include "backends/custom_ar.hpp"
+#include <cstdint>
+#include <functional>
+#include <vector>
+
 #include "tpcomm/bootstrap.hpp"
+#include "tune/algorithms.hpp"
+#include "tune/selector.hpp"
 #include "tune/table.hpp"
 
 namespace tpcomm {
 
-/// Times every candidate (algorithm x blocks x threads) for every size bucket of
-/// `TuneTable::bucket_bounds(ar.caps().max_bytes)`, each as a CUDA graph of back-to-back bf16
-/// all-reduces replayed several times on a private stream. All ranks measure the same
-/// candidates in the same order (each is a collective); rank 0's times decide, so every rank
-/// returns the same table. Collective; throws `Error` when a measurement fails (a timed-out
-/// peer, a CUDA error).
-TuneTable tune_custom_all_reduce(CustomAllReduce& ar, Bootstrap& boot, int device,
-                                 const TuneKey& key);
+/// Microseconds per all-reduce of `bytes` bytes of bf16 with `choice`. Collective: every rank
+/// times the same candidates in the same order. Throws `Error` when the measurement fails.
+using TimeCandidate = std::function<double(const Choice& choice, std::int64_t bytes)>;
+
+/// Times every `tune_candidates` for every size bucket of `TuneTable::bucket_bounds(
+/// caps.max_bytes)` with `time`. Rank 0's times decide (broadcast), so every rank returns the
+/// same table; within 3% of the fastest counts as a tie, and ties go to fewer blocks. Collective.
+TuneTable tune_all_reduce(const SelectorCaps& caps, Bootstrap& boot, const TuneKey& key,
+                          const TimeCandidate& time);
 
 /// The candidates measured for one bucket, fewest blocks first (so ties go to fewer blocks):
-/// one-shot, two-shot, and the Lamport kernels where their buffers hold `bytes` (the tuner
-/// measures bf16, which they serve).
+/// every algorithm of the registry that fits `bytes` bytes of bf16 (the dtype the tuner
+/// measures) with `caps`, in every launch shape of `kTunerThreads` x `kTunerBlocks` up to the
+/// algorithm's and the group's block limits and one step past one 16-byte pack per thread.
 std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps);
 
 }  // namespace tpcomm

@@ -22,7 +22,7 @@ class FakeBackend final : public Backend {
     if (refuse_ != nullptr && r.in.numel() > 100) return Support::no(refuse_);
     return Support::yes();
   }
-  Status run(const Request&, Stream) noexcept override {
+  Status run(const Request&, const Support&, Stream) noexcept override {
     trace_->push_back(name_);
     return result_;
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tools/bench_args.hpp"
+#include "tune/algorithms.hpp"
 
 namespace tpcomm::tools {
 namespace {
@@ -49,20 +50,30 @@ TEST(BenchArgs, Defaults) {
   EXPECT_EQ(o.dtype, DType::kF32);
   EXPECT_EQ(o.redop, ReduceOp::kSum);
   EXPECT_EQ(o.op, kernels::Collective::kAllReduce);
-  EXPECT_EQ(o.algos, std::vector<BenchAlgo>{BenchAlgo::kAuto});
+  EXPECT_EQ(o.algos, std::vector<BenchAlgo>{BenchAlgo{}});
   EXPECT_FALSE(o.graph);
 }
 
+std::vector<std::string> names(const std::vector<BenchAlgo>& algos) {
+  std::vector<std::string> out;
+  for (const BenchAlgo& a : algos) out.push_back(a.name);
+  return out;
+}
+
 TEST(BenchArgs, AlgorithmLists) {
-  EXPECT_EQ(parse({"--algo", "one_shot,two_shot"}).algos,
-            (std::vector<BenchAlgo>{BenchAlgo::kOneShot, BenchAlgo::kTwoShot}));
+  EXPECT_EQ(names(parse({"--algo", "one_shot,two_shot"}).algos),
+            (std::vector<std::string>{"one_shot", "two_shot"}));
   EXPECT_EQ(parse({"--algo", "nccl-direct,memcpy"}).algos,
-            (std::vector<BenchAlgo>{BenchAlgo::kNcclDirect, BenchAlgo::kMemcpy}));
-  EXPECT_EQ(parse({"--algo", "lamport,auto"}).algos,
-            (std::vector<BenchAlgo>{BenchAlgo::kLamport, BenchAlgo::kAuto}));
-  EXPECT_EQ(parse({"--algo", "lamport_two_shot"}).algos,
-            (std::vector<BenchAlgo>{BenchAlgo::kLamportTwoShot}));
-  EXPECT_EQ(parse({"--algo", "all"}).algos.size(), 8u);
+            (std::vector<BenchAlgo>{{BenchAlgo::Kind::kNcclDirect, "nccl_direct"},
+                                    {BenchAlgo::Kind::kMemcpy, "memcpy"}}));
+  EXPECT_EQ(names(parse({"--algo", "lamport,auto"}).algos),
+            (std::vector<std::string>{"lamport", "auto"}));
+  EXPECT_EQ(names(parse({"--algo", "lamport_two_shot,One-Shot"}).algos),
+            (std::vector<std::string>{"lamport_two_shot", "one_shot"}));
+  EXPECT_TRUE(parse({"--algo", "one_shot"}).algos[0].pins_custom());
+  EXPECT_FALSE(parse({"--algo", "nccl"}).algos[0].pins_custom());
+  // auto, every algorithm of the registry, nccl, nccl_direct, memcpy.
+  EXPECT_EQ(parse({"--algo", "all"}).algos.size(), kAlgorithms.size() + 4);
 }
 
 TEST(BenchArgs, BadInputIsRefused) {

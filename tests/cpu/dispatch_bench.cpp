@@ -19,13 +19,12 @@ class SelectingBackend final : public Backend {
   Support supports(const Request& r) const noexcept override {
     if (r.op != Op::kAllReduce) return Support::no("only all-reduce");
     const Choice c =
-        select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, caps_, AlgoChoice::kAuto, table_);
-    return c.algo == Algo::kNone ? Support::no("outside the custom kernels") : Support::yes();
+        select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, caps_, Pinned{}, table_);
+    return c.algo == Algo::kNone ? Support::no("outside the custom kernels")
+                                 : Support::yes(static_cast<std::uint64_t>(c.blocks));
   }
-  Status run(const Request& r, Stream) noexcept override {
-    const Choice c =
-        select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, caps_, AlgoChoice::kAuto, table_);
-    benchmark::DoNotOptimize(c);
+  Status run(const Request&, const Support& s, Stream) noexcept override {
+    benchmark::DoNotOptimize(s.plan);
     return Status::kOk;
   }
 
@@ -38,7 +37,7 @@ class LastBackend final : public Backend {
  public:
   std::string_view name() const noexcept override { return "nccl"; }
   Support supports(const Request&) const noexcept override { return Support::yes(); }
-  Status run(const Request&, Stream) noexcept override { return Status::kOk; }
+  Status run(const Request&, const Support&, Stream) noexcept override { return Status::kOk; }
 };
 
 TuneTable make_table(std::int64_t max_bytes) {

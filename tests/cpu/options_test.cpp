@@ -24,7 +24,7 @@ TEST(Options, Defaults) {
   EXPECT_EQ(o.log_level, LogLevel::kWarn);
   EXPECT_EQ(o.nccl_path, "libnccl.so.2");
   EXPECT_EQ(o.timeout_ms, 30000);
-  EXPECT_EQ(o.algo, AlgoChoice::kAuto);
+  EXPECT_EQ(o.algo, "auto");
   EXPECT_EQ(o.custom_ar_max_bytes, 8 << 20);
   EXPECT_EQ(o.custom_ar_register_min_bytes, 2 << 20);
   EXPECT_EQ(o.lamport_max_bytes, 512 << 10);
@@ -51,7 +51,7 @@ TEST(Options, ReadsEveryKnob) {
   EXPECT_EQ(o.log_level, LogLevel::kDebug);
   EXPECT_EQ(o.nccl_path, "/opt/nccl/libnccl.so.2");
   EXPECT_EQ(o.timeout_ms, 1500);
-  EXPECT_EQ(o.algo, AlgoChoice::kLamportTwoShot);
+  EXPECT_EQ(o.algo, "lamport_two_shot");  // canonical spelling
   EXPECT_EQ(o.tune_file, "/tmp/t.txt");
   EXPECT_EQ(o.custom_ar_max_bytes, 16 << 20);
   EXPECT_EQ(o.custom_ar_register_min_bytes, 0);

@@ -7,7 +7,7 @@
 #include "ipc/layout.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/types.hpp"
-#include "tune/algo.hpp"
+#include "tune/algorithms.hpp"
 #include "tune/selector.hpp"
 #include "tune/table.hpp"
 
@@ -17,10 +17,14 @@ namespace {
 constexpr std::int64_t kKiB = 1024;
 constexpr std::int64_t kMiB = 1024 * 1024;
 
-SelectorCaps caps8() { return SelectorCaps{8, true, 8 * kMiB, kMaxBlocksPerRank}; }
+// The registry's built-in bounds of the Lamport kernel, for 5-8 ranks and for up to 4.
+constexpr std::int64_t kLamportMaxBytes = info(Algo::kLamport).built_in.more_ranks;
+constexpr std::int64_t kLamportMaxBytesUpTo4Ranks = info(Algo::kLamport).built_in.up_to_4_ranks;
+
+SelectorCaps caps8() { return SelectorCaps{8, true, 8 * kMiB, kMaxBlocks}; }
 
 Choice auto_choice(std::int64_t bytes, const SelectorCaps& caps, const TuneTable* table = nullptr) {
-  return select_all_reduce(bytes, DType::kBF16, ReduceOp::kSum, caps, AlgoChoice::kAuto, table);
+  return select_all_reduce(bytes, DType::kBF16, ReduceOp::kSum, caps, Pinned{}, table);
 }
 
 TuneTable table_for(int world, std::vector<TuneEntry> entries) {
@@ -34,9 +38,9 @@ TEST(Algo, NamesRoundTrip) {
     EXPECT_EQ(parse_algo(to_string(a)), a);
   EXPECT_EQ(to_string(Algo::kLamport), "lamport");
   EXPECT_EQ(to_string(Algo::kLamportTwoShot), "lamport_two_shot");
-  EXPECT_TRUE(is_lamport(Algo::kLamport));
-  EXPECT_TRUE(is_lamport(Algo::kLamportTwoShot));
-  EXPECT_FALSE(is_lamport(Algo::kOneShot));
+  EXPECT_TRUE(kernels::pushes(info(Algo::kLamport).kernel));
+  EXPECT_TRUE(kernels::pushes(info(Algo::kLamportTwoShot).kernel));
+  EXPECT_FALSE(kernels::pushes(info(Algo::kOneShot).kernel));
   EXPECT_EQ(to_string(Algo::kOneShot), "one_shot");
   EXPECT_EQ(to_string(Algo::kTwoShot), "two_shot");
   EXPECT_EQ(to_string(Algo::kNone), "none");
@@ -49,8 +53,8 @@ TEST(Algo, NamesRoundTrip) {
   EXPECT_NE((Choice{Algo::kOneShot, 1, 512}), (Choice{Algo::kTwoShot, 1, 512}));
   EXPECT_TRUE(is_valid(Choice{}));
   EXPECT_FALSE(is_valid(Choice{Algo::kNone, 1, 0}));
-  EXPECT_TRUE(is_valid(Choice{Algo::kOneShot, 128, 1024}));
-  EXPECT_FALSE(is_valid(Choice{Algo::kOneShot, 129, 1024}));
+  EXPECT_TRUE(is_valid(Choice{Algo::kOneShot, kMaxBlocks, 1024}));
+  EXPECT_FALSE(is_valid(Choice{Algo::kOneShot, kMaxBlocks + 1, 1024}));
   EXPECT_FALSE(is_valid(Choice{Algo::kOneShot, 1, 32}));
 }
 
@@ -109,7 +113,7 @@ TEST(SelectAllReduce, EachHardRequirementFallsBackToNccl) {
   const SelectorCaps caps = caps8();
   ASSERT_NE(auto_choice(64 * kKiB, caps).algo, Algo::kNone);
   auto none = [](std::int64_t bytes, DType dtype, ReduceOp op, const SelectorCaps& c) {
-    return select_all_reduce(bytes, dtype, op, c, AlgoChoice::kAuto, nullptr) == Choice{};
+    return select_all_reduce(bytes, dtype, op, c, Pinned{}, nullptr) == Choice{};
   };
   const std::int64_t b = 64 * kKiB;
   SelectorCaps c = caps;
@@ -146,7 +150,7 @@ TEST(SelectAllReduce, EachHardRequirementFallsBackToNccl) {
   // Hard requirements win over a forced algorithm and over the table.
   c = caps;
   c.custom_available = false;
-  EXPECT_EQ(select_all_reduce(b, DType::kBF16, ReduceOp::kSum, c, AlgoChoice::kOneShot, nullptr),
+  EXPECT_EQ(select_all_reduce(b, DType::kBF16, ReduceOp::kSum, c, Pinned{Algo::kOneShot}, nullptr),
             Choice{});
   TuneTable t = table_for(8, {{16 * kMiB, Choice{Algo::kOneShot, 4, 256}, 1}});
   EXPECT_EQ(auto_choice(9 * kMiB, caps, &t), Choice{});
@@ -157,19 +161,19 @@ TEST(SelectAllReduce, EachHardRequirementFallsBackToNccl) {
 
 TEST(SelectAllReduce, ForcedAlgorithms) {
   const SelectorCaps caps = caps8();
-  auto forced = [&](std::int64_t bytes, AlgoChoice f, const TuneTable* table = nullptr) {
+  auto forced = [&](std::int64_t bytes, Pinned f, const TuneTable* table = nullptr) {
     return select_all_reduce(bytes, DType::kF16, ReduceOp::kSum, caps, f, table);
   };
-  EXPECT_EQ(forced(64 * kKiB, AlgoChoice::kNccl), Choice{});
-  EXPECT_EQ(forced(4 * kMiB, AlgoChoice::kOneShot),
+  EXPECT_EQ(forced(64 * kKiB, Pinned{Algo::kNone}), Choice{});
+  EXPECT_EQ(forced(4 * kMiB, Pinned{Algo::kOneShot}),
             default_launch(Algo::kOneShot, 4 * kMiB, 8, 128));
-  EXPECT_EQ(forced(4 * kMiB, AlgoChoice::kOneShot).algo, Algo::kOneShot);
-  EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kTwoShot), (Choice{Algo::kTwoShot, 1, 512}));
+  EXPECT_EQ(forced(4 * kMiB, Pinned{Algo::kOneShot}).algo, Algo::kOneShot);
+  EXPECT_EQ(forced(1 * kKiB, Pinned{Algo::kTwoShot}), (Choice{Algo::kTwoShot, 1, 512}));
   // A forced algorithm ignores the table.
   TuneTable t = table_for(8, {{8 * kMiB, Choice{Algo::kOneShot, 7, 128}, 1}});
-  EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kTwoShot, &t), (Choice{Algo::kTwoShot, 1, 512}));
-  EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kNccl, &t), Choice{});
-  EXPECT_EQ(forced(1 * kKiB, AlgoChoice::kAuto, &t), (Choice{Algo::kOneShot, 7, 128}));
+  EXPECT_EQ(forced(1 * kKiB, Pinned{Algo::kTwoShot}, &t), (Choice{Algo::kTwoShot, 1, 512}));
+  EXPECT_EQ(forced(1 * kKiB, Pinned{Algo::kNone}, &t), Choice{});
+  EXPECT_EQ(forced(1 * kKiB, Pinned{}, &t), (Choice{Algo::kOneShot, 7, 128}));
 }
 
 // Lamport serves f16/bf16 up to the group's Lamport size: by default for small messages, when
@@ -177,52 +181,52 @@ TEST(SelectAllReduce, ForcedAlgorithms) {
 TEST(SelectAllReduce, LamportOnlyWhereItCanServe) {
   SelectorCaps caps = caps8();
   caps.lamport_max_bytes = 512 * kKiB;
-  auto pick = [&](std::int64_t bytes, DType t, AlgoChoice f, const SelectorCaps& c,
+  auto pick = [&](std::int64_t bytes, DType t, Pinned f, const SelectorCaps& c,
                   const TuneTable* table = nullptr) {
     return select_all_reduce(bytes, t, ReduceOp::kSum, c, f, table);
   };
   // Defaults: up to 64 KiB for 5-8 ranks, up to 256 KiB for 2-4 ranks.
-  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps),
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{}, caps),
             (Choice{Algo::kLamport, 1, 512}));
-  EXPECT_EQ(pick(kLamportMaxBytes, DType::kF16, AlgoChoice::kAuto, caps).algo, Algo::kLamport);
-  EXPECT_EQ(pick(kLamportMaxBytes + 2, DType::kBF16, AlgoChoice::kAuto, caps),
+  EXPECT_EQ(pick(kLamportMaxBytes, DType::kF16, Pinned{}, caps).algo, Algo::kLamport);
+  EXPECT_EQ(pick(kLamportMaxBytes + 2, DType::kBF16, Pinned{}, caps),
             default_choice(kLamportMaxBytes + 2, 8, 128));
   SelectorCaps caps4 = caps;
   caps4.world_size = 4;
-  EXPECT_EQ(pick(kLamportMaxBytesUpTo4Ranks, DType::kBF16, AlgoChoice::kAuto, caps4).algo,
+  EXPECT_EQ(pick(kLamportMaxBytesUpTo4Ranks, DType::kBF16, Pinned{}, caps4).algo,
             Algo::kLamport);
-  EXPECT_EQ(pick(kLamportMaxBytesUpTo4Ranks + 2, DType::kBF16, AlgoChoice::kAuto, caps4).algo,
+  EXPECT_EQ(pick(kLamportMaxBytesUpTo4Ranks + 2, DType::kBF16, Pinned{}, caps4).algo,
             Algo::kOneShot);
   // Never for f32, never past the group's Lamport buffers, never without them.
-  EXPECT_EQ(pick(1 * kKiB, DType::kF32, AlgoChoice::kAuto, caps), default_choice(1 * kKiB, 8, 128));
-  EXPECT_EQ(pick(1 * kKiB, DType::kF32, AlgoChoice::kLamport, caps),
+  EXPECT_EQ(pick(1 * kKiB, DType::kF32, Pinned{}, caps), default_choice(1 * kKiB, 8, 128));
+  EXPECT_EQ(pick(1 * kKiB, DType::kF32, Pinned{Algo::kLamport}, caps),
             default_choice(1 * kKiB, 8, 128));
   SelectorCaps small = caps;
   small.lamport_max_bytes = 4 * kKiB;
-  EXPECT_EQ(pick(4 * kKiB, DType::kBF16, AlgoChoice::kAuto, small).algo, Algo::kLamport);
-  EXPECT_EQ(pick(4 * kKiB + 2, DType::kBF16, AlgoChoice::kAuto, small).algo, Algo::kOneShot);
-  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps8()).algo, Algo::kOneShot);
-  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, AlgoChoice::kLamport, caps8()).algo, Algo::kOneShot);
+  EXPECT_EQ(pick(4 * kKiB, DType::kBF16, Pinned{}, small).algo, Algo::kLamport);
+  EXPECT_EQ(pick(4 * kKiB + 2, DType::kBF16, Pinned{}, small).algo, Algo::kOneShot);
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{}, caps8()).algo, Algo::kOneShot);
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{Algo::kLamport}, caps8()).algo, Algo::kOneShot);
   // Forced: wherever it can serve, with the default launch shape.
-  EXPECT_EQ(pick(512 * kKiB, DType::kBF16, AlgoChoice::kLamport, caps),
+  EXPECT_EQ(pick(512 * kKiB, DType::kBF16, Pinned{Algo::kLamport}, caps),
             default_launch(Algo::kLamport, 512 * kKiB, 8, 128));
-  EXPECT_EQ(pick(512 * kKiB + 2, DType::kBF16, AlgoChoice::kLamport, caps),
+  EXPECT_EQ(pick(512 * kKiB + 2, DType::kBF16, Pinned{Algo::kLamport}, caps),
             default_choice(512 * kKiB + 2, 8, 128));
   // Tuned: the table's Lamport where it can serve, the defaults where it cannot.
   TuneTable t = table_for(8, {{1 * kMiB, Choice{Algo::kLamport, 3, 256}, 1}});
-  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps, &t),
+  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, Pinned{}, caps, &t),
             (Choice{Algo::kLamport, 3, 256}));
-  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, AlgoChoice::kAuto, caps, &t),
+  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, Pinned{}, caps, &t),
             default_choice(1 * kMiB, 8, 128));
-  EXPECT_EQ(pick(4 * kKiB, DType::kF32, AlgoChoice::kAuto, caps, &t),
+  EXPECT_EQ(pick(4 * kKiB, DType::kF32, Pinned{}, caps, &t),
             default_choice(4 * kKiB, 8, 128));
   // A table that prefers one-shot keeps it, even where Lamport could serve.
   TuneTable one = table_for(8, {{1 * kMiB, Choice{Algo::kOneShot, 2, 256}, 1}});
-  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps, &one),
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{}, caps, &one),
             (Choice{Algo::kOneShot, 2, 256}));
   // Clamped like the others.
   caps.max_blocks = 2;
-  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, AlgoChoice::kAuto, caps, &t),
+  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, Pinned{}, caps, &t),
             (Choice{Algo::kLamport, 2, 256}));
 }
 
@@ -231,29 +235,29 @@ TEST(SelectAllReduce, LamportOnlyWhereItCanServe) {
 TEST(SelectAllReduce, LamportTwoShotWhereItsSlicesFit) {
   SelectorCaps caps = caps8();
   caps.lamport_max_bytes = 512 * kKiB;
-  auto pick = [&](std::int64_t bytes, DType t, AlgoChoice f, const TuneTable* table = nullptr) {
+  auto pick = [&](std::int64_t bytes, DType t, Pinned f, const TuneTable* table = nullptr) {
     return select_all_reduce(bytes, t, ReduceOp::kSum, caps, f, table);
   };
   EXPECT_EQ(lamport_two_shot_slot_bytes(2 * kMiB, 8), 512 * kKiB);
-  EXPECT_EQ(pick(2 * kMiB, DType::kBF16, AlgoChoice::kLamportTwoShot),
+  EXPECT_EQ(pick(2 * kMiB, DType::kBF16, Pinned{Algo::kLamportTwoShot}),
             default_launch(Algo::kLamportTwoShot, 2 * kMiB, 8, 128));
   // Sliced like two-shot: one block per 512 vectors of one rank's slice.
   EXPECT_EQ(default_launch(Algo::kLamportTwoShot, 2 * kMiB, 8, 128),
             (Choice{Algo::kLamportTwoShot, 32, 512}));
-  EXPECT_EQ(pick(2 * kMiB + 256, DType::kBF16, AlgoChoice::kLamportTwoShot),
+  EXPECT_EQ(pick(2 * kMiB + 256, DType::kBF16, Pinned{Algo::kLamportTwoShot}),
             default_choice(2 * kMiB + 256, 8, 128));
-  EXPECT_EQ(pick(64 * kKiB, DType::kF32, AlgoChoice::kLamportTwoShot),
+  EXPECT_EQ(pick(64 * kKiB, DType::kF32, Pinned{Algo::kLamportTwoShot}),
             default_choice(64 * kKiB, 8, 128));
   // Not a built-in choice.
   for (std::int64_t b : {1 * kKiB, 256 * kKiB, 1 * kMiB})
-    EXPECT_NE(pick(b, DType::kBF16, AlgoChoice::kAuto).algo, Algo::kLamportTwoShot) << b;
+    EXPECT_NE(pick(b, DType::kBF16, Pinned{}).algo, Algo::kLamportTwoShot) << b;
   TuneTable t = table_for(8, {{8 * kMiB, Choice{Algo::kLamportTwoShot, 16, 512}, 1}});
-  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, AlgoChoice::kAuto, &t),
+  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, Pinned{}, &t),
             (Choice{Algo::kLamportTwoShot, 16, 512}));
-  EXPECT_EQ(pick(4 * kMiB, DType::kBF16, AlgoChoice::kAuto, &t), default_choice(4 * kMiB, 8, 128));
-  EXPECT_EQ(pick(1 * kMiB, DType::kF16, AlgoChoice::kAuto, &t),
+  EXPECT_EQ(pick(4 * kMiB, DType::kBF16, Pinned{}, &t), default_choice(4 * kMiB, 8, 128));
+  EXPECT_EQ(pick(1 * kMiB, DType::kF16, Pinned{}, &t),
             (Choice{Algo::kLamportTwoShot, 16, 512}));
-  EXPECT_EQ(pick(1 * kMiB, DType::kF32, AlgoChoice::kAuto, &t), default_choice(1 * kMiB, 8, 128));
+  EXPECT_EQ(pick(1 * kMiB, DType::kF32, Pinned{}, &t), default_choice(1 * kMiB, 8, 128));
 }
 
 TEST(SelectAllReduce, TableWhereItCoversTheSizeDefaultsElsewhere) {
@@ -290,7 +294,7 @@ TEST(SelectAllReduce, BlocksAreClampedToTheCapsInEveryCase) {
   EXPECT_EQ(auto_choice(2 * kMiB, caps, &t), (Choice{Algo::kOneShot, 3, 256}));
   EXPECT_EQ(auto_choice(4 * kMiB, caps, &t), (Choice{Algo::kTwoShot, 4, 512}));
   EXPECT_EQ(
-      select_all_reduce(4 * kMiB, DType::kF32, ReduceOp::kSum, caps, AlgoChoice::kOneShot, &t),
+      select_all_reduce(4 * kMiB, DType::kF32, ReduceOp::kSum, caps, Pinned{Algo::kOneShot}, &t),
       (Choice{Algo::kOneShot, 4, 512}));
   caps.max_blocks = 1;
   EXPECT_EQ(auto_choice(1 * kMiB, caps, &t).blocks, 1);
@@ -306,14 +310,14 @@ TEST(SelectAllReduce, IsAPureFunction) {
   struct Call {
     std::int64_t bytes;
     int world;
-    AlgoChoice forced;
+    Pinned forced;
     bool with_table;
   };
   std::vector<Call> calls;
   for (std::int64_t b : sizes)
     for (int w : {1, 2, 4, 8, 9})
-      for (AlgoChoice f :
-           {AlgoChoice::kAuto, AlgoChoice::kNccl, AlgoChoice::kOneShot, AlgoChoice::kTwoShot})
+      for (Pinned f :
+           {Pinned{}, Pinned{Algo::kNone}, Pinned{Algo::kOneShot}, Pinned{Algo::kTwoShot}})
         for (bool with_table : {false, true}) calls.push_back({b, w, f, with_table});
   auto run = [&](const Call& c) {
     SelectorCaps caps = caps8();

@@ -139,8 +139,8 @@ TEST(TuneTable, ConstructorRejectsBadEntries) {
       {{{1024, ok, 1}, {512, ok, 1}}, "entry 1: bucket 512 follows bucket 1024"},
       {{{512, ok, 1}, {512, ok, 1}}, "entry 1: duplicate bucket 512"},
       {{{0, ok, 1}}, "entry 0: max_bytes 0 is not positive"},
-      {{{512, Choice{Algo::kTwoShot, 0, 512}, 1}}, "blocks 0 out of range 1..128"},
-      {{{512, Choice{Algo::kTwoShot, 129, 512}, 1}}, "blocks 129 out of range 1..128"},
+      {{{512, Choice{Algo::kTwoShot, 0, 512}, 1}}, "blocks 0 out of range 1..64"},
+      {{{512, Choice{Algo::kTwoShot, 65, 512}, 1}}, "blocks 65 out of range 1..64"},
       {{{512, Choice{Algo::kOneShot, 4, 96}, 1}}, "threads 96 is not one of"},
       {{{512, Choice{Algo::kNone, 4, 512}, 1}}, "algorithm none takes blocks 0 and threads 0"},
       {{{512, ok, -1}}, "time_us -1"},
@@ -204,7 +204,7 @@ TEST(TuneTableText, RoundTrip) {
   // Awkward key strings and times survive too.
   TuneKey k{
       "GPU \"quoted\" \\ back\\slash\ttab\nnewline \x01\x7f é", 2, "", 0, 0, "1.2.3-rc1+g0abc"};
-  std::vector<TuneEntry> e{{512, Choice{Algo::kOneShot, 128, 1024}, 0.1},
+  std::vector<TuneEntry> e{{512, Choice{Algo::kOneShot, 64, 1024}, 0.1},
                            {4096, Choice{Algo::kTwoShot, 1, 64}, 1e-7},
                            {1 << 20, Choice{}, 123456.78901234567},
                            {std::numeric_limits<std::int64_t>::max(), Choice{}, 0}};
@@ -295,7 +295,7 @@ TEST(TuneTableText, RejectsEveryMalformedInputWithItsLineNumber) {
        3},
       {"algo case", head + "512 One_Shot 1 512 4.5\n", "unknown algorithm", 3},
       {"blocks not a number", head + "512 one_shot many 512 4.5\n", "blocks \"many\"", 3},
-      {"blocks zero", head + "512 one_shot 0 512 4.5\n", "blocks 0 out of range 1..128", 3},
+      {"blocks zero", head + "512 one_shot 0 512 4.5\n", "blocks 0 out of range 1..64", 3},
       {"blocks too many", head + "512 two_shot 129 512 4.5\n", "blocks 129 out of range", 3},
       {"blocks negative", head + "512 two_shot -1 512 4.5\n", "blocks \"-1\"", 3},
       {"threads not a number", head + "512 one_shot 1 5l2 4.5\n", "threads \"5l2\"", 3},
