@@ -41,8 +41,7 @@ class LocalBackend final : public Backend {
 /// The custom all-reduce; the selector decides per call which algorithm of the registry serves.
 class CustomArBackend final : public Backend {
  public:
-  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, Pinned pinned,
-                  const TuneTable* const* table)
+  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, Pinned pinned, const TuneTable* const* table)
       : ar_(std::move(ar)), pinned_(pinned), table_(table) {}
   std::string_view name() const noexcept override { return "custom_ar"; }
   CustomAllReduce& impl() noexcept { return *ar_; }

@@ -19,10 +19,10 @@
 #include "core/cuda_check.hpp"
 #include "core/log.hpp"
 #include "tools/bench_args.hpp"
-#include "tune/graph_timer.hpp"
 #include "tools/commands.hpp"
 #include "tools/ranks.hpp"
 #include "tpcomm/group.hpp"
+#include "tune/graph_timer.hpp"
 
 namespace tpcomm::tools {
 namespace {
@@ -227,8 +227,7 @@ class Bench {
       }
       if (runner->warm_up(stream()) != Status::kOk) {
         if (boot_.rank() == 0)
-          std::printf("#\n# %s: failed: %s\n", algo.name.c_str(),
-                      runner->last_error().c_str());
+          std::printf("#\n# %s: failed: %s\n", algo.name.c_str(), runner->last_error().c_str());
         failed = true;
         break;
       }
@@ -248,8 +247,7 @@ class Bench {
           const std::string served = runner->served_by(s);
           print_row(bytes, count, oop, ip, served);
           rows.push_back(row_json(algo, bytes, count, oop, ip, served));
-          std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n",
-                       algo.name.c_str(),
+          std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n", algo.name.c_str(),
                        std::string(collective_name(o_.op)).c_str(), k + 1, sizes.size());
         }
         if (failed) break;
@@ -348,7 +346,8 @@ class Bench {
       // The captured path, checked too: refill, poison, replay once.
       m.failure = check_graph(runner, s, size_index, wrong);
     }
-    graph_->reset();  // NOTE [graphs of virtual ranks] (tune/graph_timer.hpp): before the collective
+    graph_
+        ->reset();  // NOTE [graphs of virtual ranks] (tune/graph_timer.hpp): before the collective
     TPCOMM_LOG_DEBUG("bench rank ", boot_.rank(), ": timed ", t, " us",
                      m.failure.empty() ? "" : ", failed: ", m.failure);
     // Average the time over ranks and sum the errors, as nccl-tests does.
@@ -404,8 +403,7 @@ class Bench {
     if (!m.failure.empty()) return 0;
     double us = 0;
     m.failure = graph_->time(boot_, o_.graph_replays, &us);
-    if (m.failure.empty() && runner.group() != nullptr &&
-        runner.group()->health() != Status::kOk)
+    if (m.failure.empty() && runner.group() != nullptr && runner.group()->health() != Status::kOk)
       m.failure = runner.group()->last_error();
     return us / o_.iters;
   }
@@ -436,8 +434,7 @@ class Bench {
 
   void print_header(const BenchAlgo& algo) {
     if (boot_.rank() != 0) return;
-    std::printf("#\n# algo: %s%s\n", algo.name.c_str(),
-                o_.graph ? " (CUDA graph replay)" : "");
+    std::printf("#\n# algo: %s%s\n", algo.name.c_str(), o_.graph ? " (CUDA graph replay)" : "");
     std::printf("#%64s%36s\n", "out-of-place", "in-place");
     std::printf("#%11s %12s %9s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s  %s\n", "size", "count",
                 "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",

@@ -34,7 +34,8 @@ CLI::Validator bytes_validator() {
 
 std::vector<BenchAlgo> all_bench_algos() {
   std::vector<BenchAlgo> out{BenchAlgo{}};
-  for (const AlgoInfo& a : kAlgorithms) out.push_back({BenchAlgo::Kind::kGroup, std::string(a.name)});
+  for (const AlgoInfo& a : kAlgorithms)
+    out.push_back({BenchAlgo::Kind::kGroup, std::string(a.name)});
   out.push_back({BenchAlgo::Kind::kGroup, "nccl"});
   out.push_back({BenchAlgo::Kind::kNcclDirect, "nccl_direct"});
   out.push_back({BenchAlgo::Kind::kMemcpy, "memcpy"});

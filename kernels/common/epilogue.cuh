@@ -28,8 +28,7 @@ struct Identity {
   __device__ explicit Identity(const AllReduceParams& /*params*/) {}
 
   template <class T>
-  __device__ __forceinline__ Pack<T> operator()(const Pack<T>& sum,
-                                                std::int64_t /*first*/) const {
+  __device__ __forceinline__ Pack<T> operator()(const Pack<T>& sum, std::int64_t /*first*/) const {
     return sum;
   }
 };

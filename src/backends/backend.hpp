@@ -80,7 +80,6 @@ class BackendChain {
   [[nodiscard]] Status run(const Request& request, Stream stream,
                            const Backend** served_by = nullptr) noexcept;
 
-
  private:
   void note_fallback(std::size_t index, const char* reason) noexcept;
 

@@ -70,32 +70,48 @@ inline constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::ma
 /// TensorRT-LLM's push one-shot (ahead of the pull kernels to about 256 KiB up to 4 ranks and
 /// 64 KiB above on H100/H200).
 inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
-    {Algo::kOneShot, "one_shot",
+    {Algo::kOneShot,
+     "one_shot",
      "barrier, then every rank reads every peer's input and writes the whole sum",
-     {"oneshot", "1stage"}, kernels::KernelId::kOneShot, kMaxBlocks,
+     {"oneshot", "1stage"},
+     kernels::KernelId::kOneShot,
+     kMaxBlocks,
      BuiltIn{2, kUnbounded, (std::int64_t{512} << 10) - 1, (std::int64_t{256} << 10) - 1}},
-    {Algo::kTwoShot, "two_shot",
+    {Algo::kTwoShot,
+     "two_shot",
      "reduce-scatter, barrier, all-gather: about 2n bytes moved per rank",
-     {"twoshot", "2stage"}, kernels::KernelId::kTwoShot, kMaxBlocks,
+     {"twoshot", "2stage"},
+     kernels::KernelId::kTwoShot,
+     kMaxBlocks,
      BuiltIn{3, kUnbounded, kUnbounded, kUnbounded}},
-    {Algo::kLamport, "lamport",
-     "every rank pushes its input into every peer's receive buffer; the data is the flag (f16/bf16)",
-     {}, kernels::KernelId::kLamport, kMaxBlocks,
+    {Algo::kLamport,
+     "lamport",
+     "every rank pushes its input into every peer's receive buffer; the data is the flag "
+     "(f16/bf16)",
+     {},
+     kernels::KernelId::kLamport,
+     kMaxBlocks,
      BuiltIn{1, std::int64_t{256} << 10, std::int64_t{256} << 10, std::int64_t{64} << 10}},
-    {Algo::kLamportTwoShot, "lamport_two_shot",
+    {Algo::kLamportTwoShot,
+     "lamport_two_shot",
      "slices pushed to their owners, sums pushed back to every rank, no barrier (f16/bf16)",
-     {}, kernels::KernelId::kLamportTwoShot, kMaxBlocks, BuiltIn{}},
+     {},
+     kernels::KernelId::kLamportTwoShot,
+     kMaxBlocks,
+     BuiltIn{}},
 }};
 
 /// The row of `a`; `a` must not be `kNone`.
 constexpr const AlgoInfo& info(Algo a) noexcept {
   return kAlgorithms[static_cast<std::size_t>(a) - 1];
 }
-static_assert([] {
-  for (std::size_t i = 0; i < kAlgorithms.size(); ++i)
-    if (static_cast<std::size_t>(kAlgorithms[i].algo) != i + 1) return false;
-  return true;
-}(), "kAlgorithms is indexed by Algo");
+static_assert(
+    [] {
+      for (std::size_t i = 0; i < kAlgorithms.size(); ++i)
+        if (static_cast<std::size_t>(kAlgorithms[i].algo) != i + 1) return false;
+      return true;
+    }(),
+    "kAlgorithms is indexed by Algo");
 
 /// The algorithm's name, or "none" for `kNone` (the tuned tables' word for "NCCL won").
 constexpr std::string_view to_string(Algo a) noexcept {
@@ -130,7 +146,8 @@ using Pinned = std::optional<Algo>;
 /// case and with '-' for '_'. False for anything else.
 inline bool parse_pinned(std::string_view s, Pinned* out) {
   std::string v(s);
-  for (char& c : v) c = c == '-' ? '_' : static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  for (char& c : v)
+    c = c == '-' ? '_' : static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   if (v == "auto") {
     *out = std::nullopt;
     return true;

@@ -35,7 +35,8 @@ std::string GraphTimer::capture(const std::function<std::string()>& enqueue) {
   std::string failure = enqueue();
   const cudaError_t ended = cudaStreamEndCapture(m.stream, &m.graph);
   if (!failure.empty()) return failure;
-  if (ended != cudaSuccess) return std::string("graph capture failed: ") + cudaGetErrorString(ended);
+  if (ended != cudaSuccess)
+    return std::string("graph capture failed: ") + cudaGetErrorString(ended);
   if (cudaError_t e = cudaGraphInstantiate(&m.exec, m.graph, 0); e != cudaSuccess)
     return std::string("instantiating the graph failed: ") + cudaGetErrorString(e);
   if (cudaError_t e = cudaGraphUpload(m.exec, m.stream); e != cudaSuccess)

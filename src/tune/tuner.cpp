@@ -55,8 +55,8 @@ TuneTable tune_all_reduce(const SelectorCaps& caps, Bootstrap& boot, const TuneK
     std::size_t pick = 0;
     while (times[pick] > best * (1.0 + kTie)) ++pick;
     entries.push_back({bytes, candidates[pick], times[pick]});
-    TPCOMM_LOG_INFO("tune ", bytes, " B: ", to_string(candidates[pick]), ", ", times[pick],
-                    " us (", candidates.size(), " candidates)");
+    TPCOMM_LOG_INFO("tune ", bytes, " B: ", to_string(candidates[pick]), ", ", times[pick], " us (",
+                    candidates.size(), " candidates)");
   }
   return TuneTable(key, std::move(entries));
 }

@@ -186,15 +186,13 @@ TEST(SelectAllReduce, LamportOnlyWhereItCanServe) {
     return select_all_reduce(bytes, t, ReduceOp::kSum, c, f, table);
   };
   // Defaults: up to 64 KiB for 5-8 ranks, up to 256 KiB for 2-4 ranks.
-  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{}, caps),
-            (Choice{Algo::kLamport, 1, 512}));
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{}, caps), (Choice{Algo::kLamport, 1, 512}));
   EXPECT_EQ(pick(kLamportMaxBytes, DType::kF16, Pinned{}, caps).algo, Algo::kLamport);
   EXPECT_EQ(pick(kLamportMaxBytes + 2, DType::kBF16, Pinned{}, caps),
             default_choice(kLamportMaxBytes + 2, 8, 128));
   SelectorCaps caps4 = caps;
   caps4.world_size = 4;
-  EXPECT_EQ(pick(kLamportMaxBytesUpTo4Ranks, DType::kBF16, Pinned{}, caps4).algo,
-            Algo::kLamport);
+  EXPECT_EQ(pick(kLamportMaxBytesUpTo4Ranks, DType::kBF16, Pinned{}, caps4).algo, Algo::kLamport);
   EXPECT_EQ(pick(kLamportMaxBytesUpTo4Ranks + 2, DType::kBF16, Pinned{}, caps4).algo,
             Algo::kOneShot);
   // Never for f32, never past the group's Lamport buffers, never without them.
@@ -214,20 +212,15 @@ TEST(SelectAllReduce, LamportOnlyWhereItCanServe) {
             default_choice(512 * kKiB + 2, 8, 128));
   // Tuned: the table's Lamport where it can serve, the defaults where it cannot.
   TuneTable t = table_for(8, {{1 * kMiB, Choice{Algo::kLamport, 3, 256}, 1}});
-  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, Pinned{}, caps, &t),
-            (Choice{Algo::kLamport, 3, 256}));
-  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, Pinned{}, caps, &t),
-            default_choice(1 * kMiB, 8, 128));
-  EXPECT_EQ(pick(4 * kKiB, DType::kF32, Pinned{}, caps, &t),
-            default_choice(4 * kKiB, 8, 128));
+  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, Pinned{}, caps, &t), (Choice{Algo::kLamport, 3, 256}));
+  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, Pinned{}, caps, &t), default_choice(1 * kMiB, 8, 128));
+  EXPECT_EQ(pick(4 * kKiB, DType::kF32, Pinned{}, caps, &t), default_choice(4 * kKiB, 8, 128));
   // A table that prefers one-shot keeps it, even where Lamport could serve.
   TuneTable one = table_for(8, {{1 * kMiB, Choice{Algo::kOneShot, 2, 256}, 1}});
-  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{}, caps, &one),
-            (Choice{Algo::kOneShot, 2, 256}));
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{}, caps, &one), (Choice{Algo::kOneShot, 2, 256}));
   // Clamped like the others.
   caps.max_blocks = 2;
-  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, Pinned{}, caps, &t),
-            (Choice{Algo::kLamport, 2, 256}));
+  EXPECT_EQ(pick(256 * kKiB, DType::kBF16, Pinned{}, caps, &t), (Choice{Algo::kLamport, 2, 256}));
 }
 
 // The Lamport two-shot needs room for one slice in and one slice of sums per slot: messages up
@@ -252,11 +245,9 @@ TEST(SelectAllReduce, LamportTwoShotWhereItsSlicesFit) {
   for (std::int64_t b : {1 * kKiB, 256 * kKiB, 1 * kMiB})
     EXPECT_NE(pick(b, DType::kBF16, Pinned{}).algo, Algo::kLamportTwoShot) << b;
   TuneTable t = table_for(8, {{8 * kMiB, Choice{Algo::kLamportTwoShot, 16, 512}, 1}});
-  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, Pinned{}, &t),
-            (Choice{Algo::kLamportTwoShot, 16, 512}));
+  EXPECT_EQ(pick(1 * kMiB, DType::kBF16, Pinned{}, &t), (Choice{Algo::kLamportTwoShot, 16, 512}));
   EXPECT_EQ(pick(4 * kMiB, DType::kBF16, Pinned{}, &t), default_choice(4 * kMiB, 8, 128));
-  EXPECT_EQ(pick(1 * kMiB, DType::kF16, Pinned{}, &t),
-            (Choice{Algo::kLamportTwoShot, 16, 512}));
+  EXPECT_EQ(pick(1 * kMiB, DType::kF16, Pinned{}, &t), (Choice{Algo::kLamportTwoShot, 16, 512}));
   EXPECT_EQ(pick(1 * kMiB, DType::kF32, Pinned{}, &t), default_choice(1 * kMiB, 8, 128));
 }
 

@@ -149,17 +149,16 @@ TEST_P(CustomAllReduceSweep, ExactAndBitwiseIdentical) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Worlds, CustomAllReduceSweep,
-    ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
-                       ::testing::Values("one_shot", "two_shot",
-                                         "lamport", "lamport_two_shot"),
-                       ::testing::Bool()),
-    [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) + "_" +
-             std::get<1>(info.param) +
-             (std::get<2>(info.param) ? "_pdl" : "_plain_launch");
-    });
+INSTANTIATE_TEST_SUITE_P(Worlds, CustomAllReduceSweep,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
+                                            ::testing::Values("one_shot", "two_shot", "lamport",
+                                                              "lamport_two_shot"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param) +
+                                  (std::get<2>(info.param) ? "_pdl" : "_plain_launch");
+                         });
 
 // One-shot and two-shot visit ranks in the same order: their results are bitwise equal.
 TEST(CustomAllReduce, OneShotAndTwoShotAgreeBitwise) {
@@ -323,18 +322,15 @@ TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GraphReplays,
-                         ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Bool(),
-                                            ::testing::Bool(),
-                                            ::testing::Values("one_shot",
-                                                              "lamport",
-                                                              "lamport_two_shot")),
-                         [](const auto& info) {
-                           return "world" + std::to_string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_eager_first" : "") +
-                                  (std::get<2>(info.param) ? "_event_in_graph" : "") + "_" +
-                                  std::get<3>(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GraphReplays,
+    ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Bool(), ::testing::Bool(),
+                       ::testing::Values("one_shot", "lamport", "lamport_two_shot")),
+    [](const auto& info) {
+      return "world" + std::to_string(std::get<0>(info.param)) +
+             (std::get<1>(info.param) ? "_eager_first" : "") +
+             (std::get<2>(info.param) ? "_event_in_graph" : "") + "_" + std::get<3>(info.param);
+    });
 
 // The Lamport buffers rotate and are refilled with the empty mark behind each operation: a
 // long run of back-to-back operations whose sizes grow and shrink, each with fresh inputs, in
@@ -398,8 +394,7 @@ TEST_P(LamportReuse, BuffersAreReusedCleanlyAcrossSizes) {
 
 INSTANTIATE_TEST_SUITE_P(Lamport, LamportReuse,
                          ::testing::Combine(::testing::Values(3, 4, 8),
-                                            ::testing::Values("lamport",
-                                                              "lamport_two_shot")),
+                                            ::testing::Values("lamport", "lamport_two_shot")),
                          [](const auto& info) {
                            return "world" + std::to_string(std::get<0>(info.param)) + "_" +
                                   std::get<1>(info.param);
@@ -458,8 +453,7 @@ TEST_P(LibraryKernels, Bf16ThenF16ThenF32WithoutWaiting) {
 
 INSTANTIATE_TEST_SUITE_P(Sequence, LibraryKernels,
                          ::testing::Combine(::testing::Values(4, 8),
-                                            ::testing::Values("auto",
-                                                              "lamport")),
+                                            ::testing::Values("auto", "lamport")),
                          [](const auto& info) {
                            return "world" + std::to_string(std::get<0>(info.param)) + "_" +
                                   std::get<1>(info.param);

@@ -204,18 +204,16 @@ TEST_P(CallerKernels, BetweenCollectivesWarmedUpAsTheReadmeSays) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Worlds, CallerKernels,
-    ::testing::Combine(::testing::Values(2, 3, 4, 8),
-                       ::testing::Values("auto", "one_shot",
-                                         "two_shot", "lamport",
-                                         "lamport_two_shot"),
-                       ::testing::Bool()),
-    [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) + "_" +
-             std::get<1>(info.param) +
-             (std::get<2>(info.param) ? "_pdl" : "_plain_launch");
-    });
+INSTANTIATE_TEST_SUITE_P(Worlds, CallerKernels,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 8),
+                                            ::testing::Values("auto", "one_shot", "two_shot",
+                                                              "lamport", "lamport_two_shot"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param) +
+                                  (std::get<2>(info.param) ? "_pdl" : "_plain_launch");
+                         });
 
 // A caller kernel launched for the first time between collectives may hold its rank's stream
 // until the peers give up (NOTE [first launch]). Whichever way a run goes, it must end within

@@ -62,8 +62,7 @@ std::uint64_t digest(const void* p, std::size_t bytes) {
 TEST(MultiProcess, ExactAllReduceEveryAlgorithm) {
   const int rank = g_boot->rank();
   StreamHolder stream;
-  for (const char* algo : {"one_shot", "two_shot", "lamport",
-                          "lamport_two_shot"}) {
+  for (const char* algo : {"one_shot", "two_shot", "lamport", "lamport_two_shot"}) {
     Group g(*g_boot, g_device, mgpu_options(algo));
     for (auto [count, dtype] : {std::pair<std::int64_t, DType>{1, DType::kBF16},
                                 {1001, DType::kF16},
