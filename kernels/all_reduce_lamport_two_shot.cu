@@ -7,7 +7,7 @@ namespace tpcomm::kernels {
 
 template <>
 const void* instance<KernelId::kLamportTwoShot>(DType dtype, int world_size) noexcept {
-  return find_instance(dtype, world_size, []<class T, int R>() -> const void* {
+  return find_instance(dtype, world_size, [&]<class T, int R>() -> const void* {
     if constexpr (sizeof(T) == 2)
       return reinterpret_cast<const void*>(
           &all_reduce_lamport_two_shot_kernel<T, R, Identity>);  // 16-bit types only

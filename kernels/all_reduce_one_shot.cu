@@ -7,7 +7,7 @@ namespace tpcomm::kernels {
 
 template <>
 const void* instance<KernelId::kOneShot>(DType dtype, int world_size) noexcept {
-  return find_instance(dtype, world_size, []<class T, int R>() -> const void* {
+  return find_instance(dtype, world_size, [&]<class T, int R>() -> const void* {
     return reinterpret_cast<const void*>(&all_reduce_one_shot_kernel<T, R, Identity>);
   });
 }
