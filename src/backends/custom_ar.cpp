@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "bootstrap/agree.hpp"
 #include "core/cuda_check.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/log.hpp"
@@ -63,20 +64,6 @@ std::uint64_t probe_value(int from, int to) {
          static_cast<std::uint64_t>(to);
 }
 
-/// One recorded buffer, as sent to the peers when a capture scope closes.
-struct RegistryEntry {
-  std::uint64_t ptr;     // raw pointer (usable by peers of the same process); 0 = staged
-  std::uint64_t offset;  // from the allocation base
-  cudaIpcMemHandle_t handle;
-};
-static_assert(std::is_trivially_copyable_v<RegistryEntry>);
-
-struct RegistryHeader {
-  std::uint64_t nonce;
-  std::int32_t ok;
-  std::int32_t count;
-};
-
 }  // namespace
 
 struct CustomAllReduce::Impl {
@@ -100,14 +87,13 @@ struct CustomAllReduce::Impl {
   RankPtrs* registry = nullptr;       // device, kRegistrySlots entries
   std::vector<const void*> recorded;  // this scope's buffers; nullptr = staged
   std::int64_t scope_first_slot = 0;
-  std::map<std::pair<int, std::array<char, sizeof(cudaIpcMemHandle_t)>>, char*> opened;
+  std::optional<PeerMappings> registered;  // peers' captured buffers, mapped here
 
   ~Impl() {
     int previous = 0;
     cudaGetDevice(&previous);
     cudaSetDevice(device);
-    for (auto& [key, base] : opened) cudaIpcCloseMemHandle(base);
-    opened.clear();
+    registered.reset();
     workspace.reset();  // collective: barrier before free
     if (registry != nullptr) cudaFree(registry);
     if (error_host != nullptr) cudaFreeHost(error_host);
@@ -148,6 +134,37 @@ struct CustomAllReduce::Impl {
     TPCOMM_CUDA_CHECK(cudaMalloc(&registry, kRegistrySlots * sizeof(RankPtrs)));
   }
 
+  /// Learns which ranks share this process and this GPU; returns how many ranks (this one
+  /// included) run on this GPU. Collective.
+  int meet_peers() {
+    struct Where {
+      std::uint64_t nonce;
+      std::int32_t device;
+      std::int32_t node;
+    } mine{process_nonce(), device, boot->node_id()};
+    int sharing = 0;
+    for (const Where& w : boot->all_gather_value(mine)) {
+      sharing += w.node == mine.node && w.device == mine.device ? 1 : 0;
+      nonces.push_back(w.nonce);
+    }
+    for (int r = 0; r < world; ++r)
+      peers_in_process = peers_in_process || (r != rank && nonces[r] == mine.nonce);
+    return sharing;
+  }
+
+  /// Most blocks of one rank's kernel that keep every rank sharing this GPU resident at once:
+  /// ranks sharing one GPU must all be resident, or spinning blocks starve the ones they wait
+  /// for, so they split the GPU's block slots (NOTE [programmatic launch] says why one kernel per
+  /// rank is enough).
+  int resident_blocks(int sharing) const {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    int per_sm = 64;
+    for (const AlgoInfo& a : kAlgorithms)
+      per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, 1024));
+    return std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
+  }
+
   /// After every rank wrote its probes: checks what arrived here.
   void check_probes() {
     DeviceGuard guard(device);
@@ -159,6 +176,54 @@ struct CustomAllReduce::Impl {
       TPCOMM_CHECK(got[r] == probe_value(r, rank), Status::kUnavailable,
                    "peer memory probe: what rank ", r, " wrote did not arrive at rank ", rank);
     }
+  }
+
+  /// Collective (NOTE [staging]): exchanges the buffers recorded in this capture scope with
+  /// every rank, maps the peers' ones and fills their registry slots. Every rank must have
+  /// recorded as many; a failure on any rank fails every rank alike. Throws `Error`.
+  void register_recorded() {
+    std::string local_error;
+    std::vector<BufferRecord> mine(recorded.size());
+    try {
+      for (std::size_t i = 0; i < recorded.size(); ++i)
+        if (recorded[i] != nullptr)
+          mine[i] = PeerMappings::describe(recorded[i], device, boot->node_id());
+    } catch (const Error& err) {
+      local_error = err.what();
+    }
+    if (std::string why = agree(*boot, local_error); !why.empty())
+      TPCOMM_THROW(Status::kCudaError, "registering captured buffers failed on ", why);
+    const auto all = boot->all_gather(std::as_bytes(std::span(mine)));
+    for (int r = 1; r < world; ++r)
+      TPCOMM_CHECK(all[static_cast<std::size_t>(r)].size() == all[0].size(),
+                   Status::kInvalidArgument,
+                   "ranks captured different numbers of custom all-reduce calls (rank 0: ",
+                   all[0].size() / sizeof(BufferRecord), ", rank ", r, ": ",
+                   all[static_cast<std::size_t>(r)].size() / sizeof(BufferRecord),
+                   "); every rank must capture the same calls");
+    std::vector<RankPtrs> slots(recorded.size());
+    std::string map_error;
+    try {
+      if (!registered) registered.emplace(device);
+      for (int r = 0; r < world; ++r) {
+        for (std::size_t i = 0; i < slots.size(); ++i) {
+          BufferRecord theirs;
+          std::memcpy(&theirs, all[static_cast<std::size_t>(r)].data() + i * sizeof(theirs),
+                      sizeof(theirs));
+          slots[i].ptr[r] = theirs.ptr == 0 ? nullptr
+                            : r == rank     ? recorded[i]
+                                            : registered->map(theirs, boot->node_id());
+        }
+      }
+      if (!slots.empty())
+        TPCOMM_CUDA_CHECK(cudaMemcpy(registry + scope_first_slot, slots.data(),
+                                     slots.size() * sizeof(RankPtrs), cudaMemcpyHostToDevice));
+    } catch (const Error& err) {
+      map_error = err.what();
+    }
+    // A rank that could not map must not leave the others replaying into garbage.
+    if (std::string why = agree(*boot, map_error); !why.empty())
+      TPCOMM_THROW(Status::kCudaError, "mapping captured buffers failed on ", why);
   }
 
   kernels::AllReduceParams params(const TensorView& in, const TensorView& out) const {
@@ -232,43 +297,14 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
       local_error = e.what();
     }
   }
-  struct Vote {
-    std::uint64_t nonce;
-    std::int32_t device;
-    std::int32_t node;
-    char why[200];
-  } vote{};
-  vote.nonce = process_nonce();
-  vote.device = device;
-  vote.node = boot.node_id();
-  std::snprintf(vote.why, sizeof(vote.why), "%s", local_error.c_str());
-  const auto votes = boot.all_gather_value(vote);
-  for (int r = 0; r < world; ++r) {
-    if (votes[r].why[0] != '\0') return fail("rank " + std::to_string(r) + ": " + votes[r].why);
-  }
-
-  // Ranks sharing one GPU must all be resident at once, or spinning blocks starve the ones
-  // they wait for: split the GPU's block slots between them (NOTE [programmatic launch] says
-  // why one kernel per rank is enough).
-  int sharing = 0;
-  for (const Vote& v : votes) sharing += (v.node == vote.node && v.device == vote.device) ? 1 : 0;
-  for (const Vote& v : votes) {
-    impl->nonces.push_back(v.nonce);
-    if (&v != &votes[static_cast<std::size_t>(impl->rank)] && v.nonce == vote.nonce)
-      impl->peers_in_process = true;
-  }
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  int per_sm = 64;
-  for (const AlgoInfo& a : kAlgorithms)
-    per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, 1024));
-  const int resident = std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
+  if (std::string why = agree(boot, local_error); !why.empty()) return fail(why);
+  const int sharing = impl->meet_peers();
   SelectorCaps caps{};
   caps.world_size = world;
   caps.custom_available = true;
   caps.max_bytes = options.custom_ar_max_bytes;
   caps.lamport_max_bytes = lamport_max_bytes;
-  caps.max_blocks = std::min(kMaxBlocks, resident);
+  caps.max_blocks = std::min(kMaxBlocks, impl->resident_blocks(sharing));
   // The smallest of the ranks' limits, so every rank launches the same grid.
   std::int32_t mine = caps.max_blocks;
   for (std::int32_t v : boot.all_gather_value(mine))
@@ -414,124 +450,17 @@ void CustomAllReduce::begin_capture() noexcept {
 Status CustomAllReduce::end_capture() noexcept {
   Impl& m = *impl_;
   capture_open_ = false;
-  // Local part: the handle of every recorded buffer's allocation.
-  std::string local_error;
-  std::vector<RegistryEntry> entries(m.recorded.size());
   try {
     DeviceGuard guard(m.device);
-    const CudaDriver& cu = CudaDriver::get();
-    for (std::size_t i = 0; i < m.recorded.size(); ++i) {
-      RegistryEntry& e = entries[i];
-      e = RegistryEntry{};
-      if (m.recorded[i] == nullptr) continue;
-      CUdeviceptr base = 0;
-      std::size_t size = 0;
-      const auto ptr = reinterpret_cast<CUdeviceptr>(m.recorded[i]);
-      if (CUresult r = cu.cuMemGetAddressRange(&base, &size, ptr); r != CUDA_SUCCESS)
-        TPCOMM_THROW(Status::kCudaError,
-                     "finding the allocation of a captured buffer: ", cu.error_string(r));
-      e.ptr = ptr;
-      e.offset = ptr - base;
-      TPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&e.handle, reinterpret_cast<void*>(base)));
-    }
-  } catch (const Error& err) {
-    local_error = err.what();
-  }
-  // Exchange; every rank learns about every failure and every count.
-  Bytes blob(sizeof(RegistryHeader) + entries.size() * sizeof(RegistryEntry));
-  RegistryHeader header{process_nonce(), local_error.empty() ? 1 : 0,
-                        static_cast<std::int32_t>(entries.size())};
-  std::memcpy(blob.data(), &header, sizeof(header));
-  if (!entries.empty())
-    std::memcpy(blob.data() + sizeof(header), entries.data(),
-                entries.size() * sizeof(RegistryEntry));
-  std::vector<Bytes> all;
-  try {
-    all = m.boot->all_gather(blob);
+    m.register_recorded();
   } catch (const Error& err) {
     health_ = err.status();
-    error_message_ = detail::concat("registering captured buffers: ", err.what());
+    error_message_ = err.what();
+    TPCOMM_LOG_ERROR(error_message_);
     return health_;
   }
-  auto fail = [&](Status s, std::string why) {
-    health_ = s;
-    error_message_ = std::move(why);
-    TPCOMM_LOG_ERROR(error_message_);
-    return s;
-  };
-  std::vector<RegistryHeader> headers(m.world);
-  for (int r = 0; r < m.world; ++r) {
-    if (all[r].size() < sizeof(RegistryHeader))
-      return fail(Status::kProtocolError, "registration: short message");
-    std::memcpy(&headers[r], all[r].data(), sizeof(RegistryHeader));
-    if (headers[r].ok == 0)
-      return fail(Status::kCudaError,
-                  detail::concat("registering captured buffers failed on rank ", r,
-                                 r == m.rank ? ": " + local_error : std::string()));
-  }
-  for (int r = 1; r < m.world; ++r) {
-    if (headers[r].count != headers[0].count)
-      return fail(
-          Status::kInvalidArgument,
-          detail::concat("ranks captured different numbers of custom all-reduce calls (rank 0: ",
-                         headers[0].count, ", rank ", r, ": ", headers[r].count,
-                         "); every rank must capture the same calls"));
-  }
-  // Map every peer's buffers and fill the slots.
-  const std::size_t n = entries.size();
-  std::vector<RankPtrs> slots(n);
-  std::string map_error;
-  try {
-    DeviceGuard guard(m.device);
-    for (int r = 0; r < m.world; ++r) {
-      std::vector<RegistryEntry> theirs(n);
-      if (n != 0)
-        std::memcpy(theirs.data(), all[r].data() + sizeof(RegistryHeader),
-                    n * sizeof(RegistryEntry));
-      for (std::size_t i = 0; i < n; ++i) {
-        const RegistryEntry& e = theirs[i];
-        const void* p = nullptr;
-        if (e.ptr == 0) {
-          p = nullptr;
-        } else if (r == m.rank || headers[r].nonce == process_nonce()) {
-          p = reinterpret_cast<const void*>(e.ptr);
-        } else {
-          std::array<char, sizeof(cudaIpcMemHandle_t)> key;
-          std::memcpy(key.data(), &e.handle, key.size());
-          auto it = m.opened.find({r, key});
-          if (it == m.opened.end()) {
-            void* base = nullptr;
-            TPCOMM_CUDA_CHECK(
-                cudaIpcOpenMemHandle(&base, e.handle, cudaIpcMemLazyEnablePeerAccess));
-            it = m.opened.emplace(std::make_pair(r, key), static_cast<char*>(base)).first;
-          }
-          p = it->second + e.offset;
-        }
-        slots[i].ptr[r] = p;
-      }
-    }
-    if (n != 0)
-      TPCOMM_CUDA_CHECK(cudaMemcpy(m.registry + m.scope_first_slot, slots.data(),
-                                   n * sizeof(RankPtrs), cudaMemcpyHostToDevice));
-  } catch (const Error& err) {
-    map_error = err.what();
-  }
-  // Agree: a rank that could not map must not leave the others replaying into garbage.
-  std::int32_t ok = map_error.empty() ? 1 : 0;
-  std::vector<std::int32_t> oks;
-  try {
-    oks = m.boot->all_gather_value(ok);
-  } catch (const Error& err) {
-    return fail(err.status(), detail::concat("registering captured buffers: ", err.what()));
-  }
-  for (int r = 0; r < m.world; ++r) {
-    if (oks[r] == 0)
-      return fail(Status::kCudaError,
-                  detail::concat("mapping captured buffers failed on rank ", r,
-                                 r == m.rank ? ": " + map_error : std::string()));
-  }
-  TPCOMM_LOG_DEBUG("registered ", n, " captured buffers (slots ", m.scope_first_slot, "..",
-                   next_slot_, ")");
+  TPCOMM_LOG_DEBUG("registered ", m.recorded.size(), " captured buffers (slots ",
+                   m.scope_first_slot, "..", next_slot_, ")");
   m.recorded.clear();
   return Status::kOk;
 }

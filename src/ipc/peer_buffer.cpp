@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap/agree.hpp"
 #include "core/cuda_check.hpp"
+#include "core/cuda_driver.hpp"
 #include "core/log.hpp"
 
 namespace tpcomm {
@@ -23,35 +25,63 @@ std::uint64_t process_nonce() noexcept {
   return nonce;
 }
 
-namespace {
+static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(BufferRecord::handle));
 
-/// What each rank tells the others about its allocation (raw bytes through the bootstrap).
-struct PeerRecord {
-  std::uint64_t nonce;
-  std::uint64_t ptr;
-  std::uint64_t bytes;
-  std::int32_t node;
-  std::int32_t device;
+PeerMappings::~PeerMappings() { close(); }
+
+void PeerMappings::close() noexcept {
+  for (auto& [handle, base] : opened_) cudaIpcCloseMemHandle(base);
+  opened_.clear();
+}
+
+BufferRecord PeerMappings::describe(const void* ptr, int device, int node) {
+  const CudaDriver& cu = CudaDriver::get();
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  if (CUresult r = cu.cuMemGetAddressRange(&base, &size, p); r != CUDA_SUCCESS)
+    TPCOMM_THROW(Status::kCudaError, "finding the allocation of a buffer: ", cu.error_string(r));
+  BufferRecord record;
+  record.nonce = process_nonce();
+  record.ptr = p;
+  record.offset = p - base;
+  record.node = node;
+  record.device = device;
   cudaIpcMemHandle_t handle;
-  std::int32_t ok;
-  std::array<char, 124> why;
-};
-static_assert(std::is_trivially_copyable_v<PeerRecord>);
-
-void set_why(PeerRecord& r, const std::string& why) {
-  r.ok = 0;
-  std::snprintf(r.why.data(), r.why.size(), "%s", why.c_str());
+  TPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)));
+  std::memcpy(record.handle.data(), &handle, sizeof(handle));
+  return record;
 }
 
-/// Throws the same error on every rank when any record reports a failure.
-void throw_if_any_failed(const std::vector<PeerRecord>& records) {
-  for (std::size_t r = 0; r < records.size(); ++r) {
-    if (records[r].ok == 0)
-      TPCOMM_THROW(Status::kUnavailable, "peer memory: rank ", r, ": ", records[r].why.data());
+void* PeerMappings::map(const BufferRecord& record, int node) {
+  if (record.nonce == process_nonce()) {
+    if (record.device != device_) {
+      int can = 0;
+      cudaDeviceCanAccessPeer(&can, device_, record.device);
+      const cudaError_t e =
+          can ? cudaDeviceEnablePeerAccess(record.device, 0) : cudaErrorPeerAccessUnsupported;
+      cudaGetLastError();
+      TPCOMM_CHECK(e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled, Status::kUnavailable,
+                   "no peer access from device ", device_, " to device ", record.device, ": ",
+                   cudaGetErrorString(e));
+    }
+    return reinterpret_cast<void*>(record.ptr);
   }
+  TPCOMM_CHECK(record.node == node, Status::kUnavailable,
+               "a buffer on another node: peer memory spans one node");
+  auto it = opened_.find(record.handle);
+  if (it == opened_.end()) {
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, record.handle.data(), sizeof(handle));
+    void* base = nullptr;
+    const cudaError_t e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
+    cudaGetLastError();
+    TPCOMM_CHECK(e == cudaSuccess, Status::kUnavailable,
+                 "cannot open an IPC handle: ", cudaGetErrorString(e));
+    it = opened_.emplace(record.handle, static_cast<char*>(base)).first;
+  }
+  return it->second + record.offset;
 }
-
-}  // namespace
 
 struct PeerBuffer::Impl {
   Bootstrap* boot = nullptr;
@@ -59,17 +89,24 @@ struct PeerBuffer::Impl {
   std::size_t bytes = 0;
   void* local = nullptr;
   std::vector<void*> peers;
-  std::vector<bool> opened;
+  std::unique_ptr<PeerMappings> mappings;
 
-  void close_handles() noexcept {
-    for (std::size_t r = 0; r < peers.size(); ++r) {
-      if (opened[r] && peers[r] != nullptr) cudaIpcCloseMemHandle(peers[r]);
-      opened[r] = false;
-    }
-  }
   void free_local() noexcept {
     if (local != nullptr) cudaFree(local);
     local = nullptr;
+  }
+
+  /// Closes the mappings, waits until no peer maps this rank's allocation, and frees it.
+  void release() noexcept {
+    if (mappings) mappings->close();
+    // Nobody may free while a peer still has it mapped (CUDA IPC rule).
+    try {
+      boot->barrier();
+    } catch (const Error& err) {
+      TPCOMM_LOG_WARN("peer memory: barrier before freeing failed (", err.what(),
+                      "); freeing anyway");
+    }
+    free_local();
   }
 };
 
@@ -79,108 +116,62 @@ PeerBuffer::PeerBuffer(Bootstrap& boot, int device, std::size_t bytes)
   m.boot = &boot;
   m.device = device;
   m.bytes = bytes;
+  m.mappings = std::make_unique<PeerMappings>(device);
   const int world = boot.world_size();
-  const int me = boot.rank();
   DeviceGuard guard(device);
 
-  // 1. Allocate and zero (before the exchange: no peer may see stale memory).
-  PeerRecord mine{};
-  mine.nonce = process_nonce();
-  mine.bytes = bytes;
-  mine.node = boot.node_id();
-  mine.device = device;
-  mine.ok = 1;
+  // 1. Allocate and zero (before the exchange: no peer may see stale memory); all or none.
+  struct Record {
+    BufferRecord buffer;
+    std::uint64_t bytes;
+  } mine{};
+  std::string local_error;
   cudaError_t e = cudaMalloc(&m.local, bytes);
   if (e == cudaSuccess) e = cudaMemset(m.local, 0, bytes);
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.handle, m.local);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    set_why(mine, std::string("allocating ") + std::to_string(bytes) +
-                      " bytes: " + cudaGetErrorString(e));
+    local_error = detail::concat("allocating ", bytes, " bytes: ", cudaGetErrorString(e));
+  } else {
+    try {
+      mine.buffer = PeerMappings::describe(m.local, device, boot.node_id());
+    } catch (const Error& err) {
+      local_error = err.what();
+    }
   }
-  mine.ptr = reinterpret_cast<std::uint64_t>(m.local);
-
-  // 2. Exchange; a failure anywhere fails every rank the same way.
-  const auto records = boot.all_gather_value(mine);
-  try {
-    throw_if_any_failed(records);
-    for (int r = 0; r < world; ++r)
-      TPCOMM_CHECK(records[r].bytes == bytes, Status::kInvalidArgument, "peer memory: rank ", r,
-                   " asked for ", records[r].bytes, " bytes and rank ", me, " for ", bytes);
-  } catch (...) {
+  mine.bytes = bytes;
+  if (std::string why = agree(boot, local_error); !why.empty()) {
     m.free_local();
-    throw;
+    TPCOMM_THROW(Status::kUnavailable, "peer memory: ", why);
   }
 
-  // 3. Map every peer; then agree that all mappings worked.
-  m.peers.assign(world, nullptr);
-  m.opened.assign(world, false);
-  PeerRecord verdict{};
-  verdict.ok = 1;
-  for (int r = 0; r < world && verdict.ok != 0; ++r) {
-    const PeerRecord& rec = records[r];
-    if (r == me) {
-      m.peers[r] = m.local;
-    } else if (rec.nonce == mine.nonce) {
-      m.peers[r] = reinterpret_cast<void*>(rec.ptr);
-      if (rec.device != device) {
-        int can = 0;
-        cudaDeviceCanAccessPeer(&can, device, rec.device);
-        cudaError_t pe =
-            can ? cudaDeviceEnablePeerAccess(rec.device, 0) : cudaErrorPeerAccessUnsupported;
-        if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) {
-          set_why(verdict, "no peer access from device " + std::to_string(device) + " to device " +
-                               std::to_string(rec.device) + ": " + cudaGetErrorString(pe));
-        }
-        cudaGetLastError();
-      }
-    } else if (rec.node == mine.node) {
-      void* p = nullptr;
-      cudaError_t oe = cudaIpcOpenMemHandle(&p, rec.handle, cudaIpcMemLazyEnablePeerAccess);
-      if (oe == cudaSuccess) {
-        m.peers[r] = p;
-        m.opened[r] = true;
-      } else {
-        cudaGetLastError();
-        set_why(verdict, "cannot open the IPC handle of rank " + std::to_string(r) + ": " +
-                             cudaGetErrorString(oe));
-      }
-    } else {
-      set_why(verdict,
-              "rank " + std::to_string(r) + " is on another node; peer memory spans one node");
+  // 2. Exchange and map every peer; then agree that every mapping worked.
+  const auto records = boot.all_gather_value(mine);
+  m.peers.assign(static_cast<std::size_t>(world), nullptr);
+  std::string map_error;
+  for (int r = 0; r < world && map_error.empty(); ++r) {
+    const Record& rec = records[static_cast<std::size_t>(r)];
+    try {
+      TPCOMM_CHECK(rec.bytes == bytes, Status::kInvalidArgument, "rank ", r, " asked for ",
+                   rec.bytes, " bytes and this rank for ", bytes);
+      m.peers[static_cast<std::size_t>(r)] =
+          r == boot.rank() ? m.local : m.mappings->map(rec.buffer, boot.node_id());
+    } catch (const Error& err) {
+      map_error = err.what();
     }
   }
-  const auto verdicts = boot.all_gather_value(verdict);
-  for (const PeerRecord& v : verdicts) {
-    if (v.ok == 0) {
-      m.close_handles();
-      try {
-        boot.barrier();
-      } catch (const Error& err) {
-        TPCOMM_LOG_WARN("peer memory: barrier before freeing failed: ", err.what());
-      }
-      m.free_local();
-      throw_if_any_failed(verdicts);
-    }
+  if (std::string why = agree(boot, map_error); !why.empty()) {
+    m.release();
+    TPCOMM_THROW(Status::kUnavailable, "peer memory: ", why);
   }
 }
 
 PeerBuffer::~PeerBuffer() {
   if (!impl_ || impl_->local == nullptr) return;
-  Impl& m = *impl_;
   int previous = 0;
   cudaGetDevice(&previous);
-  cudaSetDevice(m.device);
-  m.close_handles();
-  // Nobody may free while a peer still has it mapped (CUDA IPC rule).
-  try {
-    m.boot->barrier();
-  } catch (const Error& err) {
-    TPCOMM_LOG_WARN("peer memory: barrier before freeing failed (", err.what(),
-                    "); freeing anyway");
-  }
-  m.free_local();
+  cudaSetDevice(impl_->device);
+  impl_->release();
   cudaSetDevice(previous);
 }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <thread>
 
+#include "bootstrap/agree.hpp"
 #include "bootstrap/socket.hpp"
 #include "support/child.hpp"
 #include "tpcomm/status.hpp"
@@ -91,6 +92,16 @@ TEST(Bootstrap, CollectivesAcrossEightThreads) {
     EXPECT_FALSE(store.check(std::span(&first_barrier, 1))) << first_barrier;
     EXPECT_FALSE(store.check(std::span(&early_gather, 1))) << early_gather;
   }
+}
+
+TEST(Bootstrap, AgreeNamesTheLowestFailingRankOnEveryRank) {
+  auto boots = Bootstrap::in_process(4, 10s);
+  run_ranks(boots, [](Bootstrap& b) {
+    EXPECT_EQ(agree(b, ""), "");
+    const std::string mine = b.rank() >= 2 ? "no memory on " + std::to_string(b.rank()) : "";
+    EXPECT_EQ(agree(b, mine), "rank 2: no memory on 2");
+    EXPECT_EQ(agree(b, b.rank() == 3 ? "late" : ""), "rank 3: late");
+  });
 }
 
 TEST(Bootstrap, BarrierTimeoutNamesTheMissingRank) {
