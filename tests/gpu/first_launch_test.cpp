@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu/caller_kernels.hpp"
+#include "support/all_reduce_cases.hpp"
 #include "support/ranks.hpp"
 #include "tpcomm/group.hpp"
 
@@ -21,6 +22,7 @@ namespace tpcomm {
 namespace {
 
 using testing::DeviceBuffer;
+using testing::fresh_seed;
 using testing::run_ranks;
 using testing::StreamHolder;
 
@@ -55,11 +57,6 @@ std::uint16_t bf16_bits(int v) {
   std::uint32_t b = 0;
   std::memcpy(&b, &f, sizeof(b));
   return static_cast<std::uint16_t>(b >> 16);
-}
-
-std::uint64_t fresh_seed() {
-  static std::mt19937_64 rng(std::random_device{}());
-  return rng();
 }
 
 /// One rank's side of a sequence of (all-reduce, caller kernel) pairs over `shapes`: pair k

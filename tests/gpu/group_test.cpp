@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: Apache-2.0
+// Group's own behaviour on virtual ranks: argument checks, backend choice, world size one,
+// calls from several streams.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <vector>
+
+#include "kernels/kernels.hpp"
+#include "support/all_reduce_cases.hpp"
+#include "support/ranks.hpp"
+#include "tpcomm/group.hpp"
+
+namespace tpcomm {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::options_for;
+using testing::run_case;
+using testing::run_ranks;
+using testing::StreamHolder;
+using testing::wrong_elements;
+
+TEST(Group, InvalidArgumentsLeaveTheGroupUsable) {
+  run_ranks(2, [&](int rank, Bootstrap& boot) {
+    Group g(boot, 0, options_for("auto"));
+    StreamHolder stream;
+    DeviceBuffer a(4096), b(4096);
+    auto bf = TensorView::flat(a.get(), DType::kBF16, 1024, 0);
+    EXPECT_EQ(g.all_reduce(bf, TensorView::flat(b.get(), DType::kF16, 1024, 0), stream.stream()),
+              Status::kInvalidArgument);
+    EXPECT_NE(g.last_error().find("bfloat16"), std::string::npos);
+    EXPECT_EQ(g.all_reduce(bf, TensorView::flat(b.get(), DType::kBF16, 1000, 0), stream.stream()),
+              Status::kInvalidArgument);
+    EXPECT_EQ(g.all_reduce(TensorView::flat(nullptr, DType::kBF16, 8, 0), bf, stream.stream()),
+              Status::kInvalidArgument);
+    auto strided = TensorView::contiguous(a.get(), DType::kBF16, {32, 32}, 0);
+    std::swap(strided.strides[0], strided.strides[1]);
+    EXPECT_EQ(g.all_reduce(strided, strided, stream.stream()), Status::kInvalidArgument);
+    EXPECT_EQ(g.all_reduce(bf, TensorView::flat(b.get(), DType::kBF16, 1024, 1), stream.stream()),
+              Status::kInvalidArgument);
+    EXPECT_EQ(g.health(), Status::kOk);
+    std::vector<std::vector<unsigned char>> outputs(2);
+    std::mutex m;
+    run_case(g, rank, {1024, DType::kBF16}, 7, stream.stream(), outputs, m);
+  });
+}
+
+TEST(Group, NoBackendForOversizedMessageWithoutNccl) {
+  // Virtual ranks share one GPU, so NCCL is left out; above the custom limit nothing serves.
+  run_ranks(2, [&](int, Bootstrap& boot) {
+    Group g(boot, 0, options_for("auto", 64 << 10));
+    StreamHolder stream;
+    DeviceBuffer a(1 << 20);
+    auto big = TensorView::flat(a.get(), DType::kBF16, 1 << 19, 0);
+    EXPECT_EQ(g.backend_for_all_reduce(big, big), "none");
+    EXPECT_EQ(g.all_reduce(big, big, stream.stream()), Status::kUnsupported);
+    EXPECT_EQ(g.health(), Status::kOk);
+    auto small = TensorView::flat(a.get(), DType::kBF16, 1024, 0);
+    EXPECT_EQ(g.backend_for_all_reduce(small, small), "custom_ar:lamport");
+    auto small_f32 = TensorView::flat(a.get(), DType::kF32, 1024, 0);
+    EXPECT_EQ(g.backend_for_all_reduce(small_f32, small_f32), "custom_ar:one_shot");
+  });
+}
+
+// TPCOMM_LAMPORT_MAX_BYTES=0: no Lamport buffers, and the sizes Lamport would serve go to
+// one-shot, forced or not.
+TEST(Group, LamportCanBeTurnedOff) {
+  run_ranks(2, [&](int rank, Bootstrap& boot) {
+    for (const char* algo : {"auto", "lamport"}) {
+      Options o = options_for(algo);
+      o.lamport_max_bytes = 0;
+      Group g(boot, 0, o);
+      DeviceBuffer a(4096);
+      auto v = TensorView::flat(a.get(), DType::kBF16, 1024, 0);
+      EXPECT_EQ(g.backend_for_all_reduce(v, v), "custom_ar:one_shot");
+      StreamHolder stream;
+      std::vector<std::vector<unsigned char>> outputs(2);
+      std::mutex m;
+      run_case(g, rank, {1024, DType::kBF16}, 99, stream.stream(), outputs, m);
+    }
+  });
+}
+
+TEST(Group, WorldSizeOneCopies) {
+  run_ranks(1, [&](int, Bootstrap& boot) {
+    Group g(boot, 0, Options{});
+    StreamHolder stream;
+    DeviceBuffer a(4096), b(4096), wrong(8);
+    auto in = TensorView::flat(a.get(), DType::kF32, 1000, 0);
+    auto out = TensorView::flat(b.get(), DType::kF32, 1000, 0);
+    EXPECT_EQ(g.backend_for_all_reduce(in, out), "local");
+    ASSERT_EQ(
+        kernels::fill_data(a.get(), DType::kF32, 1000, 5, 0, ReduceOp::kSum, 0, stream.stream()),
+        Status::kOk);
+    ASSERT_EQ(kernels::poison(b.get(), 4096, stream.stream()), Status::kOk);
+    ASSERT_EQ(g.all_reduce(in, out, stream.stream()), Status::kOk);
+    ASSERT_EQ(g.all_gather(in, out, stream.stream()), Status::kOk);
+    EXPECT_EQ(wrong_elements(wrong, b.get(), DType::kF32, 1000, 5, 0, 1, stream.stream()), 0u);
+  });
+}
+
+// Calls issued back to back from two streams, without synchronising in between, are ordered one
+// after the other by the group (otherwise two kernels of one group would race on its workspace).
+TEST(Group, CallsFromSeveralStreamsAreOrdered) {
+  const int world = 2;
+  const int calls = 16;
+  const std::int64_t count = 100000;
+  run_ranks(world, [&](int rank, Bootstrap& boot) {
+    Group g(boot, 0, options_for("two_shot"));
+    StreamHolder s1, s2;
+    std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
+    for (int i = 0; i < calls; ++i) {
+      ins.push_back(std::make_unique<DeviceBuffer>(count * 2));
+      outs.push_back(std::make_unique<DeviceBuffer>(count * 2));
+      ASSERT_EQ(kernels::fill_data(ins.back()->get(), DType::kBF16, count, 500 + i, rank,
+                                   ReduceOp::kSum, 0, s1.stream()),
+                Status::kOk);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);
+    boot.barrier();
+    for (int i = 0; i < calls; ++i) {
+      Stream s = (i % 2 == 0 ? s1 : s2).stream();
+      ASSERT_EQ(g.all_reduce(TensorView::flat(ins[i]->get(), DType::kBF16, count, 0),
+                             TensorView::flat(outs[i]->get(), DType::kBF16, count, 0), s),
+                Status::kOk);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s2.get()), cudaSuccess);
+    ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+    DeviceBuffer wrong(8);
+    unsigned long long bad = 0;
+    for (int i = 0; i < calls; ++i)
+      bad += wrong_elements(wrong, outs[i]->get(), DType::kBF16, count, 500 + i, rank, world,
+                            s1.stream());
+    EXPECT_EQ(bad, 0u);
+  });
+}
+
+}  // namespace
+}  // namespace tpcomm
