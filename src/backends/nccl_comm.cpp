@@ -13,6 +13,7 @@
 
 #include "backends/nccl_lib.hpp"
 #include "core/check.hpp"
+#include "core/cuda_check.hpp"
 #include "core/log.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/options.hpp"
@@ -44,25 +45,6 @@ class Backoff {
 std::string cuda_error(const char* call, cudaError_t e) {
   return detail::concat(call, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
 }
-
-/// Makes `device` current for a scope and restores the previous device.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaError_t e = cudaGetDevice(&previous_); e != cudaSuccess) {
-      TPCOMM_THROW(Status::kCudaError, cuda_error("cudaGetDevice", e));
-    }
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      TPCOMM_THROW(Status::kCudaError, cuda_error("cudaSetDevice", e), " (device ", device, ")");
-    }
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 }  // namespace
 
