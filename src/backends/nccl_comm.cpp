@@ -155,12 +155,54 @@ struct NcclComm::Impl {
     return Status::kOk;
   }
 
+  /// `check_buffer` of `in`, then of `out`.
+  Status check_in_out(const char* what, std::size_t count, const void* in,
+                      const void* out) noexcept {
+    TPCOMM_TRY(check_buffer(what, "in", count, in));
+    return check_buffer(what, "out", count, out);
+  }
+
   Status check_rank(const char* what, const char* role, int r) noexcept {
     if (r < 0 || r >= world_size) {
       return refuse(Status::kInvalidArgument,
                     detail::concat(what, ": ", role, " ", r, " is not a rank of ", world_size));
     }
     return Status::kOk;
+  }
+
+  /// `all_to_all` as grouped `ncclSend`/`ncclRecv`, for an NCCL without `ncclAlltoAll`.
+  Status all_to_all_grouped(const void* in, void* out, std::size_t count, DType dtype,
+                            ncclDataType_t type, Stream stream) noexcept {
+    const std::size_t block = count * dtype_size(dtype);
+    const auto* src = static_cast<const std::byte*>(in);
+    auto* dst = static_cast<std::byte*>(out);
+    if (ncclResult_t r = lib->ncclGroupStart(); r != ncclSuccess) {
+      return finish(r, "ncclGroupStart");
+    }
+    // Peers in the same order on every rank; the send to self pairs with the receive from self
+    // inside the group. Calls inside a group only queue work, so anything but success or "in
+    // progress" is an error.
+    ncclResult_t first = ncclSuccess;
+    const char* first_call = "";
+    for (int peer = 0; peer < world_size; ++peer) {
+      const std::size_t offset = static_cast<std::size_t>(peer) * block;
+      ncclResult_t r = lib->ncclSend(src + offset, count, type, peer, comm, stream);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        first = r;
+        first_call = "ncclSend (all_to_all)";
+        break;
+      }
+      r = lib->ncclRecv(dst + offset, count, type, peer, comm, stream);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        first = r;
+        first_call = "ncclRecv (all_to_all)";
+        break;
+      }
+    }
+    // The group is closed even after an error, or this thread's next NCCL call would join it.
+    const ncclResult_t end = lib->ncclGroupEnd();
+    if (first != ncclSuccess) return finish(first, first_call);
+    return finish(end, "ncclGroupEnd (all_to_all)");
   }
 
   Status wait(Stream stream, Milliseconds limit) noexcept {
@@ -333,117 +375,77 @@ Status NcclComm::ready() const noexcept {
   return Status::kOk;
 }
 
+template <class Enqueue>
+Status NcclComm::call(DType dtype, Enqueue&& enqueue) noexcept {
+  TPCOMM_TRY(ready());
+  ncclDataType_t type{};
+  TPCOMM_TRY(impl_->nccl_type(dtype, type));
+  return enqueue(*impl_, type);
+}
+
 Status NcclComm::all_reduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
                             Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_buffer("all_reduce", "in", count, in));
-  TPCOMM_TRY(s.check_buffer("all_reduce", "out", count, out));
-  return s.finish(s.lib->ncclAllReduce(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
-                  "ncclAllReduce");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_in_out("all_reduce", count, in, out));
+    return s.finish(
+        s.lib->ncclAllReduce(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
+        "ncclAllReduce");
+  });
 }
 
 Status NcclComm::all_gather(const void* in, void* out, std::size_t count, DType dtype,
                             Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_buffer("all_gather", "in", count, in));
-  TPCOMM_TRY(s.check_buffer("all_gather", "out", count, out));
-  return s.finish(s.lib->ncclAllGather(in, out, count, type, s.comm, stream), "ncclAllGather");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_in_out("all_gather", count, in, out));
+    return s.finish(s.lib->ncclAllGather(in, out, count, type, s.comm, stream), "ncclAllGather");
+  });
 }
 
 Status NcclComm::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
                                 ReduceOp op, Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_buffer("reduce_scatter", "in", count, in));
-  TPCOMM_TRY(s.check_buffer("reduce_scatter", "out", count, out));
-  return s.finish(
-      s.lib->ncclReduceScatter(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
-      "ncclReduceScatter");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_in_out("reduce_scatter", count, in, out));
+    return s.finish(
+        s.lib->ncclReduceScatter(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
+        "ncclReduceScatter");
+  });
 }
 
 Status NcclComm::broadcast(const void* in, void* out, std::size_t count, DType dtype, int root,
                            Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_rank("broadcast", "root", root));
-  if (root == s.rank) TPCOMM_TRY(s.check_buffer("broadcast", "in (root)", count, in));
-  TPCOMM_TRY(s.check_buffer("broadcast", "out", count, out));
-  return s.finish(s.lib->ncclBroadcast(in, out, count, type, root, s.comm, stream),
-                  "ncclBroadcast");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_rank("broadcast", "root", root));
+    if (root == s.rank) TPCOMM_TRY(s.check_buffer("broadcast", "in (root)", count, in));
+    TPCOMM_TRY(s.check_buffer("broadcast", "out", count, out));
+    return s.finish(s.lib->ncclBroadcast(in, out, count, type, root, s.comm, stream),
+                    "ncclBroadcast");
+  });
 }
 
 Status NcclComm::send(const void* in, std::size_t count, DType dtype, int peer,
                       Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_rank("send", "peer", peer));
-  TPCOMM_TRY(s.check_buffer("send", "in", count, in));
-  return s.finish(s.lib->ncclSend(in, count, type, peer, s.comm, stream), "ncclSend");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_rank("send", "peer", peer));
+    TPCOMM_TRY(s.check_buffer("send", "in", count, in));
+    return s.finish(s.lib->ncclSend(in, count, type, peer, s.comm, stream), "ncclSend");
+  });
 }
 
 Status NcclComm::recv(void* out, std::size_t count, DType dtype, int peer, Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_rank("recv", "peer", peer));
-  TPCOMM_TRY(s.check_buffer("recv", "out", count, out));
-  return s.finish(s.lib->ncclRecv(out, count, type, peer, s.comm, stream), "ncclRecv");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_rank("recv", "peer", peer));
+    TPCOMM_TRY(s.check_buffer("recv", "out", count, out));
+    return s.finish(s.lib->ncclRecv(out, count, type, peer, s.comm, stream), "ncclRecv");
+  });
 }
 
 Status NcclComm::all_to_all(const void* in, void* out, std::size_t count, DType dtype,
                             Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_buffer("all_to_all", "in", count, in));
-  TPCOMM_TRY(s.check_buffer("all_to_all", "out", count, out));
-  if (s.lib->has_all_to_all) {
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_in_out("all_to_all", count, in, out));
+    if (!s.lib->has_all_to_all) return s.all_to_all_grouped(in, out, count, dtype, type, stream);
     return s.finish(s.lib->ncclAlltoAll(in, out, count, type, s.comm, stream), "ncclAlltoAll");
-  }
-  const std::size_t block = count * dtype_size(dtype);
-  const auto* src = static_cast<const std::byte*>(in);
-  auto* dst = static_cast<std::byte*>(out);
-  if (ncclResult_t r = s.lib->ncclGroupStart(); r != ncclSuccess) {
-    return s.finish(r, "ncclGroupStart");
-  }
-  // Peers in the same order on every rank; the send to self pairs with the receive from self
-  // inside the group. Calls inside a group only queue work, so anything but success or "in
-  // progress" is an error.
-  ncclResult_t first = ncclSuccess;
-  const char* first_call = "";
-  for (int peer = 0; peer < s.world_size; ++peer) {
-    const std::size_t offset = static_cast<std::size_t>(peer) * block;
-    ncclResult_t r = s.lib->ncclSend(src + offset, count, type, peer, s.comm, stream);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      first = r;
-      first_call = "ncclSend (all_to_all)";
-      break;
-    }
-    r = s.lib->ncclRecv(dst + offset, count, type, peer, s.comm, stream);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      first = r;
-      first_call = "ncclRecv (all_to_all)";
-      break;
-    }
-  }
-  // The group is closed even after an error, or this thread's next NCCL call would join it.
-  const ncclResult_t end = s.lib->ncclGroupEnd();
-  if (first != ncclSuccess) return s.finish(first, first_call);
-  return s.finish(end, "ncclGroupEnd (all_to_all)");
+  });
 }
 
 Status NcclComm::group_start() noexcept {
