@@ -98,6 +98,13 @@ struct NcclComm::Impl {
     TPCOMM_THROW(s, message);
   }
 
+  /// Loads NCCL, checks the device and hands every rank rank 0's unique id (collective over
+  /// `bootstrap`). Throws when this rank or rank 0 cannot go on.
+  ncclUniqueId share_id(Bootstrap& bootstrap, const Options& options);
+  /// Creates the communicator from `id` with this device current and checks that NCCL agrees
+  /// on rank and world size; `who` names this rank in errors. Throws, aborting, on failure.
+  void init(const ncclUniqueId& id, const Options& options, const std::string& who);
+
   void abort_comm() noexcept {
     if (comm == nullptr) return;
     if (ncclResult_t r = lib->ncclCommAbort(comm); r != ncclSuccess) {
@@ -257,22 +264,14 @@ struct NcclComm::Impl {
   }
 };
 
-NcclComm::NcclComm(Bootstrap& bootstrap, int device, const Options& options, bool enabled)
-    : impl_(std::make_unique<Impl>()) {
-  Impl& s = *impl_;
-  s.rank = bootstrap.rank();
-  s.world_size = bootstrap.world_size();
-  s.device = device;
-  s.timeout = Milliseconds(options.timeout_ms);
-  s.enabled = enabled;
-
+ncclUniqueId NcclComm::Impl::share_id(Bootstrap& bootstrap, const Options& options) {
   // Local checks come before the id exchange, and rank 0 sends an empty id when it cannot
   // make one: every rank still takes part in the broadcast (keeping the bootstrap's sequence
   // aligned), and a failure on rank 0 fails every rank at once instead of at the timeout.
   Status local = Status::kOk;
   std::string why;
-  s.lib = NcclLib::try_load(options.nccl_path, &why);
-  if (s.lib == nullptr) local = Status::kUnavailable;
+  lib = NcclLib::try_load(options.nccl_path, &why);
+  if (lib == nullptr) local = Status::kUnavailable;
   if (local == Status::kOk) {
     int count = 0;
     if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
@@ -285,47 +284,61 @@ NcclComm::NcclComm(Bootstrap& bootstrap, int device, const Options& options, boo
   }
   ncclUniqueId id{};
   std::span<const std::byte> payload;
-  if (s.rank == 0 && local == Status::kOk) {
-    if (ncclResult_t r = s.lib->ncclGetUniqueId(&id); r != ncclSuccess) {
+  if (rank == 0 && local == Status::kOk) {
+    if (ncclResult_t r = lib->ncclGetUniqueId(&id); r != ncclSuccess) {
       local = Status::kUnavailable;
-      why = "ncclGetUniqueId: " + s.lib->error_string(r);
+      why = "ncclGetUniqueId: " + lib->error_string(r);
     } else {
       payload = std::as_bytes(std::span(&id, 1));
     }
   }
   const Bytes received = bootstrap.broadcast(payload, 0);
-  TPCOMM_CHECK(local == Status::kOk, local, "NCCL communicator, rank ", s.rank, ": ", why);
+  TPCOMM_CHECK(local == Status::kOk, local, "NCCL communicator, rank ", rank, ": ", why);
   TPCOMM_CHECK(received.size() == sizeof(id), Status::kUnavailable, "NCCL communicator, rank ",
-               s.rank, ": rank 0 could not create an NCCL id (its error says why)");
+               rank, ": rank 0 could not create an NCCL id (its error says why)");
   std::memcpy(&id, received.data(), sizeof(id));
+  return id;
+}
 
-  const std::string who =
-      detail::concat("rank ", s.rank, " of ", s.world_size, ", device ", device);
+void NcclComm::Impl::init(const ncclUniqueId& id, const Options& options, const std::string& who) {
   {
     DeviceGuard guard(device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     // Non-blocking, so that no call can hang this thread inside NCCL and abort always works.
     config.blocking = 0;
-    ncclResult_t r = s.lib->ncclCommInitRankConfig(&s.comm, s.world_size, id, s.rank, &config);
-    if (!s.settle(r, Clock::now() + s.timeout)) {
-      s.give_up(Status::kTimeout,
-                detail::concat("ncclCommInitRankConfig (", who, ") did not finish within ",
-                               options.timeout_ms, " ms: a peer is missing or stuck"));
+    ncclResult_t r = lib->ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
+    if (!settle(r, Clock::now() + timeout)) {
+      give_up(Status::kTimeout,
+              detail::concat("ncclCommInitRankConfig (", who, ") did not finish within ",
+                             options.timeout_ms, " ms: a peer is missing or stuck"));
     }
     if (r != ncclSuccess) {
-      s.give_up(Status::kNcclError, detail::concat("ncclCommInitRankConfig (", who,
-                                                   "): ", s.lib->error_string(r, s.comm)));
+      give_up(Status::kNcclError,
+              detail::concat("ncclCommInitRankConfig (", who, "): ", lib->error_string(r, comm)));
     }
   }
   int nccl_ranks = 0;
   int nccl_rank = -1;
-  ncclResult_t r = s.lib->ncclCommCount(s.comm, &nccl_ranks);
-  if (r == ncclSuccess) r = s.lib->ncclCommUserRank(s.comm, &nccl_rank);
-  if (r != ncclSuccess || nccl_ranks != s.world_size || nccl_rank != s.rank) {
-    s.give_up(Status::kInternal,
-              detail::concat("NCCL reports rank ", nccl_rank, " of ", nccl_ranks, " for ", who,
-                             " (", s.lib->error_string(r, s.comm), ")"));
+  ncclResult_t r = lib->ncclCommCount(comm, &nccl_ranks);
+  if (r == ncclSuccess) r = lib->ncclCommUserRank(comm, &nccl_rank);
+  if (r != ncclSuccess || nccl_ranks != world_size || nccl_rank != rank) {
+    give_up(Status::kInternal, detail::concat("NCCL reports rank ", nccl_rank, " of ", nccl_ranks,
+                                              " for ", who, " (", lib->error_string(r, comm), ")"));
   }
+}
+
+NcclComm::NcclComm(Bootstrap& bootstrap, int device, const Options& options, bool enabled)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.rank = bootstrap.rank();
+  s.world_size = bootstrap.world_size();
+  s.device = device;
+  s.timeout = Milliseconds(options.timeout_ms);
+  s.enabled = enabled;
+  const ncclUniqueId id = s.share_id(bootstrap, options);
+  const std::string who =
+      detail::concat("rank ", s.rank, " of ", s.world_size, ", device ", device);
+  s.init(id, options, who);
   warm_up();
   TPCOMM_LOG_INFO("NCCL ", s.lib->version_string(), " communicator ready: ", who);
 }
