@@ -122,11 +122,18 @@ struct TcpStoreServer::Impl {
 
   void accept_loop() noexcept;
   void accept_one();
+  /// Answers kBusy on a connection over `max_connections`; the accept thread closes it later.
+  void refuse_busy(Socket sock);
+  /// Serves an accepted connection, already counted in `active`, on a thread of its own.
+  void start_connection(Socket sock);
   void reap_finished();
   void serve(Connection& c);
   void reject(Connection& c, ReplyCode code, const std::string& reason);
   bool handle(Connection& c, const wire::RequestHeader& h, const std::string& key, Bytes& value);
   WaitResult wait_for_key(int fd, const std::string& key, std::int64_t timeout_ms, Bytes* out);
+  /// ADD: adds `delta` to the counter at `key` (created as 0), puts the new value in `result`
+  /// and wakes waiters. Returns why it cannot (the key holds something else), else "".
+  std::string add(const std::string& key, std::int64_t delta, std::int64_t& result);
   bool send_reply(int fd, const wire::ReplyHeader& h, std::span<const std::byte> payload);
   void stop() noexcept;
 };
@@ -178,19 +185,26 @@ void TcpStoreServer::Impl::accept_one() {
     full = active >= config.max_connections;
     if (!full) ++active;
   }
-  if (full) {
-    std::string reason =
-        concat("the store serves its maximum of ", config.max_connections, " connections");
-    TPCOMM_LOG_WARN("store: refused a connection from ", net::peer_name(fd), ": ", reason);
-    wire::ReplyHeader h{.code = ReplyCode::kBusy, .value_len = reason.size()};
-    auto hb = wire::encode(h);
-    Deadline d = deadline_after(milliseconds{100});
-    if (net::send_all(fd, hb, d).status == Io::kOk) net::send_all(fd, wire::as_bytes(reason), d);
-    ::shutdown(fd, SHUT_WR);
-    if (lingering.size() >= kMaxBusyLingering) lingering.erase(lingering.begin());
-    lingering.push_back({std::move(sock), deadline_after(kBusyLinger)});
-    return;
-  }
+  if (full) return refuse_busy(std::move(sock));
+  start_connection(std::move(sock));
+}
+
+void TcpStoreServer::Impl::refuse_busy(Socket sock) {
+  const int fd = sock.get();
+  std::string reason =
+      concat("the store serves its maximum of ", config.max_connections, " connections");
+  TPCOMM_LOG_WARN("store: refused a connection from ", net::peer_name(fd), ": ", reason);
+  wire::ReplyHeader h{.code = ReplyCode::kBusy, .value_len = reason.size()};
+  auto hb = wire::encode(h);
+  Deadline d = deadline_after(milliseconds{100});
+  if (net::send_all(fd, hb, d).status == Io::kOk) net::send_all(fd, wire::as_bytes(reason), d);
+  ::shutdown(fd, SHUT_WR);
+  if (lingering.size() >= kMaxBusyLingering) lingering.erase(lingering.begin());
+  lingering.push_back({std::move(sock), deadline_after(kBusyLinger)});
+}
+
+void TcpStoreServer::Impl::start_connection(Socket sock) {
+  const int fd = sock.get();
   auto c = std::make_unique<Connection>();
   c->sock = std::move(sock);
   c->peer = net::peer_name(fd);
@@ -308,6 +322,27 @@ TcpStoreServer::Impl::WaitResult TcpStoreServer::Impl::wait_for_key(int fd, cons
   }
 }
 
+std::string TcpStoreServer::Impl::add(const std::string& key, std::int64_t delta,
+                                      std::int64_t& result) {
+  std::string error;
+  {
+    std::lock_guard lock(data_mu);
+    auto [it, inserted] = data.try_emplace(key);
+    std::optional<std::int64_t> current =
+        inserted ? std::optional<std::int64_t>(0) : wire::decode_counter(it->second);
+    if (!current) {
+      error = concat("ADD on key '", key, "', which holds a value of ", it->second.size(),
+                     " bytes, not a counter (8 bytes)");
+    } else {
+      result = wrapping_add(*current, delta);
+      auto bytes = wire::encode_counter(result);
+      it->second.assign(bytes.begin(), bytes.end());
+    }
+  }
+  if (error.empty()) data_cv.notify_all();
+  return error;
+}
+
 bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
                                   const std::string& key, Bytes& value) {
   const int fd = c.sock.get();
@@ -337,27 +372,11 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
       break;
     }
     case Opcode::kAdd: {
-      std::string error;
-      {
-        std::lock_guard lock(data_mu);
-        auto [it, inserted] = data.try_emplace(key);
-        std::optional<std::int64_t> current =
-            inserted ? std::optional<std::int64_t>(0) : wire::decode_counter(it->second);
-        if (!current) {
-          error = concat("ADD on key '", key, "', which holds a value of ", it->second.size(),
-                         " bytes, not a counter (8 bytes)");
-        } else {
-          reply.result = wrapping_add(*current, h.arg);
-          auto bytes = wire::encode_counter(reply.result);
-          it->second.assign(bytes.begin(), bytes.end());
-        }
-      }
+      const std::string error = add(key, h.arg, reply.result);
       if (!error.empty()) {
         reply.code = ReplyCode::kInvalidArgument;
         payload.resize(error.size());
         std::memcpy(payload.data(), error.data(), error.size());
-      } else {
-        data_cv.notify_all();
       }
       break;
     }
