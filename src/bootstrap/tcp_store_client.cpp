@@ -106,7 +106,11 @@ struct TcpStore::Impl {
     r = net::recv_all(sock.get(), reply.value, io_deadline);
     if (r.status != Io::kOk) fail_io(what, r, waited());
     if (reply.header.code == ReplyCode::kOk) return reply;
+    fail_reply(what, reply, timeout);
+  }
 
+  // Throws for an error reply, marking the connection unusable when the server closes it.
+  [[noreturn]] void fail_reply(const std::string& what, const Reply& reply, milliseconds timeout) {
     const std::string reason(reinterpret_cast<const char*>(reply.value.data()), reply.value.size());
     switch (reply.header.code) {
       case ReplyCode::kTimeout:
