@@ -13,6 +13,7 @@
 
 #include "backends/nccl_lib.hpp"
 #include "core/check.hpp"
+#include "core/cuda_check.hpp"
 #include "core/log.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/options.hpp"
@@ -44,25 +45,6 @@ class Backoff {
 std::string cuda_error(const char* call, cudaError_t e) {
   return detail::concat(call, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
 }
-
-/// Makes `device` current for a scope and restores the previous device.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaError_t e = cudaGetDevice(&previous_); e != cudaSuccess) {
-      TPCOMM_THROW(Status::kCudaError, cuda_error("cudaGetDevice", e));
-    }
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      TPCOMM_THROW(Status::kCudaError, cuda_error("cudaSetDevice", e), " (device ", device, ")");
-    }
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 }  // namespace
 
@@ -115,6 +97,13 @@ struct NcclComm::Impl {
     abort_comm();
     TPCOMM_THROW(s, message);
   }
+
+  /// Loads NCCL, checks the device and hands every rank rank 0's unique id (collective over
+  /// `bootstrap`). Throws when this rank or rank 0 cannot go on.
+  ncclUniqueId share_id(Bootstrap& bootstrap, const Options& options);
+  /// Creates the communicator from `id` with this device current and checks that NCCL agrees
+  /// on rank and world size; `who` names this rank in errors. Throws, aborting, on failure.
+  void init(const ncclUniqueId& id, const Options& options, const std::string& who);
 
   void abort_comm() noexcept {
     if (comm == nullptr) return;
@@ -173,12 +162,54 @@ struct NcclComm::Impl {
     return Status::kOk;
   }
 
+  /// `check_buffer` of `in`, then of `out`.
+  Status check_in_out(const char* what, std::size_t count, const void* in,
+                      const void* out) noexcept {
+    TPCOMM_TRY(check_buffer(what, "in", count, in));
+    return check_buffer(what, "out", count, out);
+  }
+
   Status check_rank(const char* what, const char* role, int r) noexcept {
     if (r < 0 || r >= world_size) {
       return refuse(Status::kInvalidArgument,
                     detail::concat(what, ": ", role, " ", r, " is not a rank of ", world_size));
     }
     return Status::kOk;
+  }
+
+  /// `all_to_all` as grouped `ncclSend`/`ncclRecv`, for an NCCL without `ncclAlltoAll`.
+  Status all_to_all_grouped(const void* in, void* out, std::size_t count, DType dtype,
+                            ncclDataType_t type, Stream stream) noexcept {
+    const std::size_t block = count * dtype_size(dtype);
+    const auto* src = static_cast<const std::byte*>(in);
+    auto* dst = static_cast<std::byte*>(out);
+    if (ncclResult_t r = lib->ncclGroupStart(); r != ncclSuccess) {
+      return finish(r, "ncclGroupStart");
+    }
+    // Peers in the same order on every rank; the send to self pairs with the receive from self
+    // inside the group. Calls inside a group only queue work, so anything but success or "in
+    // progress" is an error.
+    ncclResult_t first = ncclSuccess;
+    const char* first_call = "";
+    for (int peer = 0; peer < world_size; ++peer) {
+      const std::size_t offset = static_cast<std::size_t>(peer) * block;
+      ncclResult_t r = lib->ncclSend(src + offset, count, type, peer, comm, stream);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        first = r;
+        first_call = "ncclSend (all_to_all)";
+        break;
+      }
+      r = lib->ncclRecv(dst + offset, count, type, peer, comm, stream);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        first = r;
+        first_call = "ncclRecv (all_to_all)";
+        break;
+      }
+    }
+    // The group is closed even after an error, or this thread's next NCCL call would join it.
+    const ncclResult_t end = lib->ncclGroupEnd();
+    if (first != ncclSuccess) return finish(first, first_call);
+    return finish(end, "ncclGroupEnd (all_to_all)");
   }
 
   Status wait(Stream stream, Milliseconds limit) noexcept {
@@ -233,22 +264,14 @@ struct NcclComm::Impl {
   }
 };
 
-NcclComm::NcclComm(Bootstrap& bootstrap, int device, const Options& options, bool enabled)
-    : impl_(std::make_unique<Impl>()) {
-  Impl& s = *impl_;
-  s.rank = bootstrap.rank();
-  s.world_size = bootstrap.world_size();
-  s.device = device;
-  s.timeout = Milliseconds(options.timeout_ms);
-  s.enabled = enabled;
-
+ncclUniqueId NcclComm::Impl::share_id(Bootstrap& bootstrap, const Options& options) {
   // Local checks come before the id exchange, and rank 0 sends an empty id when it cannot
   // make one: every rank still takes part in the broadcast (keeping the bootstrap's sequence
   // aligned), and a failure on rank 0 fails every rank at once instead of at the timeout.
   Status local = Status::kOk;
   std::string why;
-  s.lib = NcclLib::try_load(options.nccl_path, &why);
-  if (s.lib == nullptr) local = Status::kUnavailable;
+  lib = NcclLib::try_load(options.nccl_path, &why);
+  if (lib == nullptr) local = Status::kUnavailable;
   if (local == Status::kOk) {
     int count = 0;
     if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
@@ -261,47 +284,61 @@ NcclComm::NcclComm(Bootstrap& bootstrap, int device, const Options& options, boo
   }
   ncclUniqueId id{};
   std::span<const std::byte> payload;
-  if (s.rank == 0 && local == Status::kOk) {
-    if (ncclResult_t r = s.lib->ncclGetUniqueId(&id); r != ncclSuccess) {
+  if (rank == 0 && local == Status::kOk) {
+    if (ncclResult_t r = lib->ncclGetUniqueId(&id); r != ncclSuccess) {
       local = Status::kUnavailable;
-      why = "ncclGetUniqueId: " + s.lib->error_string(r);
+      why = "ncclGetUniqueId: " + lib->error_string(r);
     } else {
       payload = std::as_bytes(std::span(&id, 1));
     }
   }
   const Bytes received = bootstrap.broadcast(payload, 0);
-  TPCOMM_CHECK(local == Status::kOk, local, "NCCL communicator, rank ", s.rank, ": ", why);
+  TPCOMM_CHECK(local == Status::kOk, local, "NCCL communicator, rank ", rank, ": ", why);
   TPCOMM_CHECK(received.size() == sizeof(id), Status::kUnavailable, "NCCL communicator, rank ",
-               s.rank, ": rank 0 could not create an NCCL id (its error says why)");
+               rank, ": rank 0 could not create an NCCL id (its error says why)");
   std::memcpy(&id, received.data(), sizeof(id));
+  return id;
+}
 
-  const std::string who =
-      detail::concat("rank ", s.rank, " of ", s.world_size, ", device ", device);
+void NcclComm::Impl::init(const ncclUniqueId& id, const Options& options, const std::string& who) {
   {
     DeviceGuard guard(device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     // Non-blocking, so that no call can hang this thread inside NCCL and abort always works.
     config.blocking = 0;
-    ncclResult_t r = s.lib->ncclCommInitRankConfig(&s.comm, s.world_size, id, s.rank, &config);
-    if (!s.settle(r, Clock::now() + s.timeout)) {
-      s.give_up(Status::kTimeout,
-                detail::concat("ncclCommInitRankConfig (", who, ") did not finish within ",
-                               options.timeout_ms, " ms: a peer is missing or stuck"));
+    ncclResult_t r = lib->ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
+    if (!settle(r, Clock::now() + timeout)) {
+      give_up(Status::kTimeout,
+              detail::concat("ncclCommInitRankConfig (", who, ") did not finish within ",
+                             options.timeout_ms, " ms: a peer is missing or stuck"));
     }
     if (r != ncclSuccess) {
-      s.give_up(Status::kNcclError, detail::concat("ncclCommInitRankConfig (", who,
-                                                   "): ", s.lib->error_string(r, s.comm)));
+      give_up(Status::kNcclError,
+              detail::concat("ncclCommInitRankConfig (", who, "): ", lib->error_string(r, comm)));
     }
   }
   int nccl_ranks = 0;
   int nccl_rank = -1;
-  ncclResult_t r = s.lib->ncclCommCount(s.comm, &nccl_ranks);
-  if (r == ncclSuccess) r = s.lib->ncclCommUserRank(s.comm, &nccl_rank);
-  if (r != ncclSuccess || nccl_ranks != s.world_size || nccl_rank != s.rank) {
-    s.give_up(Status::kInternal,
-              detail::concat("NCCL reports rank ", nccl_rank, " of ", nccl_ranks, " for ", who,
-                             " (", s.lib->error_string(r, s.comm), ")"));
+  ncclResult_t r = lib->ncclCommCount(comm, &nccl_ranks);
+  if (r == ncclSuccess) r = lib->ncclCommUserRank(comm, &nccl_rank);
+  if (r != ncclSuccess || nccl_ranks != world_size || nccl_rank != rank) {
+    give_up(Status::kInternal, detail::concat("NCCL reports rank ", nccl_rank, " of ", nccl_ranks,
+                                              " for ", who, " (", lib->error_string(r, comm), ")"));
   }
+}
+
+NcclComm::NcclComm(Bootstrap& bootstrap, int device, const Options& options, bool enabled)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.rank = bootstrap.rank();
+  s.world_size = bootstrap.world_size();
+  s.device = device;
+  s.timeout = Milliseconds(options.timeout_ms);
+  s.enabled = enabled;
+  const ncclUniqueId id = s.share_id(bootstrap, options);
+  const std::string who =
+      detail::concat("rank ", s.rank, " of ", s.world_size, ", device ", device);
+  s.init(id, options, who);
   warm_up();
   TPCOMM_LOG_INFO("NCCL ", s.lib->version_string(), " communicator ready: ", who);
 }
@@ -351,117 +388,77 @@ Status NcclComm::ready() const noexcept {
   return Status::kOk;
 }
 
+template <class Enqueue>
+Status NcclComm::call(DType dtype, Enqueue&& enqueue) noexcept {
+  TPCOMM_TRY(ready());
+  ncclDataType_t type{};
+  TPCOMM_TRY(impl_->nccl_type(dtype, type));
+  return enqueue(*impl_, type);
+}
+
 Status NcclComm::all_reduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
                             Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_buffer("all_reduce", "in", count, in));
-  TPCOMM_TRY(s.check_buffer("all_reduce", "out", count, out));
-  return s.finish(s.lib->ncclAllReduce(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
-                  "ncclAllReduce");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_in_out("all_reduce", count, in, out));
+    return s.finish(
+        s.lib->ncclAllReduce(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
+        "ncclAllReduce");
+  });
 }
 
 Status NcclComm::all_gather(const void* in, void* out, std::size_t count, DType dtype,
                             Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_buffer("all_gather", "in", count, in));
-  TPCOMM_TRY(s.check_buffer("all_gather", "out", count, out));
-  return s.finish(s.lib->ncclAllGather(in, out, count, type, s.comm, stream), "ncclAllGather");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_in_out("all_gather", count, in, out));
+    return s.finish(s.lib->ncclAllGather(in, out, count, type, s.comm, stream), "ncclAllGather");
+  });
 }
 
 Status NcclComm::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
                                 ReduceOp op, Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_buffer("reduce_scatter", "in", count, in));
-  TPCOMM_TRY(s.check_buffer("reduce_scatter", "out", count, out));
-  return s.finish(
-      s.lib->ncclReduceScatter(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
-      "ncclReduceScatter");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_in_out("reduce_scatter", count, in, out));
+    return s.finish(
+        s.lib->ncclReduceScatter(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
+        "ncclReduceScatter");
+  });
 }
 
 Status NcclComm::broadcast(const void* in, void* out, std::size_t count, DType dtype, int root,
                            Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_rank("broadcast", "root", root));
-  if (root == s.rank) TPCOMM_TRY(s.check_buffer("broadcast", "in (root)", count, in));
-  TPCOMM_TRY(s.check_buffer("broadcast", "out", count, out));
-  return s.finish(s.lib->ncclBroadcast(in, out, count, type, root, s.comm, stream),
-                  "ncclBroadcast");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_rank("broadcast", "root", root));
+    if (root == s.rank) TPCOMM_TRY(s.check_buffer("broadcast", "in (root)", count, in));
+    TPCOMM_TRY(s.check_buffer("broadcast", "out", count, out));
+    return s.finish(s.lib->ncclBroadcast(in, out, count, type, root, s.comm, stream),
+                    "ncclBroadcast");
+  });
 }
 
 Status NcclComm::send(const void* in, std::size_t count, DType dtype, int peer,
                       Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_rank("send", "peer", peer));
-  TPCOMM_TRY(s.check_buffer("send", "in", count, in));
-  return s.finish(s.lib->ncclSend(in, count, type, peer, s.comm, stream), "ncclSend");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_rank("send", "peer", peer));
+    TPCOMM_TRY(s.check_buffer("send", "in", count, in));
+    return s.finish(s.lib->ncclSend(in, count, type, peer, s.comm, stream), "ncclSend");
+  });
 }
 
 Status NcclComm::recv(void* out, std::size_t count, DType dtype, int peer, Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_rank("recv", "peer", peer));
-  TPCOMM_TRY(s.check_buffer("recv", "out", count, out));
-  return s.finish(s.lib->ncclRecv(out, count, type, peer, s.comm, stream), "ncclRecv");
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_rank("recv", "peer", peer));
+    TPCOMM_TRY(s.check_buffer("recv", "out", count, out));
+    return s.finish(s.lib->ncclRecv(out, count, type, peer, s.comm, stream), "ncclRecv");
+  });
 }
 
 Status NcclComm::all_to_all(const void* in, void* out, std::size_t count, DType dtype,
                             Stream stream) noexcept {
-  TPCOMM_TRY(ready());
-  Impl& s = *impl_;
-  ncclDataType_t type{};
-  TPCOMM_TRY(s.nccl_type(dtype, type));
-  TPCOMM_TRY(s.check_buffer("all_to_all", "in", count, in));
-  TPCOMM_TRY(s.check_buffer("all_to_all", "out", count, out));
-  if (s.lib->has_all_to_all) {
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    TPCOMM_TRY(s.check_in_out("all_to_all", count, in, out));
+    if (!s.lib->has_all_to_all) return s.all_to_all_grouped(in, out, count, dtype, type, stream);
     return s.finish(s.lib->ncclAlltoAll(in, out, count, type, s.comm, stream), "ncclAlltoAll");
-  }
-  const std::size_t block = count * dtype_size(dtype);
-  const auto* src = static_cast<const std::byte*>(in);
-  auto* dst = static_cast<std::byte*>(out);
-  if (ncclResult_t r = s.lib->ncclGroupStart(); r != ncclSuccess) {
-    return s.finish(r, "ncclGroupStart");
-  }
-  // Peers in the same order on every rank; the send to self pairs with the receive from self
-  // inside the group. Calls inside a group only queue work, so anything but success or "in
-  // progress" is an error.
-  ncclResult_t first = ncclSuccess;
-  const char* first_call = "";
-  for (int peer = 0; peer < s.world_size; ++peer) {
-    const std::size_t offset = static_cast<std::size_t>(peer) * block;
-    ncclResult_t r = s.lib->ncclSend(src + offset, count, type, peer, s.comm, stream);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      first = r;
-      first_call = "ncclSend (all_to_all)";
-      break;
-    }
-    r = s.lib->ncclRecv(dst + offset, count, type, peer, s.comm, stream);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      first = r;
-      first_call = "ncclRecv (all_to_all)";
-      break;
-    }
-  }
-  // The group is closed even after an error, or this thread's next NCCL call would join it.
-  const ncclResult_t end = s.lib->ncclGroupEnd();
-  if (first != ncclSuccess) return s.finish(first, first_call);
-  return s.finish(end, "ncclGroupEnd (all_to_all)");
+  });
 }
 
 Status NcclComm::group_start() noexcept {

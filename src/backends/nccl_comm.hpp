@@ -162,6 +162,11 @@ class NcclComm {
  private:
   /// `kOk` when an operation may run now: the communicator is healthy and enabled.
   [[nodiscard]] Status ready() const noexcept;
+  /// The frame of the operations that take a dtype: `ready()`, then NCCL's type for `dtype`
+  /// (`kUnsupported` when the loaded NCCL lacks it), then `enqueue(impl, type)`, which checks
+  /// the operation's own arguments and enqueues it. The first refusal is returned.
+  template <class Enqueue>
+  [[nodiscard]] Status call(DType dtype, Enqueue&& enqueue) noexcept;
   /// One all-reduce of one float on a private stream, waited for (part of construction).
   void warm_up();
 

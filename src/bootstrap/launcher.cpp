@@ -269,6 +269,221 @@ bool is_failure(const RankExit& r) {
          (r.how == RankExit::How::kExited && r.code != 0 && r.code != kSkipCode);
 }
 
+void check_spec(const LaunchSpec& spec) {
+  TPCOMM_CHECK(!spec.argv.empty() && !spec.argv[0].empty(), Status::kInvalidArgument,
+               "launch: no program given");
+  TPCOMM_CHECK(spec.nprocs >= 1, Status::kInvalidArgument, "launch: the number of processes (",
+               spec.nprocs, ") must be at least 1");
+  TPCOMM_CHECK(spec.timeout.count() >= 0 && spec.grace.count() >= 0, Status::kInvalidArgument,
+               "launch: negative timeout or grace period");
+}
+
+// The environment every child shares: the inherited variables, less those the launcher manages
+// or `spec.env` sets; then the job's size, MASTER_ADDR, MASTER_PORT and, unless one is set, a
+// store token; then `spec.env`.
+std::vector<std::string> common_environment(const LaunchSpec& spec, int port) {
+  std::set<std::string> overridden(kManagedVars.begin(), kManagedVars.end());
+  for (const auto& [name, value] : spec.env) overridden.insert(name);
+  const bool has_token = std::getenv("TPCOMM_STORE_TOKEN") != nullptr ||
+                         std::any_of(spec.env.begin(), spec.env.end(), [](const auto& kv) {
+                           return kv.first == "TPCOMM_STORE_TOKEN";
+                         });
+  std::vector<std::string> common;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (!overridden.contains(variable_name(*e))) common.emplace_back(*e);
+  }
+  common.push_back(concat("WORLD_SIZE=", spec.nprocs));
+  common.push_back(concat("LOCAL_WORLD_SIZE=", spec.nprocs));
+  common.push_back(concat("MASTER_ADDR=", spec.master_addr));
+  common.push_back(concat("MASTER_PORT=", port));
+  if (!has_token) common.push_back(concat("TPCOMM_STORE_TOKEN=", random_token()));
+  for (const auto& [name, value] : spec.env) common.push_back(concat(name, "=", value));
+  return common;
+}
+
+// Each rank's environment: the common one, then its own numbering.
+std::vector<ChildPlan> plan_children(const LaunchSpec& spec, int port) {
+  const std::vector<std::string> common = common_environment(spec, port);
+  std::vector<ChildPlan> plans(static_cast<std::size_t>(spec.nprocs));
+  for (int r = 0; r < spec.nprocs; ++r) {
+    ChildPlan& p = plans[static_cast<std::size_t>(r)];
+    p.env_storage = common;
+    p.env_storage.push_back(concat("RANK=", r));
+    p.env_storage.push_back(concat("LOCAL_RANK=", r));
+    for (std::string& s : p.env_storage) p.envp.push_back(s.data());
+    p.envp.push_back(nullptr);
+  }
+  return plans;
+}
+
+// SIGKILLs the children started so far and reaps them, giving up after `kAbandonAfter`.
+void kill_and_reap(Watch& watch) {
+  watch.signal_all(SIGKILL);
+  const Deadline give_up = deadline_after(kAbandonAfter);
+  while (!watch.running().empty() && SteadyClock::now() < give_up) {
+    watch.reap();
+    ::poll(nullptr, 0, static_cast<int>(kTick.count()));
+  }
+}
+
+// Forks and executes every rank, recording each pid in `ranks`. When a fork fails, the
+// children already started are killed and reaped, and it throws.
+void spawn_ranks(const std::string& program, char* const* argv, const std::vector<ChildPlan>& plans,
+                 Watch& watch, std::vector<RankExit>& ranks) {
+  const pid_t self = ::getpid();
+  std::fflush(nullptr);  // buffered output would otherwise be written once per child too
+  // A SIGINT/SIGTERM must not reach a child before it has dropped the launcher's handler (it
+  // would report the signal through the launcher's pipe instead of dying): block them while
+  // forking; each child unblocks them after restoring the default actions.
+  sigset_t stop_signals;
+  sigset_t previous_mask;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &stop_signals, &previous_mask);
+  struct RestoreMask {
+    const sigset_t& mask;
+    bool done = false;
+    void operator()() {
+      if (!done) ::pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+      done = true;
+    }
+    ~RestoreMask() { (*this)(); }
+  } restore_mask{previous_mask};
+  for (std::size_t r = 0; r < plans.size(); ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) exec_child(program, argv, plans[r].envp.data(), self);
+    if (pid < 0) {
+      const int err = errno;
+      restore_mask();
+      kill_and_reap(watch);
+      TPCOMM_THROW(Status::kSystemError, "launch: fork for rank ", r,
+                   " failed: ", std::strerror(err));
+    }
+    // Also set here, so that signalling the group works even before the child has run.
+    ::setpgid(pid, pid);
+    ranks[r].pid = pid;
+  }
+}
+
+// Watches the started ranks until every one is reaped: stops them all when one fails, the
+// deadline passes or the launcher receives SIGINT/SIGTERM (SIGTERM or the signal, then SIGKILL
+// after the grace period), and gives up on those that survive SIGKILL.
+class Supervisor {
+ public:
+  Supervisor(const LaunchSpec& spec, Watch& watch, LaunchResult& result)
+      : spec_(spec),
+        watch_(watch),
+        result_(result),
+        job_deadline_(spec.timeout.count() > 0 ? deadline_after(spec.timeout) : kNoDeadline) {}
+
+  void run(SignalForwarding& signals) {
+    for (;;) {
+      stop_on_failure(watch_.reap());
+      const std::vector<int> running = watch_.running();
+      if (running.empty()) return;
+      const auto now = SteadyClock::now();
+      if (!enforce_deadlines(running, now)) return;
+      const Deadline next = std::min({job_deadline_, kill_at_, abandon_at_, now + kTick});
+      forward_signals(signals, next);
+    }
+  }
+
+  // The exit code of the first cause of stopping the job; nullopt when nothing stopped it.
+  [[nodiscard]] std::optional<int> stop_code() const { return primary_code_; }
+
+ private:
+  enum class Phase { kRunning, kTerminating, kKilling };
+
+  void begin_stop(int sig, std::string why, int code) {
+    if (!primary_code_) {
+      primary_code_ = code;
+      result_.message = std::move(why);
+    }
+    watch_.signal_all(sig);
+    phase_ = Phase::kTerminating;
+    kill_at_ = deadline_after(spec_.grace);
+  }
+
+  void kill_all() {
+    watch_.signal_all(SIGKILL);
+    phase_ = Phase::kKilling;
+    abandon_at_ = deadline_after(kAbandonAfter);
+  }
+
+  // Stops the job when one of the ranks that have just ended failed.
+  void stop_on_failure(const std::vector<int>& ended) {
+    for (int r : ended) {
+      const RankExit& e = result_.ranks[static_cast<std::size_t>(r)];
+      if (phase_ == Phase::kRunning && is_failure(e)) {
+        begin_stop(SIGTERM, describe(e),
+                   e.how == RankExit::How::kSignaled ? 128 + e.signal : e.code);
+      }
+    }
+  }
+
+  // The job's deadline, then the grace period, then the wait after SIGKILL; false when the
+  // launcher gives up on the `running` ranks.
+  bool enforce_deadlines(const std::vector<int>& running, Deadline now) {
+    if (phase_ == Phase::kRunning && now >= job_deadline_) {
+      begin_stop(SIGTERM,
+                 concat("deadline of ", format_seconds(spec_.timeout), " passed; ",
+                        rank_list(running), " still running"),
+                 kDeadlineCode);
+    } else if (phase_ == Phase::kTerminating && now >= kill_at_) {
+      kill_all();
+    } else if (phase_ == Phase::kKilling && now >= abandon_at_) {
+      TPCOMM_LOG_ERROR("launch: ", rank_list(running), " did not exit after SIGKILL; giving up");
+      result_.message += concat("; ", rank_list(running), " did not exit after SIGKILL");
+      return false;
+    }
+    return true;
+  }
+
+  // Waits until `next` or a signal to the launcher, and forwards signals to every rank: the
+  // first stops the job with it, one during the grace period kills the ranks.
+  void forward_signals(SignalForwarding& signals, Deadline next) {
+    pollfd p{signals.fd(), POLLIN, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(remaining(next).count()));
+    if (rc <= 0) return;
+    for (int sig : signals.take()) {
+      if (phase_ == Phase::kRunning) {
+        TPCOMM_LOG_WARN("launch: received ", signal_name(sig), "; forwarding it to every rank");
+        begin_stop(sig, concat("the launcher received ", signal_name(sig)), 128 + sig);
+      } else if (phase_ == Phase::kTerminating) {
+        kill_all();
+      }
+    }
+  }
+
+  const LaunchSpec& spec_;
+  Watch& watch_;
+  LaunchResult& result_;
+  Phase phase_ = Phase::kRunning;
+  const Deadline job_deadline_;
+  Deadline kill_at_ = kNoDeadline;
+  Deadline abandon_at_ = kNoDeadline;
+  std::optional<int> primary_code_;
+};
+
+// The launch's exit code and message once every rank is reaped: the cause that stopped the
+// job, else 77 when some rank skipped, else 0.
+void set_exit_code(LaunchResult& result, std::optional<int> stop_code) {
+  if (stop_code) {
+    result.exit_code = *stop_code;
+    return;
+  }
+  std::vector<int> skipped;
+  for (const RankExit& r : result.ranks)
+    if (r.code == kSkipCode) skipped.push_back(r.rank);
+  if (!skipped.empty()) {
+    result.exit_code = kSkipCode;
+    result.message =
+        concat(skipped.size() == result.ranks.size() ? "every rank" : rank_list(skipped),
+               " exited with code 77 (skipped)");
+  }
+}
+
 }  // namespace
 
 std::string signal_name(int sig) {
@@ -299,46 +514,14 @@ std::string describe(const RankExit& r) {
 }
 
 LaunchResult launch_local(const LaunchSpec& spec) {
-  TPCOMM_CHECK(!spec.argv.empty() && !spec.argv[0].empty(), Status::kInvalidArgument,
-               "launch: no program given");
-  TPCOMM_CHECK(spec.nprocs >= 1, Status::kInvalidArgument, "launch: the number of processes (",
-               spec.nprocs, ") must be at least 1");
-  TPCOMM_CHECK(spec.timeout.count() >= 0 && spec.grace.count() >= 0, Status::kInvalidArgument,
-               "launch: negative timeout or grace period");
+  check_spec(spec);
   std::unique_lock launch_lock(g_launch_mu, std::try_to_lock);
   TPCOMM_CHECK(launch_lock.owns_lock(), Status::kInvalidArgument,
                "launch: another launch is running in this process");
 
   const std::string program = find_program(spec.argv[0]);
   const int port = spec.master_port != 0 ? spec.master_port : net::free_port();
-
-  // The environment every child shares, then each child's own numbering.
-  std::set<std::string> overridden(kManagedVars.begin(), kManagedVars.end());
-  for (const auto& [name, value] : spec.env) overridden.insert(name);
-  const bool has_token = std::getenv("TPCOMM_STORE_TOKEN") != nullptr ||
-                         std::any_of(spec.env.begin(), spec.env.end(), [](const auto& kv) {
-                           return kv.first == "TPCOMM_STORE_TOKEN";
-                         });
-  std::vector<std::string> common;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    if (!overridden.contains(variable_name(*e))) common.emplace_back(*e);
-  }
-  common.push_back(concat("WORLD_SIZE=", spec.nprocs));
-  common.push_back(concat("LOCAL_WORLD_SIZE=", spec.nprocs));
-  common.push_back(concat("MASTER_ADDR=", spec.master_addr));
-  common.push_back(concat("MASTER_PORT=", port));
-  if (!has_token) common.push_back(concat("TPCOMM_STORE_TOKEN=", random_token()));
-  for (const auto& [name, value] : spec.env) common.push_back(concat(name, "=", value));
-
-  std::vector<ChildPlan> plans(static_cast<std::size_t>(spec.nprocs));
-  for (int r = 0; r < spec.nprocs; ++r) {
-    ChildPlan& p = plans[static_cast<std::size_t>(r)];
-    p.env_storage = common;
-    p.env_storage.push_back(concat("RANK=", r));
-    p.env_storage.push_back(concat("LOCAL_RANK=", r));
-    for (std::string& s : p.env_storage) p.envp.push_back(s.data());
-    p.envp.push_back(nullptr);
-  }
+  const std::vector<ChildPlan> plans = plan_children(spec, port);
   std::vector<std::string> argv_storage = spec.argv;
   std::vector<char*> argv;
   for (std::string& s : argv_storage) argv.push_back(s.data());
@@ -349,124 +532,12 @@ LaunchResult launch_local(const LaunchSpec& spec) {
   for (int r = 0; r < spec.nprocs; ++r) result.ranks[static_cast<std::size_t>(r)].rank = r;
   Watch watch(result.ranks);
   SignalForwarding signals;
-
-  const pid_t self = ::getpid();
-  std::fflush(nullptr);  // buffered output would otherwise be written once per child too
-  // A SIGINT/SIGTERM must not reach a child before it has dropped the launcher's handler (it
-  // would report the signal through the launcher's pipe instead of dying): block them while
-  // forking; each child unblocks them after restoring the default actions.
-  sigset_t stop_signals;
-  sigset_t previous_mask;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  ::pthread_sigmask(SIG_BLOCK, &stop_signals, &previous_mask);
-  struct RestoreMask {
-    const sigset_t& mask;
-    bool done = false;
-    void operator()() {
-      if (!done) ::pthread_sigmask(SIG_SETMASK, &mask, nullptr);
-      done = true;
-    }
-    ~RestoreMask() { (*this)(); }
-  } restore_mask{previous_mask};
-  for (int r = 0; r < spec.nprocs; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0)
-      exec_child(program, argv.data(), plans[static_cast<std::size_t>(r)].envp.data(), self);
-    if (pid < 0) {
-      const int err = errno;
-      restore_mask();
-      watch.signal_all(SIGKILL);
-      const Deadline give_up = deadline_after(kAbandonAfter);
-      while (!watch.running().empty() && SteadyClock::now() < give_up) {
-        watch.reap();
-        ::poll(nullptr, 0, static_cast<int>(kTick.count()));
-      }
-      TPCOMM_THROW(Status::kSystemError, "launch: fork for rank ", r,
-                   " failed: ", std::strerror(err));
-    }
-    // Also set here, so that signalling the group works even before the child has run.
-    ::setpgid(pid, pid);
-    result.ranks[static_cast<std::size_t>(r)].pid = pid;
-  }
-  restore_mask();
+  spawn_ranks(program, argv.data(), plans, watch, result.ranks);
   TPCOMM_LOG_INFO("launch: started ", spec.nprocs, " ranks of ", program, ", MASTER_PORT=", port);
 
-  enum class Phase { kRunning, kTerminating, kKilling };
-  Phase phase = Phase::kRunning;
-  const Deadline job_deadline =
-      spec.timeout.count() > 0 ? deadline_after(spec.timeout) : kNoDeadline;
-  Deadline kill_at = kNoDeadline;
-  Deadline abandon_at = kNoDeadline;
-  std::optional<int> primary_code;
-
-  auto begin_stop = [&](int sig, std::string why, int code) {
-    if (!primary_code) {
-      primary_code = code;
-      result.message = std::move(why);
-    }
-    watch.signal_all(sig);
-    phase = Phase::kTerminating;
-    kill_at = deadline_after(spec.grace);
-  };
-  auto kill_all = [&] {
-    watch.signal_all(SIGKILL);
-    phase = Phase::kKilling;
-    abandon_at = deadline_after(kAbandonAfter);
-  };
-
-  for (;;) {
-    for (int r : watch.reap()) {
-      const RankExit& e = result.ranks[static_cast<std::size_t>(r)];
-      if (phase == Phase::kRunning && is_failure(e)) {
-        begin_stop(SIGTERM, describe(e),
-                   e.how == RankExit::How::kSignaled ? 128 + e.signal : e.code);
-      }
-    }
-    const std::vector<int> running = watch.running();
-    if (running.empty()) break;
-    const auto now = SteadyClock::now();
-    if (phase == Phase::kRunning && now >= job_deadline) {
-      begin_stop(SIGTERM,
-                 concat("deadline of ", format_seconds(spec.timeout), " passed; ",
-                        rank_list(running), " still running"),
-                 kDeadlineCode);
-    } else if (phase == Phase::kTerminating && now >= kill_at) {
-      kill_all();
-    } else if (phase == Phase::kKilling && now >= abandon_at) {
-      TPCOMM_LOG_ERROR("launch: ", rank_list(running), " did not exit after SIGKILL; giving up");
-      result.message += concat("; ", rank_list(running), " did not exit after SIGKILL");
-      break;
-    }
-    Deadline next = std::min({job_deadline, kill_at, abandon_at, now + kTick});
-    pollfd p{signals.fd(), POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(remaining(next).count()));
-    if (rc > 0) {
-      for (int sig : signals.take()) {
-        if (phase == Phase::kRunning) {
-          TPCOMM_LOG_WARN("launch: received ", signal_name(sig), "; forwarding it to every rank");
-          begin_stop(sig, concat("the launcher received ", signal_name(sig)), 128 + sig);
-        } else if (phase == Phase::kTerminating) {
-          kill_all();
-        }
-      }
-    }
-  }
-
-  if (primary_code) {
-    result.exit_code = *primary_code;
-  } else {
-    std::vector<int> skipped;
-    for (const RankExit& r : result.ranks)
-      if (r.code == kSkipCode) skipped.push_back(r.rank);
-    if (!skipped.empty()) {
-      result.exit_code = kSkipCode;
-      result.message =
-          concat(skipped.size() == result.ranks.size() ? "every rank" : rank_list(skipped),
-                 " exited with code 77 (skipped)");
-    }
-  }
+  Supervisor supervisor(spec, watch, result);
+  supervisor.run(signals);
+  set_exit_code(result, supervisor.stop_code());
   return result;
 }
 

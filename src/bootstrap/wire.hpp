@@ -126,6 +126,11 @@ ReplyBytes encode(const ReplyHeader& h) noexcept;
 RequestHeader decode_request(std::span<const std::byte, kRequestHeaderBytes> bytes) noexcept;
 ReplyHeader decode_reply(std::span<const std::byte, kReplyHeaderBytes> bytes) noexcept;
 
+/// The bytes of `text` as a frame carries them (a token, a reason).
+inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {
+  return std::as_bytes(std::span(text.data(), text.size()));
+}
+
 /// A counter value as stored: 8 little-endian bytes.
 std::array<std::byte, 8> encode_counter(std::int64_t value) noexcept;
 /// The counter held in `bytes`; nullopt unless it is exactly 8 bytes.

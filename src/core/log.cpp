@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <set>
 
 namespace tpcomm {
 namespace detail {
@@ -78,17 +77,6 @@ void write(LogLevel l, std::string_view message) noexcept {
   std::fprintf(stderr, "[tpcomm %d %c] %.*s\n", static_cast<int>(getpid()), letter(l),
                static_cast<int>(message.size()), message.data());
   std::fflush(stderr);
-}
-
-bool once(LogLevel l, const std::string& key, std::string_view message) noexcept {
-  static std::mutex m;
-  static std::set<std::string> seen;
-  {
-    std::lock_guard lock(m);
-    if (!seen.insert(key).second) return false;
-  }
-  if (enabled(l)) write(l, message);
-  return true;
 }
 
 }  // namespace log

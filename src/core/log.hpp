@@ -2,7 +2,6 @@
 // Levelled logging to stderr, filtered by TPCOMM_LOG.
 #pragma once
 
-#include <string>
 #include <string_view>
 
 #include "core/check.hpp"
@@ -18,9 +17,6 @@ inline bool enabled(LogLevel l) noexcept { return l != LogLevel::kOff && l <= le
 /// Writes one line "[tpcomm <pid> <L>] message" to stderr, atomically with respect to other
 /// log lines of this process.
 void write(LogLevel l, std::string_view message) noexcept;
-
-/// Logs `message` once per `key` for the life of the process; true the first time `key` is seen.
-bool once(LogLevel l, const std::string& key, std::string_view message) noexcept;
 
 }  // namespace tpcomm::log
 

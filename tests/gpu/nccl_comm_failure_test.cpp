@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "support/run_program.hpp"
+#include "support/scripted.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -25,20 +26,7 @@
 namespace tpcomm {
 namespace {
 
-/// Must match `Mode` in tests/support/scripted_nccl.cpp.
-enum class ScriptedMode : int {
-  kHealthy = 0,
-  /// ncclCommInitRankConfig stays in progress forever.
-  kInitNeverCompletes = 1,
-  /// Operations return "in progress", then the communicator reports ncclRemoteError.
-  kOpsFailAsynchronously = 2,
-  /// Operations stay in progress forever.
-  kOpsNeverComplete = 3,
-  /// Operations return ncclInvalidArgument.
-  kOpsInvalidArgument = 4,
-  /// Operations succeed; the communicator reports ncclRemoteError asynchronously.
-  kAsyncErrorWhileIdle = 5,
-};
+using test::ScriptedMode;
 
 /// The scripted library, opened a second time: dlopen returns the handle NcclLib holds.
 class Script {
@@ -53,10 +41,15 @@ class Script {
 
   [[nodiscard]] bool loaded() const { return handle_ != nullptr; }
   void set_mode(ScriptedMode m) const {
-    fn<void (*)(int)>("tpcomm_scripted_nccl_set_mode")(static_cast<int>(m));
+    fn<decltype(&tpcomm_scripted_nccl_set_mode)>("tpcomm_scripted_nccl_set_mode")(
+        static_cast<int>(m));
   }
-  [[nodiscard]] int aborts() const { return fn<int (*)()>("tpcomm_scripted_nccl_aborts")(); }
-  [[nodiscard]] int destroys() const { return fn<int (*)()>("tpcomm_scripted_nccl_destroys")(); }
+  [[nodiscard]] int aborts() const {
+    return fn<decltype(&tpcomm_scripted_nccl_aborts)>("tpcomm_scripted_nccl_aborts")();
+  }
+  [[nodiscard]] int destroys() const {
+    return fn<decltype(&tpcomm_scripted_nccl_destroys)>("tpcomm_scripted_nccl_destroys")();
+  }
 
   struct P2P {
     bool is_send;
@@ -66,8 +59,7 @@ class Script {
   };
   /// Every send and receive `comm` received, in order.
   [[nodiscard]] std::vector<P2P> p2p(ncclComm* comm) const {
-    using Fn = int (*)(ncclComm*, int, int*, int*, const void**, std::size_t*);
-    auto get = fn<Fn>("tpcomm_scripted_nccl_p2p");
+    auto get = fn<decltype(&tpcomm_scripted_nccl_p2p)>("tpcomm_scripted_nccl_p2p");
     std::vector<P2P> calls;
     int is_send = 0;
     int peer = 0;

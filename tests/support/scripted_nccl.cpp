@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // A scriptable stand-in for NCCL 2.28 that moves no data: the test chooses, through
-// `tpcomm_scripted_nccl_set_mode`, how calls answer (in progress forever, an asynchronous
-// error, an invalid argument), and reads back how often the communicator was aborted or
-// destroyed and which point-to-point calls it received. It exports ncclCommFinalize but not
-// ncclAlltoAll, so NcclComm's all-to-all takes the grouped send/receive path.
+// `tpcomm_scripted_nccl_set_mode` (tests/support/scripted.hpp), how calls answer (in progress
+// forever, an asynchronous error, an invalid argument), and reads back how often the communicator
+// was aborted or destroyed and which point-to-point calls it received. It exports ncclCommFinalize
+// but not ncclAlltoAll, so NcclComm's all-to-all takes the grouped send/receive path.
+#include "support/scripted.hpp"
+
 #include <nccl.h>
 
 #include <atomic>
@@ -13,15 +15,7 @@
 
 namespace {
 
-/// Must match `ScriptedMode` in tests/gpu/nccl_comm_failure_test.cpp.
-enum Mode : int {
-  kHealthy = 0,
-  kInitNeverCompletes = 1,
-  kOpsFailAsynchronously = 2,
-  kOpsNeverComplete = 3,
-  kOpsInvalidArgument = 4,
-  kAsyncErrorWhileIdle = 5,
-};
+using tpcomm::test::ScriptedMode;
 
 struct P2PCall {
   int is_send;
@@ -30,16 +24,18 @@ struct P2PCall {
   size_t count;
 };
 
-std::atomic<int> g_mode{kHealthy};
+std::atomic<int> g_mode{static_cast<int>(ScriptedMode::kHealthy)};
 std::atomic<int> g_aborts{0};
 std::atomic<int> g_destroys{0};
 
+ScriptedMode mode() { return static_cast<ScriptedMode>(g_mode.load()); }
+
 ncclResult_t op_result() {
-  switch (g_mode.load()) {
-    case kOpsFailAsynchronously:
-    case kOpsNeverComplete:
+  switch (mode()) {
+    case ScriptedMode::kOpsFailAsynchronously:
+    case ScriptedMode::kOpsNeverComplete:
       return ncclInProgress;
-    case kOpsInvalidArgument:
+    case ScriptedMode::kOpsInvalidArgument:
       return ncclInvalidArgument;
     default:
       return ncclSuccess;
@@ -60,7 +56,6 @@ extern "C" {
 void tpcomm_scripted_nccl_set_mode(int mode) { g_mode = mode; }
 int tpcomm_scripted_nccl_aborts() { return g_aborts; }
 int tpcomm_scripted_nccl_destroys() { return g_destroys; }
-/// The `index`-th send or receive `comm` received; 0 when there is none.
 int tpcomm_scripted_nccl_p2p(ncclComm_t comm, int index, int* is_send, int* peer,
                              const void** buffer, size_t* count) {
   std::lock_guard lock(comm->mutex);
@@ -88,16 +83,16 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId, 
   *comm = new ncclComm;
   (*comm)->rank = rank;
   (*comm)->nranks = nranks;
-  return g_mode == kInitNeverCompletes ? ncclInProgress : ncclSuccess;
+  return mode() == ScriptedMode::kInitNeverCompletes ? ncclInProgress : ncclSuccess;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* state) {
-  switch (g_mode.load()) {
-    case kInitNeverCompletes:
-    case kOpsNeverComplete:
+  switch (mode()) {
+    case ScriptedMode::kInitNeverCompletes:
+    case ScriptedMode::kOpsNeverComplete:
       *state = ncclInProgress;
       break;
-    case kOpsFailAsynchronously:
-    case kAsyncErrorWhileIdle:
+    case ScriptedMode::kOpsFailAsynchronously:
+    case ScriptedMode::kAsyncErrorWhileIdle:
       *state = ncclRemoteError;
       break;
     default:

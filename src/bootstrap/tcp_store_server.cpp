@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The TCP store: a server with one thread per connection, and its client.
+// The TCP store's server: one thread per connection, started and joined by an accept thread.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -47,9 +47,6 @@ constexpr std::size_t kRejectDrainBytes = std::size_t{1} << 20;
 // reply, by the accept thread, and at most this many are held open for that.
 constexpr milliseconds kBusyLinger{500};
 constexpr std::size_t kMaxBusyLingering = 64;
-// Beyond a GET/WAIT's own timeout, how long the client waits for the server's reply (the
-// server answers kTimeout at the timeout; this covers the round trip).
-constexpr milliseconds kReplySlack{2000};
 
 // Constant-time comparison, so the time a rejection takes says nothing about the token.
 bool token_matches(std::span<const std::byte> given, std::string_view expected) noexcept {
@@ -72,14 +69,7 @@ std::int64_t wrapping_add(std::int64_t a, std::int64_t b) noexcept {
   return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
 }
 
-std::span<const std::byte> as_bytes(std::string_view s) noexcept {
-  return std::as_bytes(std::span(s.data(), s.size()));
-}
-
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Server
 
 struct TcpStoreServer::Impl {
   struct Connection {
@@ -132,11 +122,18 @@ struct TcpStoreServer::Impl {
 
   void accept_loop() noexcept;
   void accept_one();
+  /// Answers kBusy on a connection over `max_connections`; the accept thread closes it later.
+  void refuse_busy(Socket sock);
+  /// Serves an accepted connection, already counted in `active`, on a thread of its own.
+  void start_connection(Socket sock);
   void reap_finished();
   void serve(Connection& c);
   void reject(Connection& c, ReplyCode code, const std::string& reason);
   bool handle(Connection& c, const wire::RequestHeader& h, const std::string& key, Bytes& value);
   WaitResult wait_for_key(int fd, const std::string& key, std::int64_t timeout_ms, Bytes* out);
+  /// ADD: adds `delta` to the counter at `key` (created as 0), puts the new value in `result`
+  /// and wakes waiters. Returns why it cannot (the key holds something else), else "".
+  std::string add(const std::string& key, std::int64_t delta, std::int64_t& result);
   bool send_reply(int fd, const wire::ReplyHeader& h, std::span<const std::byte> payload);
   void stop() noexcept;
 };
@@ -188,19 +185,26 @@ void TcpStoreServer::Impl::accept_one() {
     full = active >= config.max_connections;
     if (!full) ++active;
   }
-  if (full) {
-    std::string reason =
-        concat("the store serves its maximum of ", config.max_connections, " connections");
-    TPCOMM_LOG_WARN("store: refused a connection from ", net::peer_name(fd), ": ", reason);
-    wire::ReplyHeader h{.code = ReplyCode::kBusy, .value_len = reason.size()};
-    auto hb = wire::encode(h);
-    Deadline d = deadline_after(milliseconds{100});
-    if (net::send_all(fd, hb, d).status == Io::kOk) net::send_all(fd, as_bytes(reason), d);
-    ::shutdown(fd, SHUT_WR);
-    if (lingering.size() >= kMaxBusyLingering) lingering.erase(lingering.begin());
-    lingering.push_back({std::move(sock), deadline_after(kBusyLinger)});
-    return;
-  }
+  if (full) return refuse_busy(std::move(sock));
+  start_connection(std::move(sock));
+}
+
+void TcpStoreServer::Impl::refuse_busy(Socket sock) {
+  const int fd = sock.get();
+  std::string reason =
+      concat("the store serves its maximum of ", config.max_connections, " connections");
+  TPCOMM_LOG_WARN("store: refused a connection from ", net::peer_name(fd), ": ", reason);
+  wire::ReplyHeader h{.code = ReplyCode::kBusy, .value_len = reason.size()};
+  auto hb = wire::encode(h);
+  Deadline d = deadline_after(milliseconds{100});
+  if (net::send_all(fd, hb, d).status == Io::kOk) net::send_all(fd, wire::as_bytes(reason), d);
+  ::shutdown(fd, SHUT_WR);
+  if (lingering.size() >= kMaxBusyLingering) lingering.erase(lingering.begin());
+  lingering.push_back({std::move(sock), deadline_after(kBusyLinger)});
+}
+
+void TcpStoreServer::Impl::start_connection(Socket sock) {
+  const int fd = sock.get();
   auto c = std::make_unique<Connection>();
   c->sock = std::move(sock);
   c->peer = net::peer_name(fd);
@@ -274,7 +278,7 @@ void TcpStoreServer::Impl::reject(Connection& c, ReplyCode code, const std::stri
   wire::ReplyHeader h{.code = code, .value_len = text.size()};
   Deadline d = deadline_after(std::min(config.frame_timeout, kRejectLinger));
   auto hb = wire::encode(h);
-  if (net::send_all(fd, hb, d).status == Io::kOk) net::send_all(fd, as_bytes(text), d);
+  if (net::send_all(fd, hb, d).status == Io::kOk) net::send_all(fd, wire::as_bytes(text), d);
   ::shutdown(fd, SHUT_WR);
   std::byte sink[4096];
   std::size_t drained = 0;
@@ -318,6 +322,27 @@ TcpStoreServer::Impl::WaitResult TcpStoreServer::Impl::wait_for_key(int fd, cons
   }
 }
 
+std::string TcpStoreServer::Impl::add(const std::string& key, std::int64_t delta,
+                                      std::int64_t& result) {
+  std::string error;
+  {
+    std::lock_guard lock(data_mu);
+    auto [it, inserted] = data.try_emplace(key);
+    std::optional<std::int64_t> current =
+        inserted ? std::optional<std::int64_t>(0) : wire::decode_counter(it->second);
+    if (!current) {
+      error = concat("ADD on key '", key, "', which holds a value of ", it->second.size(),
+                     " bytes, not a counter (8 bytes)");
+    } else {
+      result = wrapping_add(*current, delta);
+      auto bytes = wire::encode_counter(result);
+      it->second.assign(bytes.begin(), bytes.end());
+    }
+  }
+  if (error.empty()) data_cv.notify_all();
+  return error;
+}
+
 bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
                                   const std::string& key, Bytes& value) {
   const int fd = c.sock.get();
@@ -347,27 +372,11 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
       break;
     }
     case Opcode::kAdd: {
-      std::string error;
-      {
-        std::lock_guard lock(data_mu);
-        auto [it, inserted] = data.try_emplace(key);
-        std::optional<std::int64_t> current =
-            inserted ? std::optional<std::int64_t>(0) : wire::decode_counter(it->second);
-        if (!current) {
-          error = concat("ADD on key '", key, "', which holds a value of ", it->second.size(),
-                         " bytes, not a counter (8 bytes)");
-        } else {
-          reply.result = wrapping_add(*current, h.arg);
-          auto bytes = wire::encode_counter(reply.result);
-          it->second.assign(bytes.begin(), bytes.end());
-        }
-      }
+      const std::string error = add(key, h.arg, reply.result);
       if (!error.empty()) {
         reply.code = ReplyCode::kInvalidArgument;
         payload.resize(error.size());
         std::memcpy(payload.data(), error.data(), error.size());
-      } else {
-        data_cv.notify_all();
       }
       break;
     }
@@ -517,220 +526,5 @@ bool TcpStoreServer::wait_idle(Milliseconds timeout) {
 }
 
 void TcpStoreServer::stop() noexcept { impl_->stop(); }
-
-// ---------------------------------------------------------------------------------------------
-// Client
-
-struct TcpStore::Impl {
-  Config config;
-  std::unique_ptr<TcpStoreServer> server;
-  std::string address;  // host:port, for messages
-  int port = 0;
-  wire::Limits limits;
-  // One request in flight per connection (NOTE [store wire format] 4); a caller waits for its
-  // turn no longer than its own deadline.
-  std::timed_mutex mu;
-  Socket sock;
-  // Why the connection cannot be used any more; empty while it can.
-  std::string broken;
-
-  struct Reply {
-    wire::ReplyHeader header;
-    Bytes value;
-  };
-
-  void check_key(std::string_view what, std::string_view key) const {
-    TPCOMM_CHECK(!key.empty(), Status::kInvalidArgument, what, ": empty key");
-    TPCOMM_CHECK(key.size() <= limits.max_key_bytes, Status::kInvalidArgument, what, ": key of ",
-                 key.size(), " bytes is longer than the limit of ", limits.max_key_bytes);
-  }
-
-  [[noreturn]] void fail_io(const std::string& what, const IoResult& r, milliseconds waited) {
-    broken = net::describe(r);
-    if (r.status == Io::kTimeout) {
-      TPCOMM_THROW(Status::kTimeout, what, ": no reply from the store at ", address, " within ",
-                   waited.count(), " ms");
-    }
-    TPCOMM_THROW(Status::kSystemError, what, ": connection to the store at ", address,
-                 " lost: ", broken);
-  }
-
-  // Sends one request and reads its reply; throws for every reply but kOk. `timeout` is the
-  // operation's timeout as the caller gave it (for messages); `io_deadline` bounds the I/O.
-  Reply call(const std::string& what, Opcode op, std::string_view key,
-             std::span<const std::byte> value, std::int64_t arg, Deadline io_deadline,
-             milliseconds timeout) {
-    std::unique_lock lock(mu, std::defer_lock);
-    if (!lock.try_lock_until(io_deadline)) {
-      TPCOMM_THROW(Status::kTimeout, what, ": another operation on the connection to ", address,
-                   " did not finish within ", timeout.count(), " ms");
-    }
-    if (!broken.empty()) {
-      TPCOMM_THROW(Status::kSystemError, what, ": the connection to the store at ", address,
-                   " is unusable since an earlier failure: ", broken);
-    }
-    const auto started = SteadyClock::now();
-    wire::RequestHeader h{.opcode = op,
-                          .key_len = static_cast<std::uint32_t>(key.size()),
-                          .value_len = value.size(),
-                          .arg = arg};
-    auto hb = wire::encode(h);
-    Bytes frame(hb.size() + key.size() + value.size());
-    std::memcpy(frame.data(), hb.data(), hb.size());
-    if (!key.empty()) std::memcpy(frame.data() + hb.size(), key.data(), key.size());
-    if (!value.empty())
-      std::memcpy(frame.data() + hb.size() + key.size(), value.data(), value.size());
-    auto waited = [&] {
-      return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - started);
-    };
-    IoResult r = net::send_all(sock.get(), frame, io_deadline);
-    if (r.status != Io::kOk) fail_io(what, r, waited());
-    wire::ReplyBytes rb;
-    r = net::recv_all(sock.get(), rb, io_deadline);
-    if (r.status != Io::kOk) fail_io(what, r, waited());
-    Reply reply{wire::decode_reply(rb), {}};
-    if (auto why = wire::check_reply(reply.header, limits.max_value_bytes)) {
-      broken = *why;
-      TPCOMM_THROW(Status::kProtocolError, what, ": malformed reply from ", address, ": ", *why);
-    }
-    reply.value.resize(reply.header.value_len);
-    r = net::recv_all(sock.get(), reply.value, io_deadline);
-    if (r.status != Io::kOk) fail_io(what, r, waited());
-    if (reply.header.code == ReplyCode::kOk) return reply;
-
-    const std::string reason(reinterpret_cast<const char*>(reply.value.data()), reply.value.size());
-    switch (reply.header.code) {
-      case ReplyCode::kTimeout:
-        TPCOMM_THROW(Status::kTimeout, what, ": key not set within ", timeout.count(), " ms");
-      case ReplyCode::kInvalidArgument:
-        TPCOMM_THROW(Status::kInvalidArgument, what, ": ", reason);
-      case ReplyCode::kTooLarge:
-        broken = reason;
-        TPCOMM_THROW(Status::kInvalidArgument, what, ": the store at ", address,
-                     " refused the request: ", reason);
-      case ReplyCode::kUnauthenticated:
-        broken = reason;
-        TPCOMM_THROW(Status::kInvalidArgument, what, ": the store at ", address,
-                     " refused this client: ", reason,
-                     " (every rank must use the job's TPCOMM_STORE_TOKEN)");
-      case ReplyCode::kBusy:
-        broken = reason;
-        TPCOMM_THROW(Status::kUnavailable, what, ": the store at ", address,
-                     " refused the connection: ", reason);
-      default:
-        broken = reason;
-        TPCOMM_THROW(Status::kProtocolError, what, ": the store at ", address,
-                     " reported a protocol error: ", reason);
-    }
-  }
-
-  static Deadline wait_deadline(milliseconds timeout) {
-    return deadline_after(std::min(timeout, kLongestWait) + kReplySlack);
-  }
-  static std::int64_t wire_timeout(milliseconds timeout) {
-    return std::clamp(timeout, milliseconds{0}, kLongestWait).count();
-  }
-};
-
-TcpStore::TcpStore(Config config) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  m.config = std::move(config);
-  default_timeout_ = m.config.timeout;
-  m.limits = {m.config.server.max_key_bytes, m.config.server.max_value_bytes};
-  TPCOMM_CHECK(m.config.token.size() <= wire::kMaxTokenBytes, Status::kInvalidArgument,
-               "the store token is longer than ", wire::kMaxTokenBytes, " bytes");
-  std::string connect_host = m.config.host;
-  if (m.config.host_server) {
-    TcpStoreServerConfig sc = m.config.server;
-    sc.port = m.config.port;
-    if (sc.token.empty()) sc.token = m.config.token;
-    m.server = std::make_unique<TcpStoreServer>(std::move(sc));
-    m.port = m.server->port();
-    // The hosting rank reaches its own server through the address it is bound to.
-    const std::string& bind = m.config.server.bind;
-    connect_host =
-        net::is_wildcard(bind) ? (bind.find(':') != std::string::npos ? "::1" : "127.0.0.1") : bind;
-  } else {
-    TPCOMM_CHECK(m.config.port > 0 && m.config.port <= 65535, Status::kInvalidArgument,
-                 "store port ", m.config.port, " is out of range 1..65535");
-    m.port = m.config.port;
-  }
-  m.address = net::join_host_port(connect_host, m.port);
-  const Deadline deadline = deadline_after(m.config.timeout);
-  m.sock = net::connect_tcp(connect_host, m.port, deadline);
-  // The handshake gets at least a second even when connecting took the whole timeout.
-  const Deadline hello = std::max(deadline, deadline_after(milliseconds{1000}));
-  m.call("store hello", Opcode::kHello, {}, as_bytes(m.config.token), 0, hello, m.config.timeout);
-  TPCOMM_LOG_DEBUG("store: connected to ", m.address);
-}
-
-TcpStore::~TcpStore() {
-  Impl& m = *impl_;
-  m.sock.reset();
-  if (m.server) {
-    // Peers that have just finished their last operation may still be reading its reply:
-    // give them `linger` to disconnect before the server goes away.
-    if (!m.server->wait_idle(m.config.linger)) {
-      TPCOMM_LOG_INFO("store: stopping the server at ", m.address, " with ",
-                      m.server->connections(), " clients still connected");
-    }
-    m.server->stop();
-  }
-}
-
-int TcpStore::port() const noexcept { return impl_->port; }
-
-void TcpStore::set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) {
-  const std::string what = concat("store set '", key, "'");
-  impl_->check_key(what, key);
-  TPCOMM_CHECK(value.size() <= impl_->limits.max_value_bytes, Status::kInvalidArgument, what,
-               ": value of ", value.size(), " bytes is longer than the limit of ",
-               impl_->limits.max_value_bytes);
-  impl_->call(what, Opcode::kSet, key, value, 0, deadline_after(timeout), timeout);
-}
-
-Bytes TcpStore::get(std::string_view key, Milliseconds timeout) {
-  const std::string what = concat("store get '", key, "'");
-  impl_->check_key(what, key);
-  return impl_
-      ->call(what, Opcode::kGet, key, {}, Impl::wire_timeout(timeout), Impl::wait_deadline(timeout),
-             timeout)
-      .value;
-}
-
-std::int64_t TcpStore::add(std::string_view key, std::int64_t delta, Milliseconds timeout) {
-  const std::string what = concat("store add '", key, "'");
-  impl_->check_key(what, key);
-  return impl_->call(what, Opcode::kAdd, key, {}, delta, deadline_after(timeout), timeout)
-      .header.result;
-}
-
-void TcpStore::wait(std::span<const std::string> keys, Milliseconds timeout) {
-  const Deadline deadline = deadline_after(timeout);
-  for (const std::string& key : keys) {
-    const std::string what = concat("store wait '", key, "'");
-    impl_->check_key(what, key);
-    const milliseconds left = remaining(deadline);
-    impl_->call(what, Opcode::kWait, key, {}, left.count(), deadline + kReplySlack, timeout);
-  }
-}
-
-bool TcpStore::check(std::span<const std::string> keys, Milliseconds timeout) {
-  const Deadline deadline = deadline_after(timeout);
-  for (const std::string& key : keys) {
-    const std::string what = concat("store check '", key, "'");
-    impl_->check_key(what, key);
-    if (impl_->call(what, Opcode::kCheck, key, {}, 0, deadline, timeout).header.result == 0)
-      return false;
-  }
-  return true;
-}
-
-bool TcpStore::erase(std::string_view key, Milliseconds timeout) {
-  const std::string what = concat("store erase '", key, "'");
-  impl_->check_key(what, key);
-  return impl_->call(what, Opcode::kErase, key, {}, 0, deadline_after(timeout), timeout)
-             .header.result != 0;
-}
 
 }  // namespace tpcomm

@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+// The TCP store's client: one connection, one request in flight, optionally hosting the server.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+#include "bootstrap/deadline.hpp"
+#include "bootstrap/socket.hpp"
+#include "bootstrap/wire.hpp"
+#include "core/check.hpp"
+#include "core/log.hpp"
+#include "tpcomm/status.hpp"
+#include "tpcomm/store.hpp"
+
+namespace tpcomm {
+namespace {
+
+using detail::concat;
+using net::Io;
+using net::IoResult;
+using net::Socket;
+using std::chrono::milliseconds;
+using wire::Opcode;
+using wire::ReplyCode;
+
+// Beyond a GET/WAIT's own timeout, how long the client waits for the server's reply (the
+// server answers kTimeout at the timeout; this covers the round trip).
+constexpr milliseconds kReplySlack{2000};
+
+}  // namespace
+
+struct TcpStore::Impl {
+  Config config;
+  std::unique_ptr<TcpStoreServer> server;
+  std::string address;  // host:port, for messages
+  int port = 0;
+  wire::Limits limits;
+  // One request in flight per connection (NOTE [store wire format] 4); a caller waits for its
+  // turn no longer than its own deadline.
+  std::timed_mutex mu;
+  Socket sock;
+  // Why the connection cannot be used any more; empty while it can.
+  std::string broken;
+
+  struct Reply {
+    wire::ReplyHeader header;
+    Bytes value;
+  };
+
+  void check_key(std::string_view what, std::string_view key) const {
+    TPCOMM_CHECK(!key.empty(), Status::kInvalidArgument, what, ": empty key");
+    TPCOMM_CHECK(key.size() <= limits.max_key_bytes, Status::kInvalidArgument, what, ": key of ",
+                 key.size(), " bytes is longer than the limit of ", limits.max_key_bytes);
+  }
+
+  [[noreturn]] void fail_io(const std::string& what, const IoResult& r, milliseconds waited) {
+    broken = net::describe(r);
+    if (r.status == Io::kTimeout) {
+      TPCOMM_THROW(Status::kTimeout, what, ": no reply from the store at ", address, " within ",
+                   waited.count(), " ms");
+    }
+    TPCOMM_THROW(Status::kSystemError, what, ": connection to the store at ", address,
+                 " lost: ", broken);
+  }
+
+  // Sends one request and reads its reply; throws for every reply but kOk. `timeout` is the
+  // operation's timeout as the caller gave it (for messages); `io_deadline` bounds the I/O.
+  Reply call(const std::string& what, Opcode op, std::string_view key,
+             std::span<const std::byte> value, std::int64_t arg, Deadline io_deadline,
+             milliseconds timeout) {
+    std::unique_lock lock(mu, std::defer_lock);
+    if (!lock.try_lock_until(io_deadline)) {
+      TPCOMM_THROW(Status::kTimeout, what, ": another operation on the connection to ", address,
+                   " did not finish within ", timeout.count(), " ms");
+    }
+    if (!broken.empty()) {
+      TPCOMM_THROW(Status::kSystemError, what, ": the connection to the store at ", address,
+                   " is unusable since an earlier failure: ", broken);
+    }
+    const auto started = SteadyClock::now();
+    wire::RequestHeader h{.opcode = op,
+                          .key_len = static_cast<std::uint32_t>(key.size()),
+                          .value_len = value.size(),
+                          .arg = arg};
+    auto hb = wire::encode(h);
+    Bytes frame(hb.size() + key.size() + value.size());
+    std::memcpy(frame.data(), hb.data(), hb.size());
+    if (!key.empty()) std::memcpy(frame.data() + hb.size(), key.data(), key.size());
+    if (!value.empty())
+      std::memcpy(frame.data() + hb.size() + key.size(), value.data(), value.size());
+    auto waited = [&] {
+      return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - started);
+    };
+    IoResult r = net::send_all(sock.get(), frame, io_deadline);
+    if (r.status != Io::kOk) fail_io(what, r, waited());
+    wire::ReplyBytes rb;
+    r = net::recv_all(sock.get(), rb, io_deadline);
+    if (r.status != Io::kOk) fail_io(what, r, waited());
+    Reply reply{wire::decode_reply(rb), {}};
+    if (auto why = wire::check_reply(reply.header, limits.max_value_bytes)) {
+      broken = *why;
+      TPCOMM_THROW(Status::kProtocolError, what, ": malformed reply from ", address, ": ", *why);
+    }
+    reply.value.resize(reply.header.value_len);
+    r = net::recv_all(sock.get(), reply.value, io_deadline);
+    if (r.status != Io::kOk) fail_io(what, r, waited());
+    if (reply.header.code == ReplyCode::kOk) return reply;
+    fail_reply(what, reply, timeout);
+  }
+
+  // Throws for an error reply, marking the connection unusable when the server closes it.
+  [[noreturn]] void fail_reply(const std::string& what, const Reply& reply, milliseconds timeout) {
+    const std::string reason(reinterpret_cast<const char*>(reply.value.data()), reply.value.size());
+    switch (reply.header.code) {
+      case ReplyCode::kTimeout:
+        TPCOMM_THROW(Status::kTimeout, what, ": key not set within ", timeout.count(), " ms");
+      case ReplyCode::kInvalidArgument:
+        TPCOMM_THROW(Status::kInvalidArgument, what, ": ", reason);
+      case ReplyCode::kTooLarge:
+        broken = reason;
+        TPCOMM_THROW(Status::kInvalidArgument, what, ": the store at ", address,
+                     " refused the request: ", reason);
+      case ReplyCode::kUnauthenticated:
+        broken = reason;
+        TPCOMM_THROW(Status::kInvalidArgument, what, ": the store at ", address,
+                     " refused this client: ", reason,
+                     " (every rank must use the job's TPCOMM_STORE_TOKEN)");
+      case ReplyCode::kBusy:
+        broken = reason;
+        TPCOMM_THROW(Status::kUnavailable, what, ": the store at ", address,
+                     " refused the connection: ", reason);
+      default:
+        broken = reason;
+        TPCOMM_THROW(Status::kProtocolError, what, ": the store at ", address,
+                     " reported a protocol error: ", reason);
+    }
+  }
+
+  static Deadline wait_deadline(milliseconds timeout) {
+    return deadline_after(std::min(timeout, kLongestWait) + kReplySlack);
+  }
+  static std::int64_t wire_timeout(milliseconds timeout) {
+    return std::clamp(timeout, milliseconds{0}, kLongestWait).count();
+  }
+};
+
+TcpStore::TcpStore(Config config) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.config = std::move(config);
+  default_timeout_ = m.config.timeout;
+  m.limits = {m.config.server.max_key_bytes, m.config.server.max_value_bytes};
+  TPCOMM_CHECK(m.config.token.size() <= wire::kMaxTokenBytes, Status::kInvalidArgument,
+               "the store token is longer than ", wire::kMaxTokenBytes, " bytes");
+  std::string connect_host = m.config.host;
+  if (m.config.host_server) {
+    TcpStoreServerConfig sc = m.config.server;
+    sc.port = m.config.port;
+    if (sc.token.empty()) sc.token = m.config.token;
+    m.server = std::make_unique<TcpStoreServer>(std::move(sc));
+    m.port = m.server->port();
+    // The hosting rank reaches its own server through the address it is bound to.
+    const std::string& bind = m.config.server.bind;
+    connect_host =
+        net::is_wildcard(bind) ? (bind.find(':') != std::string::npos ? "::1" : "127.0.0.1") : bind;
+  } else {
+    TPCOMM_CHECK(m.config.port > 0 && m.config.port <= 65535, Status::kInvalidArgument,
+                 "store port ", m.config.port, " is out of range 1..65535");
+    m.port = m.config.port;
+  }
+  m.address = net::join_host_port(connect_host, m.port);
+  const Deadline deadline = deadline_after(m.config.timeout);
+  m.sock = net::connect_tcp(connect_host, m.port, deadline);
+  // The handshake gets at least a second even when connecting took the whole timeout.
+  const Deadline hello = std::max(deadline, deadline_after(milliseconds{1000}));
+  m.call("store hello", Opcode::kHello, {}, wire::as_bytes(m.config.token), 0, hello,
+         m.config.timeout);
+  TPCOMM_LOG_DEBUG("store: connected to ", m.address);
+}
+
+TcpStore::~TcpStore() {
+  Impl& m = *impl_;
+  m.sock.reset();
+  if (m.server) {
+    // Peers that have just finished their last operation may still be reading its reply:
+    // give them `linger` to disconnect before the server goes away.
+    if (!m.server->wait_idle(m.config.linger)) {
+      TPCOMM_LOG_INFO("store: stopping the server at ", m.address, " with ",
+                      m.server->connections(), " clients still connected");
+    }
+    m.server->stop();
+  }
+}
+
+int TcpStore::port() const noexcept { return impl_->port; }
+
+void TcpStore::set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) {
+  const std::string what = concat("store set '", key, "'");
+  impl_->check_key(what, key);
+  TPCOMM_CHECK(value.size() <= impl_->limits.max_value_bytes, Status::kInvalidArgument, what,
+               ": value of ", value.size(), " bytes is longer than the limit of ",
+               impl_->limits.max_value_bytes);
+  impl_->call(what, Opcode::kSet, key, value, 0, deadline_after(timeout), timeout);
+}
+
+Bytes TcpStore::get(std::string_view key, Milliseconds timeout) {
+  const std::string what = concat("store get '", key, "'");
+  impl_->check_key(what, key);
+  return impl_
+      ->call(what, Opcode::kGet, key, {}, Impl::wire_timeout(timeout), Impl::wait_deadline(timeout),
+             timeout)
+      .value;
+}
+
+std::int64_t TcpStore::add(std::string_view key, std::int64_t delta, Milliseconds timeout) {
+  const std::string what = concat("store add '", key, "'");
+  impl_->check_key(what, key);
+  return impl_->call(what, Opcode::kAdd, key, {}, delta, deadline_after(timeout), timeout)
+      .header.result;
+}
+
+void TcpStore::wait(std::span<const std::string> keys, Milliseconds timeout) {
+  const Deadline deadline = deadline_after(timeout);
+  for (const std::string& key : keys) {
+    const std::string what = concat("store wait '", key, "'");
+    impl_->check_key(what, key);
+    const milliseconds left = remaining(deadline);
+    impl_->call(what, Opcode::kWait, key, {}, left.count(), deadline + kReplySlack, timeout);
+  }
+}
+
+bool TcpStore::check(std::span<const std::string> keys, Milliseconds timeout) {
+  const Deadline deadline = deadline_after(timeout);
+  for (const std::string& key : keys) {
+    const std::string what = concat("store check '", key, "'");
+    impl_->check_key(what, key);
+    if (impl_->call(what, Opcode::kCheck, key, {}, 0, deadline, timeout).header.result == 0)
+      return false;
+  }
+  return true;
+}
+
+bool TcpStore::erase(std::string_view key, Milliseconds timeout) {
+  const std::string what = concat("store erase '", key, "'");
+  impl_->check_key(what, key);
+  return impl_->call(what, Opcode::kErase, key, {}, 0, deadline_after(timeout), timeout)
+             .header.result != 0;
+}
+
+}  // namespace tpcomm
