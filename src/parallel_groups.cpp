@@ -14,7 +14,7 @@ struct ParallelGroups::Impl {
 };
 
 ParallelGroups::ParallelGroups(Bootstrap& world, int device, const ParallelConfig& config,
-                               Options options)
+                               const Options& options)
     : impl_(std::make_unique<Impl>()) {
   const ParallelLayout layout = make_parallel_layout(world.world_size(), config);
   // Every rank builds the kinds in the same order; a kind laid out like TP is TP itself.

@@ -136,6 +136,7 @@ ParallelLayout make_parallel_layout(int world_size, const ParallelConfig& config
       for (int dp = 0; dp < moe_dp; ++dp) {
         for (int t = 0; t < moe_tp; ++t) {
           std::vector<int> g;
+          g.reserve(static_cast<std::size_t>(moe_ep));
           const int start = base + dp * moe_ep * moe_tp + t;
           for (int e = 0; e < moe_ep; ++e) g.push_back(start + e * moe_tp);
           l.groups.push_back(std::move(g));

@@ -60,7 +60,8 @@ struct Measure {
 /// Runs one collective on whichever path the row asks for.
 class Runner {
  public:
-  Runner(Bootstrap& boot, int device, const BenchOptions& o, BenchAlgo algo) : o_(o), algo_(algo) {
+  Runner(Bootstrap& boot, int device, const BenchOptions& o, const BenchAlgo& algo)
+      : o_(o), algo_(algo) {
     Options opt = Options::from_env();
     // The `auto` row keeps what TPCOMM_ALGO says; every other group row pins its own.
     if (algo.kind == BenchAlgo::Kind::kGroup && algo.name != "auto") opt.algo = algo.name;

@@ -6,7 +6,9 @@
 #include "tools/commands.hpp"
 #include "tpcomm/status.hpp"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_program(int argc, char** argv) {
   // Results appear line by line even when stdout is a file or a pipe.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"tpcomm: collectives for tensor-parallel LLM inference"};
@@ -25,13 +27,20 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  return run ? run() : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   try {
-    return run ? run() : 0;
+    return run_program(argc, argv);
   } catch (const tpcomm::Error& e) {
     std::fprintf(stderr, "tpcomm: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tpcomm: unexpected error: %s\n", e.what());
-    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "tpcomm: unexpected error\n");
   }
+  return 1;
 }

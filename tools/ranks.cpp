@@ -71,6 +71,7 @@ int for_each_rank(const RankPlan& plan, const std::function<int(Bootstrap&, int)
         Bootstrap::in_process(plan.virtual_ranks, Milliseconds(Options::from_env().timeout_ms));
     std::vector<int> codes(static_cast<std::size_t>(plan.virtual_ranks), 0);
     std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(plan.virtual_ranks));
     std::mutex m;
     for (int r = 0; r < plan.virtual_ranks; ++r) {
       threads.emplace_back([&, r] {

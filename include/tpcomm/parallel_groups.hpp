@@ -31,7 +31,7 @@ class ParallelGroups {
   /// Collective over `world` (world size must equal `config.tp_size`). Throws
   /// `Error(kInvalidArgument)` naming the flag for sizes that do not divide.
   ParallelGroups(Bootstrap& world, int device, const ParallelConfig& config,
-                 Options options = Options::from_env());
+                 const Options& options = Options::from_env());
   ~ParallelGroups();
   ParallelGroups(ParallelGroups&&) noexcept;
   ParallelGroups& operator=(ParallelGroups&&) noexcept;

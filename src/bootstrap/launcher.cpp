@@ -524,6 +524,7 @@ LaunchResult launch_local(const LaunchSpec& spec) {
   const std::vector<ChildPlan> plans = plan_children(spec, port);
   std::vector<std::string> argv_storage = spec.argv;
   std::vector<char*> argv;
+  argv.reserve(argv_storage.size() + 1);
   for (std::string& s : argv_storage) argv.push_back(s.data());
   argv.push_back(nullptr);
 

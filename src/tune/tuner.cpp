@@ -46,6 +46,7 @@ TuneTable tune_all_reduce(const SelectorCaps& caps, Bootstrap& boot, const TuneK
   for (std::int64_t bytes : TuneTable::bucket_bounds(caps.max_bytes)) {
     const auto candidates = tune_candidates(bytes, caps);
     std::vector<double> times;
+    times.reserve(candidates.size());
     for (const Choice& c : candidates) times.push_back(time(c, bytes));
     // Rank 0's measurements decide for everyone.
     auto shared = boot.broadcast(std::as_bytes(std::span(times)), 0);
