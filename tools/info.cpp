@@ -25,6 +25,7 @@
 #include "tools/commands.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
+#include "tune/algorithms.hpp"
 
 #ifndef TPCOMM_CUDA_ARCHITECTURES
 #define TPCOMM_CUDA_ARCHITECTURES "unknown"
@@ -357,6 +358,10 @@ void print_text(const Report& r, std::ostream& out) {
     out << "  " << pad(be.name, 12) << pad(be.usable ? "yes" : "no", 5) << be.note << "\n";
   }
 
+  out << "custom all-reduce algorithms (TPCOMM_ALGO, bench --algo)\n";
+  for (const AlgoInfo& a : kAlgorithms)
+    out << "  " << pad(std::string(a.name), 18) << a.summary << "\n";
+
   out << "knobs\n";
   if (!r.knobs_error.empty()) out << "  invalid: " << r.knobs_error << " (defaults shown)\n";
   std::size_t width = 0;
@@ -419,6 +424,9 @@ json to_json(const Report& r) {
   for (const BackendInfo& be : r.backends) {
     j["backends"][be.name] = {{"usable", be.usable}, {"note", be.note}};
   }
+  j["algorithms"] = json::array();
+  for (const AlgoInfo& a : kAlgorithms)
+    j["algorithms"].push_back({{"name", a.name}, {"summary", a.summary}});
   json knobs = json::object();
   for (const Knob& k : r.knobs) knobs[k.variable] = k.value;
   j["knobs"] = knobs;

@@ -120,8 +120,9 @@ class Group {
   /// and on open for a stream the group has not used yet (`warm_up`).
   [[nodiscard]] CaptureScope capture(Stream stream);
 
-  /// The backend that would serve this all-reduce ("local", "custom_ar:one_shot",
-  /// "custom_ar:two_shot", "nccl"), or "none". Pure: enqueues nothing.
+  /// The backend that would serve this all-reduce: "local" (world size 1), "custom_ar:<name>"
+  /// with the custom algorithm the selector picks (`tpcomm info` lists them), "nccl", or "none".
+  /// Pure: enqueues nothing, and makes the same decision the call would.
   [[nodiscard]] std::string backend_for_all_reduce(const TensorView& in, const TensorView& out,
                                                    bool capturing = false) const noexcept;
 

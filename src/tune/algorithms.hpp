@@ -171,12 +171,15 @@ constexpr std::string_view to_string(Pinned p) noexcept {
   return *p == Algo::kNone ? std::string_view("nccl") : info(*p).name;
 }
 
-/// Every value `TPCOMM_ALGO` takes, separated by ", " (for error messages and `--help`).
-inline std::string pinned_names() {
-  std::string out = "auto, nccl";
-  for (const AlgoInfo& i : kAlgorithms) out += ", " + std::string(i.name);
+/// Every algorithm's name, separated by ", " (for error messages and `--help`).
+inline std::string algo_names() {
+  std::string out;
+  for (const AlgoInfo& i : kAlgorithms) out += (out.empty() ? "" : ", ") + std::string(i.name);
   return out;
 }
+
+/// Every value `TPCOMM_ALGO` takes, separated by ", ".
+inline std::string pinned_names() { return "auto, nccl, " + algo_names(); }
 
 /// True for the block sizes the kernels are built for: 64, 128, 256, 512 or 1024 threads.
 constexpr bool is_valid_threads(int threads) noexcept {

@@ -285,8 +285,7 @@ std::string parse_entry(std::string_view line, TuneEntry* e) {
     return concat("max_bytes ", shown(fields[0]), " is not a positive integer");
   auto algo = parse_algo(fields[1]);
   if (!algo)
-    return concat("unknown algorithm ", shown(fields[1]),
-                  " (expected none, one_shot, two_shot, lamport or lamport_two_shot)");
+    return concat("unknown algorithm ", shown(fields[1]), " (expected none, ", algo_names(), ")");
   auto blocks = parse_int(fields[2]);
   if (!blocks || *blocks < 0 || *blocks > std::numeric_limits<int>::max())
     return concat("blocks ", shown(fields[2]), " is not a whole number");

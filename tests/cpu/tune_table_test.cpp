@@ -290,7 +290,7 @@ TEST(TuneTableText, RejectsEveryMalformedInputWithItsLineNumber) {
       {"max_bytes negative", head + "-512 one_shot 1 512 4.5\n", "max_bytes \"-512\"", 3},
       {"max_bytes overflow", head + "99999999999999999999 one_shot 1 512 4.5\n", "max_bytes", 3},
       {"unknown algo", head + "512 three_shot 1 512 4.5\n",
-       "unknown algorithm \"three_shot\" (expected none, one_shot, two_shot, lamport or "
+       "unknown algorithm \"three_shot\" (expected none, one_shot, two_shot, lamport, "
        "lamport_two_shot)",
        3},
       {"algo case", head + "512 One_Shot 1 512 4.5\n", "unknown algorithm", 3},
