@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_kernel(AllReduceParam
   bool ok = true;
   for (std::int64_t v = first; v < packs && ok; v += stride) {
     Pack<T> got[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait, p.pads);
+    ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait);
     if (ok)
       store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
   }

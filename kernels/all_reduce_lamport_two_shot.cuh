@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllRe
   for (std::int64_t i = first; i < slice && ok; i += stride) {
     if (p.rank * slice + i >= packs) break;
     Pack<T> got[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait, p.pads);
+    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait);
     if (!ok) break;
     const std::int64_t v = p.rank * slice + i;
     const uint4 sum = lamport_outgoing(epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems).raw);
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllRe
 #pragma unroll
     for (int s = 0; s < R; ++s) slots += s * slice + i < packs ? 1 : 0;
     Pack<T> sums[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, p.pads, slots);
+    ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, slots);
     if (!ok) break;
 #pragma unroll
     for (int s = 0; s < R; ++s)

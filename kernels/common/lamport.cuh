@@ -82,7 +82,7 @@ __device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) 
   f.buffer = static_cast<int>(f.seq % kLamportBuffers);
   f.previous = static_cast<int>((f.seq + kLamportBuffers - 1) % kLamportBuffers);
   f.stale = dirty_shared[f.previous];
-  f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank, f.seq};
+  f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank};
   return f;
 }
 
@@ -102,13 +102,12 @@ __device__ __forceinline__ void lamport_refill(const AllReduceParams& p, const L
 }
 
 /// Polls the pack at `offset` bytes into slots 0..`slots`-1 of `buffer` (this rank's, as
-/// mapped here) until none holds the empty mark; the packs in `got`. Slot r is written by rank
-/// r, whose signal pad is `pads[r]`. False when a wait gave up (NOTE [bounded waits]).
+/// mapped here) until none holds the empty mark; the packs in `got`. False when a wait gave up
+/// (NOTE [bounded waits]).
 template <class T, int R>
 __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t slot_bytes,
                                              std::int64_t offset, Pack<T> (&got)[R],
-                                             const WaitContext& w, SignalPad* const* pads,
-                                             int slots = R) {
+                                             const WaitContext& w, int slots = R) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (r < slots) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
@@ -118,12 +117,12 @@ __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t sl
     uint4 x = got[r].raw;
     if (ok && r < slots && !lamport_arrived(x)) {
       const char* at = buffer + r * slot_bytes + offset;
-      ok = wait_until(
+      ok = wait_until<ErrorWord::kLamportCount>(
           [&] {
             x = ld_volatile(at);
             return lamport_arrived(x);
           },
-          w, r, &pads[r]->lamport_started[blockIdx.x]);
+          w, r);
     }
     got[r].raw = x;
   }

@@ -33,10 +33,11 @@ namespace tpcomm::kernels {
 // Once the word is set, every later wait of the rank gives up at its next abort poll, so the
 // operations already queued behind a failed one (a whole graph of them) drain in microseconds.
 // It never traps, so the CUDA context survives and the process can build a new group. The
-// report names the operation and what the awaited peer's block last started (every block
-// records the operation it starts in its own `SignalPad::started`), so the message can say
-// whether the peer never began the operation (its stream was held, NOTE [first launch] in
-// backends/custom_ar.cpp) or was stuck inside it.
+// report names the operation; the host then reads how far the awaited peer's block got (for the
+// barrier kernels, the last barrier value it published to this rank; for the Lamport kernels, its
+// `SignalPad::lamport_started`), so the message can say whether the peer never began the
+// operation (its stream was held, NOTE [first launch] in backends/custom_ar.cpp) or was stuck
+// inside it. None of this is on the kernels' fast path.
 
 __device__ __forceinline__ std::uint64_t globaltimer_ns() {
   std::uint64_t t;
@@ -65,41 +66,38 @@ struct WaitContext {
   const std::uint32_t* abort_flag;
   ErrorWord* error;
   int rank;
-  std::uint32_t op;  // the operation this launch performs (its `seq` or `lamport_seq` count)
 };
 
-/// Records in the host-mapped error word that this block gave up waiting for `peer`, with the
-/// operation that peer's same block had last started (`SignalPad::started`), so that the host
-/// can tell a peer that never started this operation from one stuck inside it.
-__device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer,
-                                       const std::uint32_t* peer_started) {
+/// Records in the host-mapped error word that this block gave up waiting for `peer`, and which
+/// count (`Counter`: ErrorWord::kBarrierCount or kLamportCount) numbers its operations; the host
+/// then reads which operation it was and how far that peer got (NOTE [bounded waits]).
+template <std::uint32_t Counter>
+__device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer) {
   volatile ErrorWord* e = w.error;
   e->rank = static_cast<std::uint32_t>(w.rank);
   e->peer = static_cast<std::uint32_t>(peer);
   e->block = blockIdx.x;
-  e->op = w.op;
-  e->peer_started = *reinterpret_cast<const volatile std::uint32_t*>(peer_started);
+  e->counter = Counter;
   __threadfence_system();
   e->code = code;
 }
 
 /// Spins until `ready()` returns true. False when it gave up (NOTE [bounded waits]); `peer` is
-/// the rank named in the report, `peer_started` its `SignalPad::started` entry for this block.
-template <class Ready>
-__device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, int peer,
-                                           const std::uint32_t* peer_started) {
+/// the rank named in the report, `Counter` the count that numbers this kernel's operations.
+template <std::uint32_t Counter, class Ready>
+__device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, int peer) {
   if (ready()) return true;
   const std::uint64_t start = globaltimer_ns();
   for (std::uint32_t spins = 1;; ++spins) {
     if (ready()) return true;
     if ((spins & 63u) == 0) {
       if (w.timeout_ns != 0 && globaltimer_ns() - start > w.timeout_ns) {
-        report(w, ErrorWord::kTimeout, peer, peer_started);
+        report<Counter>(w, ErrorWord::kTimeout, peer);
         return false;
       }
       if ((spins & 1023u) == 0) {
         if (*reinterpret_cast<const volatile std::uint32_t*>(w.abort_flag) != 0) {
-          report(w, ErrorWord::kAborted, peer, peer_started);
+          report<Counter>(w, ErrorWord::kAborted, peer);
           return false;
         }
         // An earlier wait of this rank gave up: so does this one, instead of waiting out its
@@ -112,9 +110,9 @@ __device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, 
 
 /// Spins until `*flag` reaches `target` (pattern 2). False when it gave up (NOTE [bounded waits]).
 __device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target,
-                                 const WaitContext& w, int peer,
-                                 const std::uint32_t* peer_started) {
-  return wait_until([&] { return reached(ld_acquire_sys(flag), target); }, w, peer, peer_started);
+                                 const WaitContext& w, int peer) {
+  return wait_until<ErrorWord::kBarrierCount>([&] { return reached(ld_acquire_sys(flag), target); },
+                                              w, peer);
 }
 
 /// Barrier of this block with block `blockIdx.x` of every peer (patterns 1 and 2). `pads[r]`
@@ -128,7 +126,7 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
   const int t = static_cast<int>(threadIdx.x);
   if (t < R && t != rank) {
     st_release_sys(&pads[t]->flags[blockIdx.x][rank], value);
-    ok = wait_flag(&pads[rank]->flags[blockIdx.x][t], value, w, t, &pads[t]->started[blockIdx.x]);
+    ok = wait_flag(&pads[rank]->flags[blockIdx.x][t], value, w, t);
   }
   return __syncthreads_and(ok) != 0;
 }

@@ -41,11 +41,7 @@ template <class T, int R>
 __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams& p) {
   __shared__ std::uint32_t seq_shared;
   AllReduceFrame<T, R> f;
-  if (threadIdx.x == 0) {
-    SignalPad* self = p.pads[p.rank];
-    seq_shared = self->seq[blockIdx.x] + 1u;
-    self->started[blockIdx.x] = seq_shared;  // NOTE [bounded waits]
-  }
+  if (threadIdx.x == 0) seq_shared = p.pads[p.rank]->seq[blockIdx.x] + 1u;
   // Issued before the block waits for the count, so that both loads are in flight together.
   // Every index is a constant after unrolling, so `in` and `src` stay in registers.
   const void* in[R];
@@ -60,7 +56,7 @@ __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams
   for (int r = 0; r < R; ++r)
     f.src[r] = in[r] != nullptr ? static_cast<const T*>(in[r]) : staging_half<T>(p, r, f.seq);
   f.staging_self = staging_half<T>(p, p.rank, f.seq);
-  f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank, f.seq};
+  f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank};
   return f;
 }
 

@@ -84,8 +84,9 @@ struct CustomAllReduce::Impl {
   ErrorWord* error_dev = nullptr;
   std::uint32_t* abort_host = nullptr;  // host-mapped
   std::uint32_t* abort_dev = nullptr;
-  RankPtrs* registry = nullptr;       // device, kRegistrySlots entries
-  std::vector<const void*> recorded;  // this scope's buffers; nullptr = staged
+  RankPtrs* registry = nullptr;        // device, kRegistrySlots entries
+  cudaStream_t side_stream = nullptr;  // for reading the pads after a failure
+  std::vector<const void*> recorded;   // this scope's buffers; nullptr = staged
   std::int64_t scope_first_slot = 0;
   std::optional<PeerMappings> registered;  // peers' captured buffers, mapped here
 
@@ -96,6 +97,7 @@ struct CustomAllReduce::Impl {
     registered.reset();
     workspace.reset();  // collective: barrier before free
     if (registry != nullptr) cudaFree(registry);
+    if (side_stream != nullptr) cudaStreamDestroy(side_stream);
     if (error_host != nullptr) cudaFreeHost(error_host);
     if (abort_host != nullptr) cudaFreeHost(abort_host);
     cudaSetDevice(previous);
@@ -132,6 +134,7 @@ struct CustomAllReduce::Impl {
     TPCOMM_CUDA_CHECK(
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_dev), abort_host, 0));
     TPCOMM_CUDA_CHECK(cudaMalloc(&registry, kRegistrySlots * sizeof(RankPtrs)));
+    TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
   }
 
   /// Learns which ranks share this process and this GPU; returns how many ranks (this one
@@ -163,6 +166,35 @@ struct CustomAllReduce::Impl {
     for (const AlgoInfo& a : kAlgorithms)
       per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, 1024));
     return std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
+  }
+
+  /// After a wait gave up (NOTE [bounded waits]): the operation this rank's block `e.block` was
+  /// in (one past the count it last completed), and the one `e.peer`'s same block last started,
+  /// nullopt when unreadable. For the barrier kernels that is the last barrier value the peer's
+  /// block published to this rank (`seq * kPhases + phase`, its count modulo 2^30, completed
+  /// from this rank's: ranks are never far apart); for the Lamport kernels, its
+  /// `lamport_started`.
+  std::pair<std::uint32_t, std::optional<std::uint32_t>> progress(const ErrorWord& e) const {
+    if (e.peer >= static_cast<std::uint32_t>(world) || e.block >= kMaxBlocks) return {0, {}};
+    const bool lamport = e.counter == ErrorWord::kLamportCount;
+    auto pad = [&](std::uint32_t r) {
+      return reinterpret_cast<const SignalPad*>(workspaces[r] + layout.signal);
+    };
+    const SignalPad* own = pad(static_cast<std::uint32_t>(rank));
+    std::array<std::uint32_t, 2> v{};
+    const std::uint32_t* words[2] = {
+        lamport ? &own->lamport_seq[e.block] : &own->seq[e.block],
+        lamport ? &pad(e.peer)->lamport_started[e.block] : &own->flags[e.block][e.peer]};
+    DeviceGuard guard(device);
+    for (int i = 0; i < 2; ++i)
+      if (cudaMemcpyAsync(&v[i], words[i], sizeof(v[i]), cudaMemcpyDeviceToHost, side_stream) !=
+          cudaSuccess)
+        return {0, {}};
+    if (cudaStreamSynchronize(side_stream) != cudaSuccess) return {0, {}};
+    const std::uint32_t op = v[0] + 1u;
+    if (lamport) return {op, v[1]};
+    const std::uint32_t low = v[1] / SignalPad::kPhases;
+    return {op, op + static_cast<std::uint32_t>(static_cast<std::int32_t>((low - op) << 2) >> 2)};
   }
 
   /// After every rank wrote its probes: checks what arrived here.
@@ -328,15 +360,18 @@ Status CustomAllReduce::health() noexcept {
   if (code == 0) return Status::kOk;
   health_ = code == ErrorWord::kAborted ? Status::kAborted : Status::kTimeout;
   // Wrap-safe, like the kernels' counts (NOTE [signal pad]).
-  const bool peer_started = static_cast<std::int32_t>(e->peer_started - e->op) >= 0;
+  const ErrorWord word{e->code, e->rank, e->peer, e->block, e->counter};
+  const auto [op, peer_op] = impl_->progress(word);
+  const bool peer_started = !peer_op || static_cast<std::int32_t>(*peer_op - op) >= 0;
   error_message_ = detail::concat(
-      "custom all-reduce: rank ", e->rank,
+      "custom all-reduce: rank ", word.rank,
       code == ErrorWord::kAborted ? " was aborted while waiting for rank "
                                   : " timed out waiting for rank ",
-      e->peer, " (block ", e->block, ", operation ", e->op, "), which ",
-      peer_started
-          ? "had started that operation (it waits for another rank, or stopped)"
-          : detail::concat("had not started it (its last was operation ", e->peer_started, ")"));
+      word.peer, " (block ", word.block, ", operation ", op, "), which ",
+      !peer_op ? std::string("may or may not have started it (its progress is unreadable)")
+      : peer_started
+          ? std::string("had started it (it waits for another rank, or stopped)")
+          : detail::concat("had not started it (its last was operation ", *peer_op, ")"));
   if (!peer_started && impl_->peers_in_process)
     error_message_ +=
         ". Ranks that share a process: a kernel launched for the first time on a stream while "

@@ -43,10 +43,10 @@ struct alignas(128) SignalPad {
   std::uint32_t lamport_seq[kMaxBlocks];
   /// Bytes per rank slot that the last Lamport operation using buffer b left in it.
   std::uint32_t lamport_dirty[kLamportBuffers];
-  /// The operation each block of this rank's kernels last started (`seq` and `lamport_seq`
-  /// counts), written when a block begins. A peer that gives up waiting reads it to tell a rank
-  /// that never started the operation from one that is stuck inside it (NOTE [bounded waits]).
-  std::uint32_t started[kMaxBlocks];
+  /// The Lamport operation each block of this rank's Lamport kernels last started, written when
+  /// a block begins. A peer that gives up waiting reads it to tell a rank that never started the
+  /// operation from one that is stuck inside it (NOTE [bounded waits]). The barrier kernels need
+  /// no such word: the flag a waiter polls already says which operation the peer last reached.
   std::uint32_t lamport_started[kMaxBlocks];
   /// Written by peer r through its mapping at setup, read back here: proves that the mapping
   /// really carries data before any kernel relies on it.
@@ -144,13 +144,16 @@ struct ErrorWord {
   static constexpr std::uint32_t kTimeout = 1;
   static constexpr std::uint32_t kAborted = 2;
 
+  /// Which count `op` is.
+  static constexpr std::uint32_t kBarrierCount = 0;  // `SignalPad::seq`
+  static constexpr std::uint32_t kLamportCount = 1;  // `SignalPad::lamport_seq`
+
   std::uint32_t code;
-  std::uint32_t rank;          // the rank that reported
-  std::uint32_t peer;          // the peer it was waiting for
-  std::uint32_t block;         // the block that was waiting
-  std::uint32_t op;            // the operation it was in (`seq` or `lamport_seq` count)
-  std::uint32_t peer_started;  // the operation the peer's same block had last started
+  std::uint32_t rank;     // the rank that reported
+  std::uint32_t peer;     // the peer it was waiting for
+  std::uint32_t block;    // the block that was waiting
+  std::uint32_t counter;  // kBarrierCount or kLamportCount: which count numbers its operations
 };
-static_assert(sizeof(ErrorWord) == 24);
+static_assert(sizeof(ErrorWord) == 20);
 
 }  // namespace tpcomm
