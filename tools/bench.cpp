@@ -177,43 +177,11 @@ class Bench {
   /// after a failure. Rank 0 prints.
   std::int64_t run(nlohmann::json& rows) {
     DeviceGuard guard(device_);
-    TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    graph_ = std::make_unique<GraphTimer>(stream());
-    TPCOMM_CUDA_CHECK(cudaEventCreate(&start_));
-    TPCOMM_CUDA_CHECK(cudaEventCreate(&stop_));
-    const int world = boot_.world_size();
-    const auto es = static_cast<std::int64_t>(dtype_size(o_.dtype));
-    const std::int64_t max_count = bench_count(o_.op, o_.max_bytes, o_.dtype, world);
-    const Shape max_shape = shape_of(o_.op, max_count, world);
-    // In-place all-gather/reduce-scatter work inside the larger buffer, so size both alike.
-    const std::int64_t elems = std::max(max_shape.in, max_shape.out) + o_.unalign + 64;
-    bufs_.in_bytes = elems * es;
-    bufs_.out_bytes = elems * es;
-    TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.in, static_cast<std::size_t>(bufs_.in_bytes)));
-    TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.out, static_cast<std::size_t>(bufs_.out_bytes)));
-    TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&bufs_.wrong_host),
-                                    sizeof(unsigned long long), cudaHostAllocMapped));
-    TPCOMM_CUDA_CHECK(
-        cudaHostGetDevicePointer(reinterpret_cast<void**>(&bufs_.wrong), bufs_.wrong_host, 0));
-
+    allocate();
     std::int64_t total_wrong = 0;
     bool failed = false;
     for (const BenchAlgo& algo : o_.algos) {
-      const bool nccl_path = algo.kind == BenchAlgo::Kind::kNcclDirect ||
-                             (algo.kind == BenchAlgo::Kind::kGroup && algo.name == "nccl");
-      if (nccl_path && world > 1 && shares_gpu()) {
-        if (boot_.rank() == 0)
-          std::printf(
-              "#\n# %s: skipped: NCCL refuses two ranks on one GPU (run with -g on several GPUs)\n",
-              algo.name.c_str());
-        continue;
-      }
-      if (algo.pins_custom() && o_.op != Collective::kAllReduce) {
-        if (boot_.rank() == 0)
-          std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",
-                      algo.name.c_str());
-        continue;
-      }
+      if (!runs_here(algo)) continue;
       std::optional<Runner> runner;
       std::string why;
       try {
@@ -232,27 +200,7 @@ class Bench {
         failed = true;
         break;
       }
-      print_header(algo);
-      const auto sizes = bench_sizes(o_);
-      for (std::size_t k = 0; k < sizes.size(); ++k) {
-        const std::int64_t count = bench_count(o_.op, sizes[k], o_.dtype, world);
-        const std::int64_t bytes = count * es;
-        const Shape s = shape_of(o_.op, count, world);
-        Measure oop = measure(*runner, s, false, k);
-        const bool no_in_place =
-            o_.op == Collective::kAllToAll || algo.kind == BenchAlgo::Kind::kMemcpy;
-        Measure ip = no_in_place ? Measure{} : measure(*runner, s, true, k);
-        total_wrong += static_cast<std::int64_t>(oop.wrong + ip.wrong);
-        failed = failed || !oop.failure.empty() || !ip.failure.empty();
-        if (boot_.rank() == 0) {
-          const std::string served = runner->served_by(s);
-          print_row(bytes, count, oop, ip, served);
-          rows.push_back(row_json(algo, bytes, count, oop, ip, served));
-          std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n", algo.name.c_str(),
-                       std::string(collective_name(o_.op)).c_str(), k + 1, sizes.size());
-        }
-        if (failed) break;
-      }
+      failed = !sweep(*runner, algo, rows, total_wrong);
       if (failed) break;
     }
     cudaEventDestroy(start_);
@@ -262,6 +210,78 @@ class Bench {
   }
 
  private:
+  /// The stream, events and per-rank buffers of the largest size, and the error counter.
+  void allocate() {
+    TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    graph_ = std::make_unique<GraphTimer>(stream());
+    TPCOMM_CUDA_CHECK(cudaEventCreate(&start_));
+    TPCOMM_CUDA_CHECK(cudaEventCreate(&stop_));
+    const int world = boot_.world_size();
+    const auto es = static_cast<std::int64_t>(dtype_size(o_.dtype));
+    const std::int64_t max_count = bench_count(o_.op, o_.max_bytes, o_.dtype, world);
+    const Shape max_shape = shape_of(o_.op, max_count, world);
+    // In-place all-gather/reduce-scatter work inside the larger buffer, so size both alike.
+    const std::int64_t elems = std::max(max_shape.in, max_shape.out) + o_.unalign + 64;
+    bufs_.in_bytes = elems * es;
+    bufs_.out_bytes = elems * es;
+    TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.in, static_cast<std::size_t>(bufs_.in_bytes)));
+    TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.out, static_cast<std::size_t>(bufs_.out_bytes)));
+    TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&bufs_.wrong_host),
+                                    sizeof(unsigned long long), cudaHostAllocMapped));
+    TPCOMM_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&bufs_.wrong), bufs_.wrong_host, 0));
+  }
+
+  /// False, with a line saying why, for a row this run cannot serve.
+  bool runs_here(const BenchAlgo& algo) {
+    const bool nccl_path = algo.kind == BenchAlgo::Kind::kNcclDirect ||
+                           (algo.kind == BenchAlgo::Kind::kGroup && algo.name == "nccl");
+    if (nccl_path && boot_.world_size() > 1 && shares_gpu()) {
+      if (boot_.rank() == 0)
+        std::printf(
+            "#\n# %s: skipped: NCCL refuses two ranks on one GPU (run with -g on several GPUs)\n",
+            algo.name.c_str());
+      return false;
+    }
+    if (algo.pins_custom() && o_.op != Collective::kAllReduce) {
+      if (boot_.rank() == 0)
+        std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",
+                    algo.name.c_str());
+      return false;
+    }
+    return true;
+  }
+
+  /// One row: every size, out of place and in place; rank 0 prints and records. False after a
+  /// failure.
+  bool sweep(Runner& runner, const BenchAlgo& algo, nlohmann::json& rows,
+             std::int64_t& total_wrong) {
+    const int world = boot_.world_size();
+    const auto es = static_cast<std::int64_t>(dtype_size(o_.dtype));
+    print_header(algo);
+    const auto sizes = bench_sizes(o_);
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      const std::int64_t count = bench_count(o_.op, sizes[k], o_.dtype, world);
+      const std::int64_t bytes = count * es;
+      const Shape s = shape_of(o_.op, count, world);
+      Measure oop = measure(runner, s, false, k);
+      const bool no_in_place =
+          o_.op == Collective::kAllToAll || algo.kind == BenchAlgo::Kind::kMemcpy;
+      Measure ip = no_in_place ? Measure{} : measure(runner, s, true, k);
+      total_wrong += static_cast<std::int64_t>(oop.wrong + ip.wrong);
+      const bool failed = !oop.failure.empty() || !ip.failure.empty();
+      if (boot_.rank() == 0) {
+        const std::string served = runner.served_by(s);
+        print_row(bytes, count, oop, ip, served);
+        rows.push_back(row_json(algo, bytes, count, oop, ip, served));
+        std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n", algo.name.c_str(),
+                     std::string(collective_name(o_.op)).c_str(), k + 1, sizes.size());
+      }
+      if (failed) return false;
+    }
+    return true;
+  }
+
   bool shares_gpu() {
     char bus[32] = {};
     cudaDeviceGetPCIBusId(bus, sizeof(bus), device_);
