@@ -174,7 +174,8 @@ struct CustomAllReduce::Impl {
   /// block published to this rank (`seq * kPhases + phase`, its count modulo 2^30, completed
   /// from this rank's: ranks are never far apart); for the Lamport kernels, its
   /// `lamport_started`.
-  std::pair<std::uint32_t, std::optional<std::uint32_t>> progress(const ErrorWord& e) const {
+  std::pair<std::uint32_t, std::optional<std::uint32_t>> progress(
+      const ErrorWord& e) const noexcept {
     if (e.peer >= static_cast<std::uint32_t>(world) || e.block >= kMaxBlocks) return {0, {}};
     const bool lamport = e.counter == ErrorWord::kLamportCount;
     auto pad = [&](std::uint32_t r) {
@@ -185,12 +186,16 @@ struct CustomAllReduce::Impl {
     const std::uint32_t* words[2] = {
         lamport ? &own->lamport_seq[e.block] : &own->seq[e.block],
         lamport ? &pad(e.peer)->lamport_started[e.block] : &own->flags[e.block][e.peer]};
-    DeviceGuard guard(device);
-    for (int i = 0; i < 2; ++i)
-      if (cudaMemcpyAsync(&v[i], words[i], sizeof(v[i]), cudaMemcpyDeviceToHost, side_stream) !=
-          cudaSuccess)
-        return {0, {}};
-    if (cudaStreamSynchronize(side_stream) != cudaSuccess) return {0, {}};
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess)
+      return {0, {}};
+    bool read = true;
+    for (int i = 0; i < 2 && read; ++i)
+      read = cudaMemcpyAsync(&v[i], words[i], sizeof(v[i]), cudaMemcpyDeviceToHost, side_stream) ==
+             cudaSuccess;
+    read = read && cudaStreamSynchronize(side_stream) == cudaSuccess;
+    cudaSetDevice(previous);
+    if (!read) return {0, {}};
     const std::uint32_t op = v[0] + 1u;
     if (lamport) return {op, v[1]};
     const std::uint32_t low = v[1] / SignalPad::kPhases;
@@ -367,7 +372,8 @@ Status CustomAllReduce::health() noexcept {
       "custom all-reduce: rank ", word.rank,
       code == ErrorWord::kAborted ? " was aborted while waiting for rank "
                                   : " timed out waiting for rank ",
-      word.peer, " (block ", word.block, ", operation ", op, "), which ",
+      word.peer, " (block ", word.block,
+      peer_op ? detail::concat(", operation ", op) : std::string(), "), which ",
       !peer_op ? std::string("may or may not have started it (its progress is unreadable)")
       : peer_started
           ? std::string("had started it (it waits for another rank, or stopped)")
