@@ -30,36 +30,9 @@ std::vector<std::vector<int>> contiguous_groups(int world, int size) {
   return groups;
 }
 
-}  // namespace
-
-std::string_view to_string(GroupKind kind) noexcept {
-  switch (kind) {
-    case GroupKind::kTp:
-      return "tp";
-    case GroupKind::kAttnTp:
-      return "attn_tp";
-    case GroupKind::kMoeEp:
-      return "moe_ep";
-    case GroupKind::kMoeTp:
-      return "moe_tp";
-  }
-  return "unknown";
-}
-
-const std::vector<int>& ParallelLayout::group_of(GroupKind kind, int rank) const {
-  TPCOMM_CHECK(rank >= 0 && rank < world_size, Status::kInvalidArgument, "group_of: rank ", rank,
-               " is not in 0..", world_size - 1);
-  for (const auto& g : layout(kind).groups)
-    if (std::find(g.begin(), g.end(), rank) != g.end()) return g;
-  TPCOMM_THROW(Status::kInternal, "group_of: rank ", rank, " is in no ", to_string(kind), " group");
-}
-
-int ParallelLayout::rank_in_group(GroupKind kind, int rank) const {
-  const auto& g = group_of(kind, rank);
-  return static_cast<int>(std::find(g.begin(), g.end(), rank) - g.begin());
-}
-
-ParallelLayout make_parallel_layout(int world_size, const ParallelConfig& config) {
+/// The checks `make_parallel_layout` documents: every size at least 1, world_size == tp_size,
+/// and the divisibility the derived widths need.
+void check_sizes(int world_size, const ParallelConfig& config) {
   check_positive(world_size, "world_size");
   check_positive(config.tp_size, "tp_size");
   check_positive(config.dp_size, "dp_size");
@@ -90,72 +63,118 @@ ParallelLayout make_parallel_layout(int world_size, const ParallelConfig& config
                " is not divisible by moe_dp_size ", moe_dp);
   TPCOMM_CHECK(tp % (moe_ep * moe_dp) == 0, Status::kInvalidArgument, "tp_size ", tp,
                " is not divisible by moe_ep_size ", moe_ep, " * moe_dp_size ", moe_dp);
+}
 
+/// TP: blocks of tp consecutive ranks, with NCCL and the custom all-reduce.
+GroupLayout tp_group_layout(int world_size, int tp) {
+  GroupLayout l;
+  l.kind = GroupKind::kTp;
+  l.size = tp;
+  l.groups = contiguous_groups(world_size, tp);
+  l.is_tp_group = true;
+  l.comms = comms_for(tp, /*custom_ar=*/true);
+  return l;
+}
+
+/// `kind` served by the TP group itself.
+GroupLayout aliased_to_tp(const GroupLayout& tp_layout, GroupKind kind) {
+  GroupLayout l = tp_layout;
+  l.kind = kind;
+  return l;
+}
+
+/// `kind` as its own blocks of `size` consecutive ranks, NCCL only.
+GroupLayout contiguous_layout(GroupKind kind, int world_size, int size) {
+  GroupLayout l;
+  l.kind = kind;
+  l.size = size;
+  l.groups = contiguous_groups(world_size, size);
+  l.comms = comms_for(size, /*custom_ar=*/false);
+  return l;
+}
+
+/// MOE_EP as its own groups, NCCL only: (moe_dp, moe_ep, moe_tp) with moe_tp fastest, so an EP
+/// group strides by moe_tp inside its MoE-DP block.
+GroupLayout strided_moe_ep_layout(const ParallelLayout& p) {
+  const int tp = p.config.tp_size;
+  const int moe_ep = p.config.moe_ep_size;
+  const int moe_dp = p.config.moe_dp_size;
+  const int moe_tp = p.moe_tp_size;
+  GroupLayout l;
+  l.kind = GroupKind::kMoeEp;
+  l.size = moe_ep;
+  for (int base = 0; base < p.world_size; base += tp) {
+    for (int dp = 0; dp < moe_dp; ++dp) {
+      for (int t = 0; t < moe_tp; ++t) {
+        std::vector<int> g;
+        g.reserve(static_cast<std::size_t>(moe_ep));
+        const int start = base + dp * moe_ep * moe_tp + t;
+        for (int e = 0; e < moe_ep; ++e) g.push_back(start + e * moe_tp);
+        l.groups.push_back(std::move(g));
+      }
+    }
+  }
+  l.comms = comms_for(moe_ep, /*custom_ar=*/false);
+  return l;
+}
+
+/// Puts `layout` in its kind's slot of `out`.
+void set_layout(ParallelLayout& out, GroupLayout layout) {
+  const auto index = static_cast<int>(layout.kind);
+  out.kinds[index] = std::move(layout);
+}
+
+}  // namespace
+
+std::string_view to_string(GroupKind kind) noexcept {
+  switch (kind) {
+    case GroupKind::kTp:
+      return "tp";
+    case GroupKind::kAttnTp:
+      return "attn_tp";
+    case GroupKind::kMoeEp:
+      return "moe_ep";
+    case GroupKind::kMoeTp:
+      return "moe_tp";
+  }
+  return "unknown";
+}
+
+const std::vector<int>& ParallelLayout::group_of(GroupKind kind, int rank) const {
+  TPCOMM_CHECK(rank >= 0 && rank < world_size, Status::kInvalidArgument, "group_of: rank ", rank,
+               " is not in 0..", world_size - 1);
+  for (const auto& g : layout(kind).groups)
+    if (std::find(g.begin(), g.end(), rank) != g.end()) return g;
+  TPCOMM_THROW(Status::kInternal, "group_of: rank ", rank, " is in no ", to_string(kind), " group");
+}
+
+int ParallelLayout::rank_in_group(GroupKind kind, int rank) const {
+  const auto& g = group_of(kind, rank);
+  return static_cast<int>(std::find(g.begin(), g.end(), rank) - g.begin());
+}
+
+ParallelLayout make_parallel_layout(int world_size, const ParallelConfig& config) {
+  check_sizes(world_size, config);
+  const int tp = config.tp_size;
   ParallelLayout out;
   out.world_size = world_size;
   out.config = config;
-  out.attn_dp_size = attn_dp;
-  out.attn_tp_size = tp / attn_dp / attn_cp;
-  out.moe_tp_size = tp / moe_ep / moe_dp;
-  const int attn_tp = out.attn_tp_size;
-  const int moe_tp = out.moe_tp_size;
+  out.attn_dp_size = config.enable_dp_attention ? config.dp_size : 1;
+  out.attn_tp_size = tp / out.attn_dp_size / config.attn_cp_size;
+  out.moe_tp_size = tp / config.moe_ep_size / config.moe_dp_size;
 
-  GroupLayout& tp_layout = out.kinds[static_cast<int>(GroupKind::kTp)];
-  tp_layout.kind = GroupKind::kTp;
-  tp_layout.size = tp;
-  tp_layout.groups = contiguous_groups(world_size, tp);
-  tp_layout.is_tp_group = true;
-  tp_layout.comms = comms_for(tp, /*custom_ar=*/true);
-
-  auto alias_tp = [&](GroupKind kind) {
-    GroupLayout& l = out.kinds[static_cast<int>(kind)];
-    l = tp_layout;
-    l.kind = kind;
-  };
-
+  set_layout(out, tp_group_layout(world_size, tp));
+  const GroupLayout& tp_layout = out.layout(GroupKind::kTp);
   // ATTN_TP: (attn_dp, attn_cp, attn_tp) with attn_tp fastest, so its groups are contiguous.
-  if (attn_tp == tp) {
-    alias_tp(GroupKind::kAttnTp);
-  } else {
-    GroupLayout& l = out.kinds[static_cast<int>(GroupKind::kAttnTp)];
-    l.kind = GroupKind::kAttnTp;
-    l.size = attn_tp;
-    l.groups = contiguous_groups(world_size, attn_tp);
-    l.comms = comms_for(attn_tp, /*custom_ar=*/false);
-  }
-
-  // MOE_EP: (moe_dp, moe_ep, moe_tp) with moe_tp fastest, so an EP group strides by moe_tp
-  // inside its MoE-DP block.
-  if (moe_ep == tp) {
-    alias_tp(GroupKind::kMoeEp);
-  } else {
-    GroupLayout& l = out.kinds[static_cast<int>(GroupKind::kMoeEp)];
-    l.kind = GroupKind::kMoeEp;
-    l.size = moe_ep;
-    for (int base = 0; base < world_size; base += tp) {
-      for (int dp = 0; dp < moe_dp; ++dp) {
-        for (int t = 0; t < moe_tp; ++t) {
-          std::vector<int> g;
-          g.reserve(static_cast<std::size_t>(moe_ep));
-          const int start = base + dp * moe_ep * moe_tp + t;
-          for (int e = 0; e < moe_ep; ++e) g.push_back(start + e * moe_tp);
-          l.groups.push_back(std::move(g));
-        }
-      }
-    }
-    l.comms = comms_for(moe_ep, /*custom_ar=*/false);
-  }
-
+  set_layout(out, out.attn_tp_size == tp
+                      ? aliased_to_tp(tp_layout, GroupKind::kAttnTp)
+                      : contiguous_layout(GroupKind::kAttnTp, world_size, out.attn_tp_size));
+  set_layout(out, config.moe_ep_size == tp ? aliased_to_tp(tp_layout, GroupKind::kMoeEp)
+                                           : strided_moe_ep_layout(out));
   // MOE_TP: contiguous blocks of moe_tp.
-  if (moe_tp == tp) {
-    alias_tp(GroupKind::kMoeTp);
-  } else {
-    GroupLayout& l = out.kinds[static_cast<int>(GroupKind::kMoeTp)];
-    l.kind = GroupKind::kMoeTp;
-    l.size = moe_tp;
-    l.groups = contiguous_groups(world_size, moe_tp);
-    l.comms = comms_for(moe_tp, /*custom_ar=*/false);
-  }
+  set_layout(out, out.moe_tp_size == tp
+                      ? aliased_to_tp(tp_layout, GroupKind::kMoeTp)
+                      : contiguous_layout(GroupKind::kMoeTp, world_size, out.moe_tp_size));
   return out;
 }
 

@@ -30,34 +30,8 @@ CLI::Validator bytes_validator() {
       "SIZE");
 }
 
-}  // namespace
-
-std::vector<BenchAlgo> all_bench_algos() {
-  std::vector<BenchAlgo> out{BenchAlgo{}};
-  for (const AlgoInfo& a : kAlgorithms)
-    out.push_back({BenchAlgo::Kind::kGroup, std::string(a.name)});
-  out.push_back({BenchAlgo::Kind::kGroup, "nccl"});
-  out.push_back({BenchAlgo::Kind::kNcclDirect, "nccl_direct"});
-  out.push_back({BenchAlgo::Kind::kMemcpy, "memcpy"});
-  return out;
-}
-
-std::optional<BenchAlgo> parse_bench_algo(std::string_view name) {
-  if (name == "nccl_direct" || name == "nccl-direct")
-    return BenchAlgo{BenchAlgo::Kind::kNcclDirect, "nccl_direct"};
-  if (name == "memcpy") return BenchAlgo{BenchAlgo::Kind::kMemcpy, "memcpy"};
-  Pinned pinned;
-  if (!parse_pinned(name, &pinned)) return std::nullopt;
-  return BenchAlgo{BenchAlgo::Kind::kGroup, std::string(to_string(pinned))};
-}
-
-std::string_view collective_name(kernels::Collective op) noexcept {
-  for (const auto& [k, n] : kCollNames)
-    if (k == op) return n;
-  return "unknown";
-}
-
-void add_bench_options(CLI::App& cmd, BenchOptions& o) {
+/// -b, -e, -f, -i: the sizes swept.
+void add_size_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("-b,--minbytes", o.min_bytes, "smallest size in bytes (K/M/G suffixes)")
       ->transform(bytes_validator());
   cmd.add_option("-e,--maxbytes", o.max_bytes, "largest size in bytes (K/M/G suffixes)")
@@ -66,11 +40,19 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
   auto* i = cmd.add_option("-i,--stepbytes", o.step_bytes, "add this many bytes to the size")
                 ->transform(bytes_validator());
   f->excludes(i);
+}
+
+/// -n, -w, -c: iterations per size.
+void add_iteration_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, 1000000));
   cmd.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per size")
       ->check(CLI::Range(0, 1000000));
   cmd.add_option("-c,--check", o.check, "checked iterations per size (0: no check)")
       ->check(CLI::Range(0, 1000));
+}
+
+/// -d, -o, --op, -r: the collective and its arguments.
+void add_collective_options(CLI::App& cmd, BenchOptions& o) {
   // Names map to values through the parsers the rest of tpcomm uses.
   cmd.add_option_function<std::string>(
       "-d,--datatype",
@@ -106,6 +88,10 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
       },
       "collective: allreduce, allgather, reducescatter, alltoall, broadcast");
   cmd.add_option("-r,--root", o.root, "root of broadcast")->check(CLI::NonNegativeNumber);
+}
+
+/// -G, --graph-replays, -u: how the iterations run.
+void add_execution_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_flag("-G,--graph", o.graph,
                "capture the iterations in a CUDA graph and time its replays");
   cmd.add_option("--graph-replays", o.graph_replays,
@@ -113,6 +99,10 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
       ->check(CLI::Range(1, 100000));
   cmd.add_option("-u,--unalign", o.unalign, "offset both buffers by this many elements")
       ->check(CLI::Range(0, 1024));
+}
+
+/// --algo: the ways of serving the collective to compare.
+void add_algo_option(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option_function<std::vector<std::string>>(
          "--algo",
          [&o](const std::vector<std::string>& names) {
@@ -134,6 +124,10 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
              " (a custom algorithm is pinned where it can serve; elsewhere the built-in choice), "
              "nccl_direct, memcpy (a device copy of the same bytes, for reference), all")
       ->delimiter(',');
+}
+
+/// --json, -g, --virtual-ranks, --timeout, --seed: output, processes and test data.
+void add_run_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("--json", o.json, "also write the results as JSON to this file");
   auto* g = cmd.add_option("-g,--ngpus", o.gpus, "start this many processes, one per GPU")
                 ->check(CLI::Range(1, 64));
@@ -144,6 +138,10 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("--timeout", o.timeout_s, "seconds before a self-launched run is stopped")
       ->check(CLI::Range(1, 86400));
   cmd.add_option("--seed", o.seed, "seed of the test data (0: random)");
+}
+
+/// The checks that involve several options, run after parsing.
+void add_sweep_checks(CLI::App& cmd, BenchOptions& o) {
   cmd.callback([&o] {
     if (o.min_bytes <= 0 || o.max_bytes < o.min_bytes)
       throw CLI::ValidationError("-b/-e", "need 0 < minbytes <= maxbytes");
@@ -151,6 +149,44 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
     if (o.step_factor == 0 && o.step_bytes <= 0)
       throw CLI::ValidationError("-i", "step must be positive");
   });
+}
+
+}  // namespace
+
+std::vector<BenchAlgo> all_bench_algos() {
+  std::vector<BenchAlgo> out{BenchAlgo{}};
+  for (const AlgoInfo& a : kAlgorithms)
+    out.push_back({BenchAlgo::Kind::kGroup, std::string(a.name)});
+  out.push_back({BenchAlgo::Kind::kGroup, "nccl"});
+  out.push_back({BenchAlgo::Kind::kNcclDirect, "nccl_direct"});
+  out.push_back({BenchAlgo::Kind::kMemcpy, "memcpy"});
+  return out;
+}
+
+std::optional<BenchAlgo> parse_bench_algo(std::string_view name) {
+  if (name == "nccl_direct" || name == "nccl-direct")
+    return BenchAlgo{BenchAlgo::Kind::kNcclDirect, "nccl_direct"};
+  if (name == "memcpy") return BenchAlgo{BenchAlgo::Kind::kMemcpy, "memcpy"};
+  Pinned pinned;
+  if (!parse_pinned(name, &pinned)) return std::nullopt;
+  return BenchAlgo{BenchAlgo::Kind::kGroup, std::string(to_string(pinned))};
+}
+
+std::string_view collective_name(kernels::Collective op) noexcept {
+  for (const auto& [k, n] : kCollNames)
+    if (k == op) return n;
+  return "unknown";
+}
+
+void add_bench_options(CLI::App& cmd, BenchOptions& o) {
+  // In this order, which is the order of the help text.
+  add_size_options(cmd, o);
+  add_iteration_options(cmd, o);
+  add_collective_options(cmd, o);
+  add_execution_options(cmd, o);
+  add_algo_option(cmd, o);
+  add_run_options(cmd, o);
+  add_sweep_checks(cmd, o);
 }
 
 std::vector<std::int64_t> bench_sizes(const BenchOptions& o) {

@@ -293,56 +293,65 @@ std::string peer_cell(const PeerInfo& p) {
   return p.can_access ? link + " r" + std::to_string(p.performance_rank) : link;
 }
 
-void print_text(const Report& r, std::ostream& out) {
-  const BuildInfo& b = r.build;
+void print_build(const BuildInfo& b, std::ostream& out) {
   out << "tpcomm " << b.version << "\n"
       << "  compiler            " << b.compiler << "\n"
       << "  C++ standard        " << b.cxx_standard << "\n"
       << "  CUDA toolkit        " << cuda_version_string(b.cuda_toolkit) << "\n"
       << "  CUDA architectures  " << b.cuda_architectures << "\n"
       << "  NCCL headers        " << b.nccl_headers << "\n";
+}
 
+/// One row per GPU, the name column as wide as the longest name.
+void print_gpu_table(const std::vector<GpuInfo>& gpus, std::ostream& out) {
+  std::size_t name_width = 4;
+  for (const GpuInfo& g : gpus) name_width = std::max(name_width, g.name.size());
+  out << "  " << pad("#", 4) << pad("name", name_width + 2) << pad("SMs", 6) << pad("memory", 12)
+      << pad("PCI bus id", 15) << "compute\n";
+  for (const GpuInfo& g : gpus) {
+    out << "  " << pad(std::to_string(g.index), 4) << pad(g.name, name_width + 2)
+        << pad(std::to_string(g.sm_count), 6) << pad(gib(g.memory_bytes), 12)
+        << pad(g.pci_bus_id, 15) << g.cc_major << "." << g.cc_minor << "\n";
+  }
+}
+
+/// A GPU-by-GPU matrix of `peer_cell`s, X on the diagonal.
+void print_peer_matrix(const Report& r, std::ostream& out) {
+  out << "peer access (NV<n>: NVLink, n links; P2P: peer access without NVLink; -: none; "
+         "r<k>: the link's performance rank as CUDA reports it)\n";
+  std::vector<std::vector<std::string>> cells(r.gpus.size(),
+                                              std::vector<std::string>(r.gpus.size(), "X"));
+  std::size_t width = 6;
+  for (const PeerInfo& p : r.peers) {
+    std::string& cell = cells[static_cast<std::size_t>(p.from)][static_cast<std::size_t>(p.to)];
+    cell = peer_cell(p);
+    width = std::max(width, cell.size() + 2);
+  }
+  out << "  " << pad("", 6);
+  for (const GpuInfo& g : r.gpus) out << pad("GPU" + std::to_string(g.index), width);
+  out << "\n";
+  for (std::size_t i = 0; i < r.gpus.size(); ++i) {
+    out << "  " << pad("GPU" + std::to_string(r.gpus[i].index), 6);
+    for (const std::string& cell : cells[i]) out << pad(cell, width);
+    out << "\n";
+  }
+}
+
+/// The driver line, then the GPUs and their peer access when there is a driver.
+void print_driver_and_gpus(const Report& r, std::ostream& out) {
   if (!r.driver_available) {
     out << "CUDA driver: " << r.driver_reason << " - GPU sections skipped\n";
-  } else {
-    out << "CUDA driver: " << cuda_version_string(r.driver_version);
-    if (!r.nvidia_driver.empty()) out << " (NVIDIA driver " << r.nvidia_driver << ")";
-    out << "\n";
-    out << "GPUs: " << r.gpus.size() << "\n";
-    if (!r.gpus.empty()) {
-      std::size_t name_width = 4;
-      for (const GpuInfo& g : r.gpus) name_width = std::max(name_width, g.name.size());
-      out << "  " << pad("#", 4) << pad("name", name_width + 2) << pad("SMs", 6)
-          << pad("memory", 12) << pad("PCI bus id", 15) << "compute\n";
-      for (const GpuInfo& g : r.gpus) {
-        out << "  " << pad(std::to_string(g.index), 4) << pad(g.name, name_width + 2)
-            << pad(std::to_string(g.sm_count), 6) << pad(gib(g.memory_bytes), 12)
-            << pad(g.pci_bus_id, 15) << g.cc_major << "." << g.cc_minor << "\n";
-      }
-    }
-    if (r.gpus.size() > 1) {
-      out << "peer access (NV<n>: NVLink, n links; P2P: peer access without NVLink; -: none; "
-             "r<k>: the link's performance rank as CUDA reports it)\n";
-      std::vector<std::vector<std::string>> cells(r.gpus.size(),
-                                                  std::vector<std::string>(r.gpus.size(), "X"));
-      std::size_t width = 6;
-      for (const PeerInfo& p : r.peers) {
-        std::string& cell = cells[static_cast<std::size_t>(p.from)][static_cast<std::size_t>(p.to)];
-        cell = peer_cell(p);
-        width = std::max(width, cell.size() + 2);
-      }
-      out << "  " << pad("", 6);
-      for (const GpuInfo& g : r.gpus) out << pad("GPU" + std::to_string(g.index), width);
-      out << "\n";
-      for (std::size_t i = 0; i < r.gpus.size(); ++i) {
-        out << "  " << pad("GPU" + std::to_string(r.gpus[i].index), 6);
-        for (const std::string& cell : cells[i]) out << pad(cell, width);
-        out << "\n";
-      }
-    }
+    return;
   }
-  out << "NVML: " << (r.nvml_available ? "available" : r.nvml_reason) << "\n";
+  out << "CUDA driver: " << cuda_version_string(r.driver_version);
+  if (!r.nvidia_driver.empty()) out << " (NVIDIA driver " << r.nvidia_driver << ")";
+  out << "\n";
+  out << "GPUs: " << r.gpus.size() << "\n";
+  if (!r.gpus.empty()) print_gpu_table(r.gpus, out);
+  if (r.gpus.size() > 1) print_peer_matrix(r, out);
+}
 
+void print_nccl(const Report& r, std::ostream& out) {
   if (r.nccl_available) {
     out << "NCCL: " << r.nccl_version << " from " << r.nccl_resolved_path << " (asked for "
         << r.nccl_path << ")\n"
@@ -352,16 +361,22 @@ void print_text(const Report& r, std::ostream& out) {
   } else {
     out << "NCCL: " << r.nccl_reason << "\n";
   }
+}
 
+void print_backends(const std::vector<BackendInfo>& backends, std::ostream& out) {
   out << "backends\n";
-  for (const BackendInfo& be : r.backends) {
+  for (const BackendInfo& be : backends) {
     out << "  " << pad(be.name, 12) << pad(be.usable ? "yes" : "no", 5) << be.note << "\n";
   }
+}
 
+void print_algorithms(std::ostream& out) {
   out << "custom all-reduce algorithms (TPCOMM_ALGO, bench --algo)\n";
   for (const AlgoInfo& a : kAlgorithms)
     out << "  " << pad(std::string(a.name), 18) << a.summary << "\n";
+}
 
+void print_knobs(const Report& r, std::ostream& out) {
   out << "knobs\n";
   if (!r.knobs_error.empty()) out << "  invalid: " << r.knobs_error << " (defaults shown)\n";
   std::size_t width = 0;
@@ -369,15 +384,26 @@ void print_text(const Report& r, std::ostream& out) {
   for (const Knob& k : r.knobs) out << "  " << pad(k.variable, width) << k.value << "\n";
 }
 
-json to_json(const Report& r) {
-  const BuildInfo& b = r.build;
-  json j;
-  j["tpcomm"] = {{"version", b.version},
-                 {"compiler", b.compiler},
-                 {"cxx_standard", b.cxx_standard},
-                 {"cuda_toolkit", cuda_version_string(b.cuda_toolkit)},
-                 {"cuda_architectures", b.cuda_architectures},
-                 {"nccl_headers", b.nccl_headers}};
+void print_text(const Report& r, std::ostream& out) {
+  print_build(r.build, out);
+  print_driver_and_gpus(r, out);
+  out << "NVML: " << (r.nvml_available ? "available" : r.nvml_reason) << "\n";
+  print_nccl(r, out);
+  print_backends(r.backends, out);
+  print_algorithms(out);
+  print_knobs(r, out);
+}
+
+json build_json(const BuildInfo& b) {
+  return {{"version", b.version},
+          {"compiler", b.compiler},
+          {"cxx_standard", b.cxx_standard},
+          {"cuda_toolkit", cuda_version_string(b.cuda_toolkit)},
+          {"cuda_architectures", b.cuda_architectures},
+          {"nccl_headers", b.nccl_headers}};
+}
+
+json driver_json(const Report& r) {
   json driver = {{"available", r.driver_available}};
   if (r.driver_available) {
     driver["version"] = cuda_version_string(r.driver_version);
@@ -385,27 +411,36 @@ json to_json(const Report& r) {
   } else {
     driver["reason"] = r.driver_reason;
   }
-  j["driver"] = driver;
-  j["gpus"] = json::array();
-  for (const GpuInfo& g : r.gpus) {
-    j["gpus"].push_back({{"index", g.index},
-                         {"name", g.name},
-                         {"sm_count", g.sm_count},
-                         {"memory_bytes", g.memory_bytes},
-                         {"pci_bus_id", g.pci_bus_id},
-                         {"compute_capability", detail::concat(g.cc_major, ".", g.cc_minor)}});
+  return driver;
+}
+
+json gpus_json(const std::vector<GpuInfo>& gpus) {
+  json out = json::array();
+  for (const GpuInfo& g : gpus) {
+    out.push_back({{"index", g.index},
+                   {"name", g.name},
+                   {"sm_count", g.sm_count},
+                   {"memory_bytes", g.memory_bytes},
+                   {"pci_bus_id", g.pci_bus_id},
+                   {"compute_capability", detail::concat(g.cc_major, ".", g.cc_minor)}});
   }
-  j["peers"] = json::array();
-  for (const PeerInfo& p : r.peers) {
-    j["peers"].push_back({{"from", p.from},
-                          {"to", p.to},
-                          {"can_access_peer", p.can_access},
-                          {"access_supported", p.access_supported != 0},
-                          {"performance_rank", p.performance_rank},
-                          {"nvlinks", p.nvlinks ? json(*p.nvlinks) : json(nullptr)}});
+  return out;
+}
+
+json peers_json(const std::vector<PeerInfo>& peers) {
+  json out = json::array();
+  for (const PeerInfo& p : peers) {
+    out.push_back({{"from", p.from},
+                   {"to", p.to},
+                   {"can_access_peer", p.can_access},
+                   {"access_supported", p.access_supported != 0},
+                   {"performance_rank", p.performance_rank},
+                   {"nvlinks", p.nvlinks ? json(*p.nvlinks) : json(nullptr)}});
   }
-  j["nvml"] = r.nvml_available ? json{{"available", true}}
-                               : json{{"available", false}, {"reason", r.nvml_reason}};
+  return out;
+}
+
+json nccl_json(const Report& r) {
   json nccl = {{"available", r.nccl_available}, {"path", r.nccl_path}};
   if (r.nccl_available) {
     nccl["resolved_path"] = r.nccl_resolved_path;
@@ -419,7 +454,18 @@ json to_json(const Report& r) {
   } else {
     nccl["reason"] = r.nccl_reason;
   }
-  j["nccl"] = nccl;
+  return nccl;
+}
+
+json to_json(const Report& r) {
+  json j;
+  j["tpcomm"] = build_json(r.build);
+  j["driver"] = driver_json(r);
+  j["gpus"] = gpus_json(r.gpus);
+  j["peers"] = peers_json(r.peers);
+  j["nvml"] = r.nvml_available ? json{{"available", true}}
+                               : json{{"available", false}, {"reason", r.nvml_reason}};
+  j["nccl"] = nccl_json(r);
   j["backends"] = json::object();
   for (const BackendInfo& be : r.backends) {
     j["backends"][be.name] = {{"usable", be.usable}, {"note", be.note}};

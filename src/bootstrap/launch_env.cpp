@@ -105,72 +105,80 @@ std::pair<std::string, int> parse_store_addr(const std::string& text) {
   return {host, static_cast<int>(*p)};
 }
 
+// The first launcher in kLaunchers whose rank or world-size variable is set; null for none.
+const Launcher* find_launcher(const Env& env) {
+  for (const Launcher& l : kLaunchers) {
+    if (env.get(l.rank) || env.get(l.world_size)) return &l;
+  }
+  return nullptr;
+}
+
+// Fills the rank, world size and the local ones from launcher `l`'s variables.
+void read_ranks(const Env& env, const Launcher& l, LaunchInfo& info) {
+  info.source = l.source;
+  info.rank = env.require_integer(l.rank, 0, l.world_size);
+  info.world_size = env.require_integer(l.world_size, 1, l.rank);
+  if (info.rank >= info.world_size) {
+    TPCOMM_THROW(Status::kInvalidArgument, l.rank, "=", info.rank,
+                 " is out of range: ", l.world_size, " is ", info.world_size);
+  }
+  auto local_world = env.integer(l.local_world_size, 1);
+  if (local_world && *local_world > info.world_size) {
+    TPCOMM_THROW(Status::kInvalidArgument, l.local_world_size, "=", *local_world,
+                 " is larger than ", l.world_size, "=", info.world_size);
+  }
+  auto local_rank = env.integer(l.local_rank, 0);
+  if (local_rank && *local_rank >= (local_world ? *local_world : info.world_size)) {
+    TPCOMM_THROW(Status::kInvalidArgument, l.local_rank, "=", *local_rank,
+                 " is out of range: ", local_world ? l.local_world_size : l.world_size, " is ",
+                 local_world ? *local_world : info.world_size);
+  }
+  info.local_rank = local_rank.value_or(-1);
+  info.local_world_size = local_world.value_or(-1);
+}
+
+// The store address from MASTER_ADDR and MASTER_PORT (both or neither; neither leaves `info`
+// as it is).
+void read_master_addr(const Env& env, LaunchInfo& info) {
+  auto host = env.get("MASTER_ADDR");
+  auto port = env.get("MASTER_PORT");
+  if (host && !port) {
+    TPCOMM_THROW(Status::kInvalidArgument, "MASTER_ADDR is set but MASTER_PORT is not");
+  }
+  if (port && !host) {
+    TPCOMM_THROW(Status::kInvalidArgument, "MASTER_PORT is set but MASTER_ADDR is not");
+  }
+  if (!host) return;
+  info.store_host = *host;
+  if (info.store_host.size() >= 2 && info.store_host.front() == '[' &&
+      info.store_host.back() == ']')
+    info.store_host = info.store_host.substr(1, info.store_host.size() - 2);
+  info.store_port = parse_port("MASTER_PORT", *port);
+  // torchrun's agent already serves its own store on MASTER_PORT and tells its workers so:
+  // tpcomm's store takes the next port.
+  if (auto agent = env.get("TORCHELASTIC_USE_AGENT_STORE");
+      agent && (*agent == "True" || *agent == "true" || *agent == "1")) {
+    if (info.store_port == 65535) {
+      TPCOMM_THROW(Status::kInvalidArgument,
+                   "MASTER_PORT=65535 is torchrun's own store, and there is no next port "
+                   "for tpcomm's: set TPCOMM_STORE_ADDR=host:port");
+    }
+    ++info.store_port;
+  }
+}
+
 }  // namespace
 
 LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv) {
   const Env env(getenv);
   LaunchInfo info;
-  const Launcher* found = nullptr;
-  for (const Launcher& l : kLaunchers) {
-    if (env.get(l.rank) || env.get(l.world_size)) {
-      found = &l;
-      break;
-    }
-  }
-  if (found != nullptr) {
-    const Launcher& l = *found;
-    info.source = l.source;
-    info.rank = env.require_integer(l.rank, 0, l.world_size);
-    info.world_size = env.require_integer(l.world_size, 1, l.rank);
-    if (info.rank >= info.world_size) {
-      TPCOMM_THROW(Status::kInvalidArgument, l.rank, "=", info.rank,
-                   " is out of range: ", l.world_size, " is ", info.world_size);
-    }
-    auto local_world = env.integer(l.local_world_size, 1);
-    if (local_world && *local_world > info.world_size) {
-      TPCOMM_THROW(Status::kInvalidArgument, l.local_world_size, "=", *local_world,
-                   " is larger than ", l.world_size, "=", info.world_size);
-    }
-    auto local_rank = env.integer(l.local_rank, 0);
-    if (local_rank && *local_rank >= (local_world ? *local_world : info.world_size)) {
-      TPCOMM_THROW(Status::kInvalidArgument, l.local_rank, "=", *local_rank,
-                   " is out of range: ", local_world ? l.local_world_size : l.world_size, " is ",
-                   local_world ? *local_world : info.world_size);
-    }
-    info.local_rank = local_rank.value_or(-1);
-    info.local_world_size = local_world.value_or(-1);
-  }
+  if (const Launcher* l = find_launcher(env)) read_ranks(env, *l, info);
 
   // The rendezvous address, for every launcher: TPCOMM_STORE_ADDR, else MASTER_ADDR/PORT.
   if (auto addr = env.get("TPCOMM_STORE_ADDR")) {
     std::tie(info.store_host, info.store_port) = parse_store_addr(*addr);
   } else {
-    auto host = env.get("MASTER_ADDR");
-    auto port = env.get("MASTER_PORT");
-    if (host && !port) {
-      TPCOMM_THROW(Status::kInvalidArgument, "MASTER_ADDR is set but MASTER_PORT is not");
-    }
-    if (port && !host) {
-      TPCOMM_THROW(Status::kInvalidArgument, "MASTER_PORT is set but MASTER_ADDR is not");
-    }
-    if (host) {
-      info.store_host = *host;
-      if (info.store_host.size() >= 2 && info.store_host.front() == '[' &&
-          info.store_host.back() == ']')
-        info.store_host = info.store_host.substr(1, info.store_host.size() - 2);
-      info.store_port = parse_port("MASTER_PORT", *port);
-      // torchrun's agent already serves its own store on MASTER_PORT and tells its workers so:
-      // tpcomm's store takes the next port.
-      if (auto agent = env.get("TORCHELASTIC_USE_AGENT_STORE");
-          agent && (*agent == "True" || *agent == "true" || *agent == "1")) {
-        if (info.store_port == 65535) {
-          TPCOMM_THROW(Status::kInvalidArgument,
-                       "MASTER_PORT=65535 is torchrun's own store, and there is no next port "
-                       "for tpcomm's: set TPCOMM_STORE_ADDR=host:port");
-        }
-        ++info.store_port;
-      }
-    }
+    read_master_addr(env, info);
   }
   if (info.world_size > 1 && info.store_port == 0) {
     TPCOMM_THROW(Status::kInvalidArgument, "a ", info.source, " job of ", info.world_size,

@@ -159,68 +159,81 @@ std::string entry_error(const TuneEntry& e, const TuneEntry* prev) {
   return {};
 }
 
+/// Decodes the escape whose backslash is at `s[*pos - 1]`, appending the character it stands
+/// for to `*value` and advancing `*pos` past it; on error returns false and fills `*err`.
+bool read_escape(std::string_view s, std::size_t* pos, std::string* value, std::string* err) {
+  std::size_t i = *pos;
+  if (i >= s.size()) {
+    *err = "unterminated quoted value";
+    return false;
+  }
+  char e = s[i++];
+  switch (e) {
+    case '"':
+      *value += '"';
+      break;
+    case '\\':
+      *value += '\\';
+      break;
+    case 'n':
+      *value += '\n';
+      break;
+    case 'r':
+      *value += '\r';
+      break;
+    case 't':
+      *value += '\t';
+      break;
+    case 'x': {
+      int hi = i < s.size() ? hex_digit(s[i]) : -1;
+      int lo = i + 1 < s.size() ? hex_digit(s[i + 1]) : -1;
+      if (hi < 0 || lo < 0) {
+        *err = "\\x must be followed by two hex digits";
+        return false;
+      }
+      *value += static_cast<char>(hi * 16 + lo);
+      i += 2;
+      break;
+    }
+    default:
+      *err = detail::concat("unknown escape ", shown(std::string_view(&s[i - 2], 2)));
+      return false;
+  }
+  *pos = i;
+  return true;
+}
+
+/// Reads the quoted value whose opening quote is at `s[*pos]`, as `read_value` does.
+bool read_quoted_value(std::string_view s, std::size_t* pos, std::string* value, std::string* err) {
+  std::size_t i = *pos + 1;
+  for (;;) {
+    if (i >= s.size()) {
+      *err = "unterminated quoted value";
+      return false;
+    }
+    char c = s[i++];
+    if (c == '"') break;
+    if (c != '\\') {
+      *value += c;
+      continue;
+    }
+    if (!read_escape(s, &i, value, err)) return false;
+  }
+  if (i < s.size() && !is_space(s[i])) {
+    *err = "a closing quote must be followed by a blank";
+    return false;
+  }
+  *pos = i;
+  return true;
+}
+
 /// Reads one value of a key line starting at `s[*pos]`: a quoted string or a bare run of
 /// non-blank characters. Advances `*pos` past it; on error returns false and fills `*err`.
 bool read_value(std::string_view s, std::size_t* pos, std::string* value, std::string* err) {
-  std::size_t i = *pos;
   value->clear();
-  if (i < s.size() && s[i] == '"') {
-    ++i;
-    for (;;) {
-      if (i >= s.size()) {
-        *err = "unterminated quoted value";
-        return false;
-      }
-      char c = s[i++];
-      if (c == '"') break;
-      if (c != '\\') {
-        *value += c;
-        continue;
-      }
-      if (i >= s.size()) {
-        *err = "unterminated quoted value";
-        return false;
-      }
-      char e = s[i++];
-      switch (e) {
-        case '"':
-          *value += '"';
-          break;
-        case '\\':
-          *value += '\\';
-          break;
-        case 'n':
-          *value += '\n';
-          break;
-        case 'r':
-          *value += '\r';
-          break;
-        case 't':
-          *value += '\t';
-          break;
-        case 'x': {
-          int hi = i < s.size() ? hex_digit(s[i]) : -1;
-          int lo = i + 1 < s.size() ? hex_digit(s[i + 1]) : -1;
-          if (hi < 0 || lo < 0) {
-            *err = "\\x must be followed by two hex digits";
-            return false;
-          }
-          *value += static_cast<char>(hi * 16 + lo);
-          i += 2;
-          break;
-        }
-        default:
-          *err = detail::concat("unknown escape ", shown(std::string_view(&s[i - 2], 2)));
-          return false;
-      }
-    }
-    if (i < s.size() && !is_space(s[i])) {
-      *err = "a closing quote must be followed by a blank";
-      return false;
-    }
-  } else {
-    while (i < s.size() && !is_space(s[i])) *value += s[i++];
-  }
+  if (*pos < s.size() && s[*pos] == '"') return read_quoted_value(s, pos, value, err);
+  std::size_t i = *pos;
+  while (i < s.size() && !is_space(s[i])) *value += s[i++];
   *pos = i;
   return true;
 }
