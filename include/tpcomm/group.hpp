@@ -21,6 +21,11 @@ class TuneTable;
 struct GroupConfig {
   bool custom_all_reduce = true;
   bool nccl = true;
+  /// The group carries the Lamport workspace that serves the fused all-reduce + residual +
+  /// RMSNorm (and small plain all-reduces). Without it the custom all-reduce has no Lamport
+  /// buffers (saving 3 x world size x `TPCOMM_LAMPORT_MAX_BYTES` per rank) and fused calls take
+  /// the fallback (all-reduce, then a local add + RMSNorm).
+  bool fusion = true;
 };
 
 /// A communicator for the ranks of one `Bootstrap`: the ordered backend chain of DESIGN.md §3
