@@ -13,24 +13,24 @@ namespace tpcomm::kernels {
 
 // Each defined in its kernel's own file.
 template <>
-const void* instance<KernelId::kOneShot>(DType, int) noexcept;
+const void* instance<KernelId::kOneShot>(DType, int, Fusion) noexcept;
 template <>
-const void* instance<KernelId::kTwoShot>(DType, int) noexcept;
+const void* instance<KernelId::kTwoShot>(DType, int, Fusion) noexcept;
 template <>
-const void* instance<KernelId::kLamport>(DType, int) noexcept;
+const void* instance<KernelId::kLamport>(DType, int, Fusion) noexcept;
 template <>
-const void* instance<KernelId::kLamportTwoShot>(DType, int) noexcept;
+const void* instance<KernelId::kLamportTwoShot>(DType, int, Fusion) noexcept;
 
-const void* kernel_function(KernelId kernel, DType dtype, int world_size) noexcept {
+const void* kernel_function(KernelId kernel, DType dtype, int world_size, Fusion fusion) noexcept {
   switch (kernel) {
     case KernelId::kOneShot:
-      return instance<KernelId::kOneShot>(dtype, world_size);
+      return instance<KernelId::kOneShot>(dtype, world_size, fusion);
     case KernelId::kTwoShot:
-      return instance<KernelId::kTwoShot>(dtype, world_size);
+      return instance<KernelId::kTwoShot>(dtype, world_size, fusion);
     case KernelId::kLamport:
-      return instance<KernelId::kLamport>(dtype, world_size);
+      return instance<KernelId::kLamport>(dtype, world_size, fusion);
     case KernelId::kLamportTwoShot:
-      return instance<KernelId::kLamportTwoShot>(dtype, world_size);
+      return instance<KernelId::kLamportTwoShot>(dtype, world_size, fusion);
   }
   return nullptr;
 }
@@ -43,7 +43,11 @@ Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchS
   const std::int64_t bytes = params.count * static_cast<std::int64_t>(dtype_size(params.dtype));
   if (lamport_slot_need(kernel, bytes, params.world_size) > params.layout.lamport_slot_bytes)
     return Status::kInvalidArgument;
-  const void* function = kernel_function(kernel, params.dtype, params.world_size);
+  const FusionParams& fusion = params.fusion;
+  if (fusion.kind != Fusion::kNone &&
+      (fusion.hidden < 1 || params.count % fusion.hidden != 0 || shape.threads % 32 != 0))
+    return Status::kInvalidArgument;
+  const void* function = kernel_function(kernel, params.dtype, params.world_size, fusion.kind);
   if (function == nullptr) return Status::kInvalidArgument;
   AllReduceParams copy = params;
   void* args[] = {&copy};
@@ -60,8 +64,9 @@ Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchS
   return e == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 
-int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads) noexcept {
-  const void* function = kernel_function(kernel, dtype, world_size);
+int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,
+                      Fusion fusion) noexcept {
+  const void* function = kernel_function(kernel, dtype, world_size, fusion);
   int blocks = 0;
   if (function == nullptr ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, function, threads, 0) != cudaSuccess)

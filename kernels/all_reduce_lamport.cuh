@@ -43,11 +43,21 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_kernel(AllReduceParam
   const bool out_aligned = is_aligned16(out);
   const Epilogue epilogue(p);
   bool ok = true;
-  for (std::int64_t v = first; v < packs && ok; v += stride) {
-    Pack<T> got[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait);
-    if (ok)
-      store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
+  if constexpr (Epilogue::kRows) {
+    ok = finish_rows<T>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
+      Pack<T> got[R];
+      if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait)) return false;
+      x = epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems);
+      return true;
+    });
+  } else {
+    for (std::int64_t v = first; v < packs && ok; v += stride) {
+      Pack<T> got[R];
+      ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait);
+      if (ok)
+        store_pack(out, v, count, out_aligned,
+                   epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
+    }
   }
   lamport_end(p, f, ok, packs * 16);
 }

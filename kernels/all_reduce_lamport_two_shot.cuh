@@ -58,21 +58,34 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllRe
       st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + (slice + i) * 16, sum);
   }
 
-  // Gather: every slice's sum, from the slot of the rank that owns it.
+  // Gather: every slice's sum, from the slot of the rank that owns it; whole rows at a time for
+  // an epilogue that needs them (every rank finishes every row alike).
   T* out = static_cast<T*>(p.output);
   const bool out_aligned = is_aligned16(out);
+  if constexpr (Epilogue::kRows) {
+    // A block whose reduce gave up does not wait again.
+    if (__syncthreads_and(ok))
+      ok = finish_rows<T>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
+        const int s = static_cast<int>(v / slice);
+        return lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait,
+                                s);
+      });
+    else
+      ok = false;
+  } else {
 #pragma unroll 1
-  for (std::int64_t i = first; i < slice && ok; i += stride) {
-    // Slices past the end of a short last slice were never pushed.
-    int slots = 0;
+    for (std::int64_t i = first; i < slice && ok; i += stride) {
+      // Slices past the end of a short last slice were never pushed.
+      int slots = 0;
 #pragma unroll
-    for (int s = 0; s < R; ++s) slots += s * slice + i < packs ? 1 : 0;
-    Pack<T> sums[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, slots);
-    if (!ok) break;
+      for (int s = 0; s < R; ++s) slots += s * slice + i < packs ? 1 : 0;
+      Pack<T> sums[R];
+      ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, slots);
+      if (!ok) break;
 #pragma unroll
-    for (int s = 0; s < R; ++s)
-      if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);
+      for (int s = 0; s < R; ++s)
+        if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);
+    }
   }
   lamport_end(p, f, ok, 2 * slice * 16);
 }

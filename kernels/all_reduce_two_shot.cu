@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // Two-shot all-reduce: its instantiations (kernels/all_reduce_two_shot.cuh).
+#include <type_traits>
+
 #include "kernels/all_reduce_two_shot.cuh"
 #include "kernels/common/dispatch.cuh"
 
 namespace tpcomm::kernels {
 
 template <>
-const void* instance<KernelId::kTwoShot>(DType dtype, int world_size) noexcept {
-  return find_instance(dtype, world_size, [&]<class T, int R>() -> const void* {
-    return reinterpret_cast<const void*>(&all_reduce_two_shot_kernel<T, R, Identity>);
+const void* instance<KernelId::kTwoShot>(DType dtype, int world_size, Fusion fusion) noexcept {
+  return find_instance(dtype, world_size, fusion, [&]<class T, int R, class E>() -> const void* {
+    if constexpr (std::is_same_v<E, Identity>)  // no fused epilogue
+      return reinterpret_cast<const void*>(&all_reduce_two_shot_kernel<T, R, E>);
+    return nullptr;
   });
 }
 

@@ -27,6 +27,9 @@ constexpr bool sliced(KernelId k) noexcept {
   return k == KernelId::kTwoShot || k == KernelId::kLamportTwoShot;
 }
 
+/// True for the kernels that carry the fused epilogues (`on_lamport`): the Lamport ones.
+constexpr bool fuses(KernelId k) noexcept { return pushes(k); }
+
 /// Bytes of every Lamport slot that kernel `k` needs for a message of `bytes` bytes among
 /// `world_size` ranks; 0 for the kernels that do not push.
 constexpr std::int64_t lamport_slot_need(KernelId k, std::int64_t bytes, int world_size) noexcept {
@@ -34,6 +37,85 @@ constexpr std::int64_t lamport_slot_need(KernelId k, std::int64_t bytes, int wor
   if (k == KernelId::kLamportTwoShot) return lamport_two_shot_slot_bytes(bytes, world_size);
   return 0;
 }
+
+/// The quantisation of a fused operation's normalised output.
+enum class Quant : std::uint8_t {
+  kNone,      // the input's dtype
+  kFp8,       // f8e4m3, saturate(value / scale) with the caller's per-tensor scale
+  kFp8Token,  // f8e4m3 with a per-row scale amax / 448, written out
+};
+
+/// What an epilogue does (NOTE [epilogues] in kernels/common/epilogue.cuh), fixed at compile time:
+/// add the residual, normalise each row (RMSNorm times gamma), and how to store the normalised
+/// rows.
+struct FusionTraits {
+  bool residual = false;
+  bool norm = false;
+  Quant quant = Quant::kNone;
+  friend constexpr bool operator==(const FusionTraits&, const FusionTraits&) = default;
+};
+
+/// The epilogues that are instantiated, by name. The Lamport kernels carry `kNone` and the
+/// three `kAddRmsNorm*`; the local kernel (`launch_add_rmsnorm`) every one but `kNone`.
+enum class Fusion : std::uint8_t {
+  kNone,               // the plain all-reduce
+  kAddRmsNorm,         // residual_out = sum + residual; norm_out = RMSNorm(residual_out) * gamma
+  kAddRmsNormFp8,      // the same, norm_out in f8e4m3 with a per-tensor scale
+  kAddRmsNormFp8Token, // the same, norm_out in f8e4m3 with per-row scales
+  kRmsNorm,            // no residual: norm_out = RMSNorm(sum) * gamma, residual_out = sum
+  kRmsNormFp8,
+  kRmsNormFp8Token,
+  kAdd,                // residual_out = sum + residual, no norm
+};
+inline constexpr int kFusionCount = 8;
+
+constexpr FusionTraits traits(Fusion f) noexcept {
+  switch (f) {
+    case Fusion::kNone:
+      return {};
+    case Fusion::kAddRmsNorm:
+      return {true, true, Quant::kNone};
+    case Fusion::kAddRmsNormFp8:
+      return {true, true, Quant::kFp8};
+    case Fusion::kAddRmsNormFp8Token:
+      return {true, true, Quant::kFp8Token};
+    case Fusion::kRmsNorm:
+      return {false, true, Quant::kNone};
+    case Fusion::kRmsNormFp8:
+      return {false, true, Quant::kFp8};
+    case Fusion::kRmsNormFp8Token:
+      return {false, true, Quant::kFp8Token};
+    case Fusion::kAdd:
+      return {true, false, Quant::kNone};
+  }
+  return {};
+}
+
+/// True for the epilogues the Lamport kernels carry.
+constexpr bool on_lamport(Fusion f) noexcept {
+  return f == Fusion::kNone || f == Fusion::kAddRmsNorm || f == Fusion::kAddRmsNormFp8 ||
+         f == Fusion::kAddRmsNormFp8Token;
+}
+
+/// The arguments of a fused operation over `count / hidden` rows of `hidden` elements; unused
+/// (zero) for the plain all-reduce. The sum (plus the residual) is the kernel's `output`
+/// (`residual_out`).
+struct FusionParams {
+  Fusion kind;
+  /// [rows, hidden] in the input's dtype, any alignment; may be the output (in place).
+  const void* residual;
+  /// [hidden] in the input's dtype.
+  const void* gamma;
+  /// [rows, hidden]: the input's dtype, or f8e4m3 when quantised; may be the input (in place).
+  void* norm_out;
+  /// Quant::kFp8: one f32 in device memory, read when the kernel runs.
+  const float* scale;
+  /// Quant::kFp8Token: [rows] f32, written.
+  float* row_scales;
+  float eps;
+  std::int64_t hidden;
+};
+static_assert(std::is_trivially_copyable_v<FusionParams>);
 
 /// Blocks per rank's kernel and threads per block.
 struct LaunchShape {
@@ -70,29 +152,44 @@ struct AllReduceParams {
   /// Host-mapped error report and abort flag (NOTE [bounded waits], kernels/common/sync.cuh).
   ErrorWord* error;
   const std::uint32_t* abort_flag;
+  /// The epilogue and its arguments (Lamport kernels only).
+  FusionParams fusion;
 };
 static_assert(std::is_trivially_copyable_v<AllReduceParams>);
 
-/// The kernel function of `kernel` for `dtype` and `world_size` ranks, with the identity
-/// epilogue (NOTE [epilogues] in kernels/common/epilogue.cuh); nullptr where it has none (an
-/// unsupported dtype or world size, f32 for the kernels that push).
-const void* kernel_function(KernelId kernel, DType dtype, int world_size) noexcept;
+/// The kernel function of `kernel` for `dtype` and `world_size` ranks, with the epilogue
+/// `fusion` (NOTE [epilogues] in kernels/common/epilogue.cuh); nullptr where it has none (an
+/// unsupported dtype or world size, f32 for the kernels that push, a fusion on the kernels that
+/// read peers' inputs).
+const void* kernel_function(KernelId kernel, DType dtype, int world_size,
+                            Fusion fusion = Fusion::kNone) noexcept;
 
-/// Launches `kernel` on `stream` with `shape`; with `programmatic`, as a programmatic dependent
-/// launch (NOTE [programmatic launch] in kernels/common/sync.cuh). `params.count` 0 launches it
-/// with nothing to do (NOTE [first launch] in backends/custom_ar.cpp). kInvalidArgument for an
-/// unsupported dtype/world size/launch shape, or a message the Lamport slots cannot hold;
-/// kCudaError when the launch fails. Sum only; world sizes 2..8.
+/// Launches `kernel` with the epilogue `params.fusion.kind` on `stream` with `shape`; with
+/// `programmatic`, as a programmatic dependent launch (NOTE [programmatic launch] in
+/// kernels/common/sync.cuh). `params.count` 0 launches it with nothing to do (NOTE [first
+/// launch] in backends/custom_ar.cpp). kInvalidArgument for an unsupported dtype/world
+/// size/launch shape/fusion, or a message the Lamport slots cannot hold; kCudaError when the
+/// launch fails. Sum only; world sizes 2..8.
 Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchShape shape,
                          bool programmatic, Stream stream) noexcept;
+
+/// The local half of the fused operation, for where no Lamport kernel serves it: from `sum`
+/// ([rows, hidden] in `dtype`, f16 or bf16 or f32), the epilogue `fusion.kind` (not kNone)
+/// writes `residual_out` and `fusion.norm_out`, one block per row. `sum` may be `residual_out`,
+/// and `norm_out` may be `sum`. `count` 0 is a warm-up launch. kInvalidArgument for an
+/// unsupported dtype or fusion; kCudaError when the launch fails.
+Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParams& fusion,
+                          std::int64_t count, DType dtype, Stream stream) noexcept;
 
 /// Fills `bytes` bytes (a multiple of 16, 16-byte aligned) of Lamport buffers with the empty
 /// mark (NOTE [lamport] in ipc/layout.hpp).
 Status fill_lamport_empty(void* buffers, std::int64_t bytes, Stream stream) noexcept;
 
-/// Most blocks of `threads` threads of `kernel` that one SM can hold at once (occupancy); 0 where
-/// the kernel has no instantiation for `dtype` and `world_size`.
-int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads) noexcept;
+/// Most blocks of `threads` threads of `kernel` with the epilogue `fusion` that one SM can hold
+/// at once (occupancy); 0 where the kernel has no such instantiation for `dtype` and
+/// `world_size`.
+int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,
+                      Fusion fusion = Fusion::kNone) noexcept;
 
 // ---- exact test data (tests and `tpcomm bench --check`) ----------------------------------
 

@@ -16,6 +16,8 @@
 #include "core/cuda_check.hpp"
 #include "core/log.hpp"
 #include "ipc/peer_buffer.hpp"
+#include "kernels/kernels.hpp"
+#include "norm.hpp"
 #include "tune/algorithms.hpp"
 #include "tune/selector.hpp"
 #include "tune/table.hpp"
@@ -23,11 +25,16 @@
 namespace tpcomm {
 namespace {
 
+constexpr const char* kFusedOnCustomOnly = "the fused operation runs on the custom kernels only";
+
 /// World size 1: every collective is a copy (or nothing, in place).
 class LocalBackend final : public Backend {
  public:
   std::string_view name() const noexcept override { return "local"; }
-  Support supports(const Request&) const noexcept override { return Support::yes(); }
+  Support supports(const Request& r) const noexcept override {
+    if (r.op == Op::kAllReduceAddRmsNorm) return Support::no(kFusedOnCustomOnly);
+    return Support::yes();
+  }
   Status run(const Request& r, const Support&, Stream stream) noexcept override {
     if (r.op == Op::kSend || r.op == Op::kRecv) return Status::kInvalidArgument;
     if (r.in.data == r.out.data || r.out.nbytes() == 0) return Status::kOk;
@@ -47,11 +54,20 @@ class CustomArBackend final : public Backend {
   CustomAllReduce& impl() noexcept { return *ar_; }
 
   Choice choose(const Request& r) const noexcept {
+    if (r.op == Op::kAllReduceAddRmsNorm)
+      return select_add_rmsnorm(r.in.numel() / r.fusion->hidden, r.fusion->hidden, r.in.dtype,
+                                ar_->caps(), pinned_);
     return select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, ar_->caps(), pinned_, *table_);
   }
   /// The plan handed from `supports` to `run` is the chosen algorithm and launch shape.
   Support supports(const Request& r) const noexcept override {
-    if (r.op != Op::kAllReduce) return Support::no("only all-reduce");
+    if (r.op == Op::kAllReduceAddRmsNorm) {
+      if (const char* why = why_not_fused(r.in.numel() / r.fusion->hidden, r.fusion->hidden,
+                                          r.in.dtype, ar_->caps(), pinned_))
+        return Support::no(why);
+    } else if (r.op != Op::kAllReduce) {
+      return Support::no("only all-reduce");
+    }
     const Choice c = choose(r);
     if (c.algo == Algo::kNone) return Support::no("size, dtype or op outside the custom kernels");
     return Support::yes(static_cast<std::uint64_t>(c.algo) |
@@ -62,7 +78,7 @@ class CustomArBackend final : public Backend {
     const Choice c{static_cast<Algo>(support.plan & 0xFF),
                    static_cast<int>((support.plan >> 8) & 0xFFFFFF),
                    static_cast<int>(support.plan >> 32)};
-    return ar_->run(r.in, r.out, c, r.capturing, stream);
+    return ar_->run(r.in, r.out, c, r.capturing, stream, r.fusion);
   }
 
  private:
@@ -77,7 +93,10 @@ class NcclBackend final : public Backend {
   explicit NcclBackend(std::unique_ptr<NcclComm> comm) : comm_(std::move(comm)) {}
   std::string_view name() const noexcept override { return "nccl"; }
   NcclComm& comm() noexcept { return *comm_; }
-  Support supports(const Request&) const noexcept override { return Support::yes(); }
+  Support supports(const Request& r) const noexcept override {
+    if (r.op == Op::kAllReduceAddRmsNorm) return Support::no(kFusedOnCustomOnly);
+    return Support::yes();
+  }
   Status run(const Request& r, const Support&, Stream s) noexcept override {
     const auto n = static_cast<std::size_t>(r.out.numel());
     const int world = comm_->world_size();
@@ -98,6 +117,8 @@ class NcclBackend final : public Backend {
                            s);
       case Op::kRecv:
         return comm_->recv(r.out.data, n, r.out.dtype, r.peer, s);
+      case Op::kAllReduceAddRmsNorm:
+        return Status::kUnsupported;
     }
     return Status::kInternal;
   }
@@ -158,6 +179,7 @@ struct Group::Impl {
   cudaEvent_t order_event = nullptr;
   bool scope_open = false;
   bool nccl_was_enabled = true;  // NCCL's state before the capture scope enabled it
+  std::vector<const char*> fused_fallbacks_logged;  // static strings
 
   explicit Impl(Bootstrap b) : boot(std::move(b)) {}
   ~Impl() {
@@ -263,6 +285,63 @@ struct Group::Impl {
     return fail(s, std::move(message));
   }
 
+  /// The fused operation where no fused kernel serves it: the group's all-reduce into an output
+  /// that can hold the sum, then the local kernel. Which output holds it is a local choice, but
+  /// every rank runs the same all-reduce (same size, dtype and op), so paths still agree.
+  Status add_rmsnorm_fallback(const AddRmsNormCall& c, Stream stream) noexcept {
+    const std::int64_t count = c.x.numel();
+    kernels::FusionParams f = c.fusion;
+    auto reduce = [&](const TensorView& in, const TensorView& out) {
+      return dispatch(Request{Op::kAllReduce, in, out, ReduceOp::kSum, -1, false}, stream);
+    };
+    auto local = [&](const void* sum) -> Status {
+      if (Status s = kernels::launch_add_rmsnorm(sum, c.residual_out.data, f, count, c.dtype,
+                                                 stream);
+          s != Status::kOk)
+        return fail(s, detail::concat("all_reduce_add_rmsnorm: the local add + RMSNorm failed: ",
+                                      to_string(s)));
+      return Status::kOk;
+    };
+    // The sum goes where it destroys nothing the local kernel still needs.
+    TensorView sum = c.norm_out;
+    if (c.norm_out.dtype == c.dtype && !overlaps(c.norm_out, c.residual)) {
+      TPCOMM_TRY(reduce(c.x, sum));
+      return local(sum.data);
+    }
+    if (!overlaps(c.residual_out, c.residual)) {
+      sum = c.residual_out;
+      TPCOMM_TRY(reduce(c.x, sum));
+      return local(sum.data);
+    }
+    // f8e4m3 norm_out and residual_out == residual: rank 0 adds the residual (the same on every
+    // rank) into residual_out, the others put x there, and the all-reduce sums that in place.
+    if (boot.rank() == 0) {
+      kernels::FusionParams add = f;
+      add.kind = kernels::Fusion::kAdd;
+      if (Status s = kernels::launch_add_rmsnorm(c.x.data, c.residual_out.data, add, count,
+                                                 c.dtype, stream);
+          s != Status::kOk)
+        return fail(s, "all_reduce_add_rmsnorm: the local residual add failed");
+    } else {
+      TPCOMM_CUDA_TRY(cudaMemcpyAsync(c.residual_out.data, c.x.data,
+                                      static_cast<std::size_t>(c.x.nbytes()),
+                                      cudaMemcpyDeviceToDevice,
+                                      reinterpret_cast<cudaStream_t>(stream)));
+    }
+    TPCOMM_TRY(reduce(c.residual_out, c.residual_out));
+    f.kind = without_residual(f.kind);
+    return local(c.residual_out.data);
+  }
+
+  /// Logs once per reason why a fused call falls back.
+  void note_fused_fallback(const char* why) noexcept {
+    for (const char* seen : fused_fallbacks_logged)
+      if (seen == why) return;
+    if (fused_fallbacks_logged.size() < 16) fused_fallbacks_logged.push_back(why);
+    if (boot.rank() == 0)
+      TPCOMM_LOG_INFO("all_reduce_add_rmsnorm: all-reduce, then add + RMSNorm (", why, ")");
+  }
+
   /// Every rank's `RankInfo`, and what they say about the group's GPUs.
   Peers meet_peers(bool want_nccl, std::string* nccl_why) {
     RankInfo info{};
@@ -292,9 +371,11 @@ struct Group::Impl {
   }
 
   /// The custom all-reduce, where every rank can take part (it votes); a log line otherwise.
-  void add_custom(Pinned pinned) {
+  void add_custom(Pinned pinned, bool fusion) {
     std::string why;
-    if (auto ar = CustomAllReduce::create(boot, device, options, &why)) {
+    Options custom_options = options;
+    if (!fusion) custom_options.lamport_max_bytes = 0;  // no fusion workspace
+    if (auto ar = CustomAllReduce::create(boot, device, custom_options, &why)) {
       auto backend = std::make_unique<CustomArBackend>(std::move(ar), pinned, &table);
       custom = backend.get();
       chain.add(std::move(backend));
@@ -375,7 +456,7 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   std::string nccl_why;
   const Peers peers = m.meet_peers(want_nccl, &nccl_why);
   if (world == 1 && !nccl_only) m.chain.add(std::make_unique<LocalBackend>());
-  if (config.custom_all_reduce && world > 1) m.add_custom(pinned);
+  if (config.custom_all_reduce && world > 1) m.add_custom(pinned, config.fusion);
   if (want_nccl) m.add_nccl(peers, nccl_why);
   if (m.custom != nullptr) m.load_tune_table(peers);
 }
@@ -468,6 +549,46 @@ Status Group::recv(const TensorView& buf, int peer, Stream stream) noexcept {
     return m.fail(Status::kInvalidArgument,
                   detail::concat("recv: peer ", peer, " is not another rank of ", world_size()));
   return m.dispatch(Request{Op::kRecv, buf, buf, ReduceOp::kSum, peer, false}, stream);
+}
+
+Status Group::all_reduce_add_rmsnorm(const TensorView& x, const TensorView& residual,
+                                     const TensorView& gamma, float eps,
+                                     const TensorView& norm_out, const TensorView& residual_out,
+                                     Stream stream, const Fp8Scales& fp8) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  AddRmsNormCall call;
+  std::string message;
+  if (Status s = check_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, fp8,
+                                   "all_reduce_add_rmsnorm", &call, &message);
+      s != Status::kOk)
+    return m.fail(s, std::move(message));
+  for (const TensorView* v : {&x, &residual, &gamma, &norm_out, &residual_out})
+    TPCOMM_TRY(m.check_view(*v, "a tensor", "all_reduce_add_rmsnorm"));
+  if (call.rows == 0) return Status::kOk;
+  Request req{Op::kAllReduceAddRmsNorm, x, residual_out, ReduceOp::kSum, -1, false};
+  req.fusion = &call.fusion;
+  const char* why = m.custom == nullptr ? (world_size() == 1 ? "world size 1" : "no custom all-reduce")
+                                        : m.custom->supports(req).reason;
+  if (why == nullptr) return m.dispatch(req, stream);
+  m.note_fused_fallback(why);
+  return m.add_rmsnorm_fallback(call, stream);
+}
+
+std::string Group::backend_for_add_rmsnorm(const TensorView& x, const TensorView& norm_out,
+                                           bool capturing) const noexcept {
+  const Impl& m = *impl_;
+  if (x.ndim < 1 || x.shape[x.ndim - 1] < 1) return "none";
+  kernels::FusionParams f{};
+  f.kind = norm_out.dtype == DType::kF8E4M3 ? kernels::Fusion::kAddRmsNormFp8
+                                            : kernels::Fusion::kAddRmsNorm;
+  f.hidden = x.shape[x.ndim - 1];
+  Request req{Op::kAllReduceAddRmsNorm, x, x, ReduceOp::kSum, -1, capturing};
+  req.fusion = &f;
+  if (m.custom != nullptr && m.custom->supports(req).ok())
+    return "custom_ar:" + std::string(to_string(m.custom->choose(req).algo));
+  const std::string reduce = backend_for_all_reduce(x, x, capturing);
+  return reduce == "none" ? reduce : reduce + "+add_rmsnorm";
 }
 
 std::string Group::backend_for_all_reduce(const TensorView& in, const TensorView& out,

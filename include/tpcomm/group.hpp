@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "tpcomm/bootstrap.hpp"
+#include "tpcomm/norm.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/tensor.hpp"
@@ -21,10 +22,11 @@ class TuneTable;
 struct GroupConfig {
   bool custom_all_reduce = true;
   bool nccl = true;
-  /// The group carries the Lamport workspace that serves the fused all-reduce + residual +
-  /// RMSNorm (and small plain all-reduces). Without it the custom all-reduce has no Lamport
-  /// buffers (saving 3 x world size x `TPCOMM_LAMPORT_MAX_BYTES` per rank) and fused calls take
-  /// the fallback (all-reduce, then a local add + RMSNorm).
+  /// With `custom_all_reduce`: the custom all-reduce carries the Lamport workspace that serves
+  /// the fused all-reduce + residual add + RMSNorm (and small plain all-reduces). Without it the
+  /// custom all-reduce has no Lamport buffers (saving 3 x world size x
+  /// `TPCOMM_LAMPORT_MAX_BYTES` per rank) and fused calls take the fallback (the all-reduce,
+  /// then the local `add_rmsnorm`).
   bool fusion = true;
 };
 
@@ -81,6 +83,25 @@ class Group {
   /// out = root's `in` on every rank (`in` is only read on the root; may be empty elsewhere).
   [[nodiscard]] Status broadcast(const TensorView& in, const TensorView& out, int root,
                                  Stream stream) noexcept;
+  /// The decode step's all-reduce, residual add and RMSNorm in one call, in one kernel where it
+  /// can: `residual_out = sum over ranks(x) + residual`, then `norm_out = residual_out *
+  /// rsqrt(mean(residual_out^2) + eps) * gamma` per row of the last dimension (`hidden`). The
+  /// arguments are those of `add_rmsnorm` (tpcomm/norm.hpp): one shape for `x`, `residual` and
+  /// the outputs, `gamma` of `hidden` elements, in place as engines call it (`residual_out ==
+  /// residual`, `norm_out == x`), `norm_out` in f8e4m3 with `fp8` giving its scale. `residual`
+  /// must be the same on every rank (as under tensor parallelism, where it is replicated).
+  /// Accumulation and the mean of squares in fp32; every rank's outputs are bitwise identical.
+  ///
+  /// Served by a Lamport kernel with the norm as its epilogue (f16/bf16, world size 2..8, within
+  /// the fusion workspace: `backend_for_add_rmsnorm` says which); otherwise, with the same
+  /// result, by the group's all-reduce followed by the local `add_rmsnorm`, each reason logged
+  /// once. The path is decided from rank-invariant facts only. `x` is written only when it is
+  /// `norm_out`.
+  [[nodiscard]] Status all_reduce_add_rmsnorm(const TensorView& x, const TensorView& residual,
+                                              const TensorView& gamma, float eps,
+                                              const TensorView& norm_out,
+                                              const TensorView& residual_out, Stream stream,
+                                              const Fp8Scales& fp8 = {}) noexcept;
   /// Point to point: pairs with `recv` on `peer`.
   [[nodiscard]] Status send(const TensorView& buf, int peer, Stream stream) noexcept;
   [[nodiscard]] Status recv(const TensorView& buf, int peer, Stream stream) noexcept;
@@ -130,6 +151,13 @@ class Group {
   /// Pure: enqueues nothing, and makes the same decision the call would.
   [[nodiscard]] std::string backend_for_all_reduce(const TensorView& in, const TensorView& out,
                                                    bool capturing = false) const noexcept;
+
+  /// The path that would serve this `all_reduce_add_rmsnorm`: "custom_ar:<name>" (a fused
+  /// kernel), or the all-reduce's backend followed by "+add_rmsnorm" (e.g. "nccl+add_rmsnorm",
+  /// "local+add_rmsnorm"), or "none". Pure.
+  [[nodiscard]] std::string backend_for_add_rmsnorm(const TensorView& x,
+                                                    const TensorView& norm_out,
+                                                    bool capturing = false) const noexcept;
 
   /// kOk while usable; otherwise the sticky failure.
   [[nodiscard]] Status health() noexcept;

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/common/epilogue.cuh"
 #include "kernels/kernels.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/types.hpp"
@@ -50,19 +51,37 @@ Status dispatch_world_size(int world_size, F&& f) {
   }
 }
 
-/// The instantiation of kernel `K` for `dtype` and `world_size` (identity epilogue), or nullptr:
-/// each kernel's own `.cu` file defines it with `find_instance`.
-template <KernelId K>
-const void* instance(DType dtype, int world_size) noexcept;
-
-/// `f.template operator()<T, R>()` for the element type of `dtype` and a world size 2..8, or
-/// nullptr where there is none.
+/// Calls `f.template operator()<E>()` with the epilogue type of `fusion` among those the
+/// all-reduce kernels carry (`on_lamport`), or returns nullptr.
 template <class F>
-const void* find_instance(DType dtype, int world_size, F&& f) noexcept {
+const void* dispatch_fusion(Fusion fusion, F&& f) {
+  switch (fusion) {
+    case Fusion::kNone:
+      return f.template operator()<Identity>();
+    case Fusion::kAddRmsNorm:
+      return f.template operator()<Fused<Fusion::kAddRmsNorm>>();
+    case Fusion::kAddRmsNormFp8:
+      return f.template operator()<Fused<Fusion::kAddRmsNormFp8>>();
+    case Fusion::kAddRmsNormFp8Token:
+      return f.template operator()<Fused<Fusion::kAddRmsNormFp8Token>>();
+    default:
+      return nullptr;
+  }
+}
+
+/// The instantiation of kernel `K` for `dtype`, `world_size` and the epilogue of `fusion`, or
+/// nullptr: each kernel's own `.cu` file defines it with `find_instance`.
+template <KernelId K>
+const void* instance(DType dtype, int world_size, Fusion fusion) noexcept;
+
+/// `f.template operator()<T, R, E>()` for the element type of `dtype`, a world size 2..8 and
+/// the epilogue of `fusion`, or nullptr where there is none.
+template <class F>
+const void* find_instance(DType dtype, int world_size, Fusion fusion, F&& f) noexcept {
   const void* out = nullptr;
   (void)dispatch_float_dtype(dtype, [&]<class T>() {
     return dispatch_world_size(world_size, [&]<int R>() {
-      out = f.template operator()<T, R>();
+      out = dispatch_fusion(fusion, [&]<class E>() { return f.template operator()<T, R, E>(); });
       return Status::kOk;
     });
   });

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The epilogue slot of the all-reduce kernels.
+// The epilogue slot of the all-reduce kernels, and the epilogues: the identity (plain
+// all-reduce) and the fused residual add + RMSNorm (+ FP8 quantisation).
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -15,16 +18,22 @@ namespace tpcomm::kernels {
 // slice finishes it, before it is shared) and returns what to store. This is how fused
 // operations (residual add, RMSNorm, quantisation) ride on the same kernels instead of copies of
 // them. An epilogue is a trivially copyable type constructed on the device from the kernel's
-// `AllReduceParams` (where its own arguments will live), with
+// `AllReduceParams` (where its own arguments live, in `fusion`), with
 //
 //   template <class T>
 //   __device__ Pack<T> operator()(const Pack<T>& sum, std::int64_t first) const;
 //
-// where `first` is the index in the message of the pack's first element, so that an epilogue
-// over rows of `n` elements finds its row as `first / n`. `Identity` stores the sum as it is and
+// where `first` is the index in the message of the pack's first element, and a constant
+// `kRows`. An epilogue with `kRows` also needs whole rows: the kernel then ends with
+// `finish_rows` instead of storing packs as they come, one block per row (the packs a kernel
+// pushes and polls stay those of the flat message, so nothing else changes). What an epilogue
+// does is fixed at compile time by `FusionTraits` (kernels/kernels.hpp): residual add in the
+// pack step, RMSNorm and quantisation in the row step. `Identity` stores the sum as it is and
 // compiles to nothing: the kernels with it are the plain all-reduce (measured before and after
 // in docs/PERFORMANCE.md).
 struct Identity {
+  static constexpr bool kRows = false;
+
   __device__ explicit Identity(const AllReduceParams& /*params*/) {}
 
   template <class T>
@@ -32,5 +41,234 @@ struct Identity {
     return sum;
   }
 };
+
+/// The fused epilogue `K` (named by its `Fusion`, since a kernel's template arguments cannot be
+/// class values), whose traits `F` decide: with `F.residual`, the pack step adds the residual (in fp32, one
+/// rounding); with `F.norm`, the row step stores each row (`residual_out`) and then its
+/// normalisation `x * rsqrt(mean(x^2) + eps) * gamma`, with the mean of squares in fp32 over the
+/// stored (rounded) row, in `F.quant`'s format.
+template <Fusion K>
+struct Fused {
+  static constexpr FusionTraits F = traits(K);
+  static constexpr bool kRows = F.norm;
+
+  FusionParams f;
+  std::int64_t count;
+  bool residual_aligned;
+
+  __device__ explicit Fused(const AllReduceParams& p) : Fused(p.fusion, p.count) {}
+  __device__ Fused(const FusionParams& fusion, std::int64_t elements)
+      : f(fusion), count(elements), residual_aligned(is_aligned16(fusion.residual)) {}
+
+  template <class T>
+  __device__ __forceinline__ Pack<T> operator()(const Pack<T>& sum, std::int64_t first) const {
+    if constexpr (!F.residual) {
+      return sum;
+    } else {
+      constexpr int W = Pack<T>::kElems;
+      const Pack<T> r =
+          load_pack(static_cast<const T*>(f.residual), first / W, count, residual_aligned);
+      Pack<T> out;
+#pragma unroll
+      for (int i = 0; i < W; ++i) out[i] = from_float<T>(to_float(sum[i]) + to_float(r[i]));
+      return out;
+    }
+  }
+};
+
+/// `op` over the block of `x` (0 is the identity: sums, and maxima of non-negative values),
+/// returned to every thread. Every thread of the block calls it; blockDim.x is a multiple of 32.
+/// The order is fixed by the block size, so equal inputs give bitwise equal results.
+template <class Op>
+__device__ __forceinline__ float block_reduce(float x, Op op) {
+  __shared__ float partial[32];
+  __shared__ float result;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // every reader of the previous call's `result` is past it
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    x = lane < blockDim.x / 32 ? partial[lane] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
+    if (lane == 0) result = x;
+  }
+  __syncthreads();
+  return result;
+}
+
+/// True for element `i` of pack `v` (of W elements) when it lies in [lo, hi).
+template <int W>
+__device__ __forceinline__ bool in_row(std::int64_t v, int i, std::int64_t lo, std::int64_t hi) {
+  const std::int64_t e = v * W + i;
+  return e >= lo && e < hi;
+}
+
+/// Stores the elements of pack `v` that lie in [lo, hi) (whole packs at once where aligned).
+template <class T>
+__device__ __forceinline__ void store_in_row(T* p, std::int64_t v, std::int64_t lo,
+                                             std::int64_t hi, bool aligned, const Pack<T>& x) {
+  constexpr int W = Pack<T>::kElems;
+  if (aligned && v * W >= lo && v * W + W <= hi) {
+    *reinterpret_cast<uint4*>(p + v * W) = x.raw;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < W; ++i)
+    if (in_row<W>(v, i, lo, hi)) p[v * W + i] = x[i];
+}
+
+/// The same for W f8e4m3 bytes (one per element of a pack of T).
+template <class T>
+__device__ __forceinline__ void store_in_row_fp8(std::uint8_t* p, std::int64_t v, std::int64_t lo,
+                                                 std::int64_t hi, const std::uint8_t (&q)[16 / sizeof(T)]) {
+  constexpr int W = Pack<T>::kElems;
+  std::uint8_t* at = p + v * W;
+  if (v * W >= lo && v * W + W <= hi && (reinterpret_cast<std::uintptr_t>(at) % W) == 0) {
+    if constexpr (W == 8) {
+      uint2 w;
+      memcpy(&w, q, 8);
+      *reinterpret_cast<uint2*>(at) = w;
+    } else {
+      std::uint32_t w;
+      memcpy(&w, q, 4);
+      *reinterpret_cast<std::uint32_t*>(at) = w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < W; ++i)
+    if (in_row<W>(v, i, lo, hi)) at[i] = q[i];
+}
+
+/// Gamma for the elements of pack `v` of the row [lo, lo + hidden): one load where the row
+/// starts on a pack boundary, element by element otherwise; 0 outside the row.
+template <class T>
+__device__ __forceinline__ Pack<T> gamma_for(const T* gamma, bool gamma_aligned, std::int64_t v,
+                                             std::int64_t lo, std::int64_t hidden) {
+  constexpr int W = Pack<T>::kElems;
+  if (lo % W == 0) return load_pack(gamma, v - lo / W, hidden, gamma_aligned);
+  Pack<T> g;
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const std::int64_t j = v * W + i - lo;
+    g[i] = j >= 0 && j < hidden ? gamma[j] : from_float<T>(0.f);
+  }
+  return g;
+}
+
+/// The row step of an epilogue with `kRows` (NOTE [epilogues]) over the `count` elements of the
+/// message, as rows of `e.f.hidden`: block b takes rows b, b + gridDim.x, ... . `fetch(v, x)`
+/// gives flat pack v with the pack step applied (false: a wait gave up). Each row is stored
+/// into `out` (residual_out), its mean square reduced over the block, and its normalisation
+/// stored into `e.f.norm_out`. A thread keeps its first packs of a row in registers and reads
+/// the rest back from `out`, which it wrote itself. Returns false, on every thread of the block,
+/// when a fetch failed.
+template <class T, Fusion K, class Fetch>
+__device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int64_t count,
+                                            Fetch&& fetch) {
+  constexpr FusionTraits F = traits(K);
+  constexpr int W = Pack<T>::kElems;
+  constexpr int kKept = 4;
+  constexpr float kFp8Max = 448.f;
+  const std::int64_t hidden = e.f.hidden;
+  const std::int64_t rows = count / hidden;
+  const bool out_aligned = is_aligned16(out);
+  const T* gamma = static_cast<const T*>(e.f.gamma);
+  const bool gamma_aligned = is_aligned16(gamma);
+  const auto sum = [](float a, float b) { return a + b; };
+  const auto max = [](float a, float b) { return fmaxf(a, b); };
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const std::int64_t lo = row * hidden, hi = lo + hidden;
+    const std::int64_t v0 = lo / W, v1 = (hi + W - 1) / W;
+    Pack<T> kept[kKept];
+    float squares = 0.f;
+    bool ok = true;
+    auto take = [&](std::int64_t v, Pack<T>& x) {
+      if (!fetch(v, x)) return false;
+      store_in_row(out, v, lo, hi, out_aligned, x);
+#pragma unroll
+      for (int i = 0; i < W; ++i)
+        if (in_row<W>(v, i, lo, hi)) squares += to_float(x[i]) * to_float(x[i]);
+      return true;
+    };
+#pragma unroll
+    for (int k = 0; k < kKept; ++k) {
+      const std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
+      if (ok && v < v1) ok = take(v, kept[k]);
+    }
+    for (std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(kKept) * blockDim.x;
+         ok && v < v1; v += blockDim.x) {
+      Pack<T> x;
+      ok = take(v, x);
+    }
+    if (!__syncthreads_and(ok)) return false;
+    const float rstd =
+        rsqrtf(block_reduce(squares, sum) / static_cast<float>(hidden) + e.f.eps);
+
+    // The normalised pack v (`x` holds the stored row values).
+    auto normalised = [&](std::int64_t v, const Pack<T>& x, float (&y)[W]) {
+      const Pack<T> g = gamma_for(gamma, gamma_aligned, v, lo, hidden);
+#pragma unroll
+      for (int i = 0; i < W; ++i) y[i] = to_float(x[i]) * rstd * to_float(g[i]);
+    };
+    // Calls `each(v, y)` for every pack of the row this thread holds, in order.
+    auto for_each_pack = [&](auto&& each) {
+#pragma unroll
+      for (int k = 0; k < kKept; ++k) {
+        const std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
+        if (v < v1) {
+          float y[W];
+          normalised(v, kept[k], y);
+          each(v, y);
+        }
+      }
+      for (std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(kKept) * blockDim.x;
+           v < v1; v += blockDim.x) {
+        float y[W];
+        normalised(v, load_pack(out, v, count, out_aligned), y);
+        each(v, y);
+      }
+    };
+
+    if constexpr (F.quant == Quant::kNone) {
+      T* norm = static_cast<T*>(e.f.norm_out);
+      const bool norm_aligned = is_aligned16(norm);
+      for_each_pack([&](std::int64_t v, const float(&y)[W]) {
+        Pack<T> n;
+#pragma unroll
+        for (int i = 0; i < W; ++i) n[i] = from_float<T>(y[i]);
+        store_in_row(norm, v, lo, hi, norm_aligned, n);
+      });
+    } else {
+      float inverse = 0.f;
+      if constexpr (F.quant == Quant::kFp8) {
+        inverse = 1.f / *e.f.scale;
+      } else {
+        float amax = 0.f;
+        for_each_pack([&](std::int64_t v, const float(&y)[W]) {
+#pragma unroll
+          for (int i = 0; i < W; ++i)
+            if (in_row<W>(v, i, lo, hi)) amax = fmaxf(amax, fabsf(y[i]));
+        });
+        // vLLM's floor keeps an all-zero row finite.
+        const float scale = fmaxf(block_reduce(amax, max) / kFp8Max, 1.f / (kFp8Max * 512.f));
+        if (threadIdx.x == 0) e.f.row_scales[row] = scale;
+        inverse = 1.f / scale;
+      }
+      auto* norm = static_cast<std::uint8_t*>(e.f.norm_out);
+      for_each_pack([&](std::int64_t v, const float(&y)[W]) {
+        std::uint8_t q[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i)
+          q[i] = __nv_cvt_float_to_fp8(y[i] * inverse, __NV_SATFINITE, __NV_E4M3);
+        store_in_row_fp8<T>(norm, v, lo, hi, q);
+      });
+    }
+  }
+  return true;
+}
 
 }  // namespace tpcomm::kernels

@@ -129,6 +129,24 @@ __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t sl
   return ok;
 }
 
+/// Polls the pack at `at` until it holds no empty mark; false when the wait gave up, naming
+/// `peer` as the rank waited for.
+template <class T>
+__device__ __forceinline__ bool lamport_poll_one(const char* at, Pack<T>& got, const WaitContext& w,
+                                                 int peer) {
+  uint4 x = ld_volatile(at);
+  bool ok = true;
+  if (!lamport_arrived(x))
+    ok = wait_until<ErrorWord::kLamportCount>(
+        [&] {
+          x = ld_volatile(at);
+          return lamport_arrived(x);
+        },
+        w, peer);
+  got.raw = x;
+  return ok;
+}
+
 /// Ends a Lamport launch that used `used` bytes of every slot: records them for the next
 /// operation's refill and the new operation count (`end_launch`). Every thread calls it with
 /// its own `ok`; after a failed wait it records nothing.

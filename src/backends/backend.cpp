@@ -21,6 +21,8 @@ std::string_view to_string(Op op) noexcept {
       return "send";
     case Op::kRecv:
       return "recv";
+    case Op::kAllReduceAddRmsNorm:
+      return "all_reduce_add_rmsnorm";
   }
   return "unknown";
 }

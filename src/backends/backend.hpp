@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/kernels.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/tensor.hpp"
 #include "tpcomm/types.hpp"
@@ -21,7 +22,10 @@ enum class Op : std::uint8_t {
   kAllToAll,
   kBroadcast,
   kSend,
-  kRecv
+  kRecv,
+  /// All-reduce, residual add and RMSNorm in one kernel (`Request::fusion`); only the custom
+  /// backend serves it (the group falls back to all-reduce + the local kernel otherwise).
+  kAllReduceAddRmsNorm
 };
 
 std::string_view to_string(Op op) noexcept;
@@ -37,6 +41,8 @@ struct Request {
   int peer = -1;
   /// The stream is being captured into a CUDA graph.
   bool capturing = false;
+  /// kAllReduceAddRmsNorm: the epilogue's arguments (`in` is x, `out` is residual_out).
+  const kernels::FusionParams* fusion = nullptr;
 };
 
 /// A backend's answer to "can you serve this?": `reason` says why not (a static string); `plan`

@@ -43,16 +43,29 @@ namespace {
 constexpr std::int64_t kRegistrySlots = 8192;
 
 /// Launches every kernel a group of `world` ranks may run once on `stream`, each with nothing to
-/// do (NOTE [first launch]): every algorithm of the registry for every dtype it serves, the
-/// Lamport refill, and the test-data kernels of `tpcomm bench` and the tests.
+/// do (NOTE [first launch]): every algorithm of the registry for every dtype and epilogue it
+/// serves, the local add + RMSNorm, the Lamport refill, and the test-data kernels of `tpcomm
+/// bench` and the tests.
 Status launch_every_kernel(int world, Stream stream) noexcept {
   kernels::AllReduceParams empty{};  // count 0: the kernels return at once
   empty.world_size = world;
   for (const AlgoInfo& a : kAlgorithms) {
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-      if (kernels::kernel_function(a.kernel, t, world) == nullptr) continue;
-      empty.dtype = t;
-      TPCOMM_TRY(kernels::launch_all_reduce(empty, a.kernel, {1, 32}, false, stream));
+      for (int f = 0; f < kernels::kFusionCount; ++f) {
+        empty.fusion.kind = static_cast<kernels::Fusion>(f);
+        empty.fusion.hidden = 1;
+        if (kernels::kernel_function(a.kernel, t, world, empty.fusion.kind) == nullptr) continue;
+        empty.dtype = t;
+        TPCOMM_TRY(kernels::launch_all_reduce(empty, a.kernel, {1, 32}, false, stream));
+      }
+    }
+  }
+  // The local add + RMSNorm of the fused operation's fallback.
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int f = 1; f < kernels::kFusionCount; ++f) {
+      kernels::FusionParams none{};
+      none.kind = static_cast<kernels::Fusion>(f);
+      TPCOMM_TRY(kernels::launch_add_rmsnorm(nullptr, nullptr, none, 0, t, stream));
     }
   }
   TPCOMM_TRY(kernels::fill_lamport_empty(nullptr, 0, stream));
@@ -163,8 +176,14 @@ struct CustomAllReduce::Impl {
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     int per_sm = 64;
-    for (const AlgoInfo& a : kAlgorithms)
-      per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, 1024));
+    for (const AlgoInfo& a : kAlgorithms) {
+      for (int f = 0; f < kernels::kFusionCount; ++f) {
+        const auto fusion = static_cast<kernels::Fusion>(f);
+        if (kernels::kernel_function(a.kernel, DType::kBF16, world, fusion) != nullptr)
+          per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world,
+                                                               1024, fusion));
+      }
+    }
     return std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
   }
 
@@ -420,10 +439,12 @@ void CustomAllReduce::abort() noexcept {
 }
 
 Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice choice,
-                            bool capturing, Stream stream) noexcept {
+                            bool capturing, Stream stream,
+                            const kernels::FusionParams* fusion) noexcept {
   if (Status h = health(); h != Status::kOk) return h;
   Impl& m = *impl_;
   kernels::AllReduceParams p = m.params(in, out);
+  if (fusion != nullptr) p.fusion = *fusion;
   // Lamport always copies the input into the peers' buffers: nothing to register.
   const kernels::KernelId kernel = info(choice.algo).kernel;
   if (capturing && capture_open_ && !kernels::pushes(kernel) &&

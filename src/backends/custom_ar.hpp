@@ -40,9 +40,11 @@ class CustomAllReduce {
   /// `in == out` allowed) with `choice`. `capturing`: the stream is being captured inside an open
   /// capture scope; large messages then read the caller's buffer in place and record it for
   /// registration. Returns the sticky failure status once a wait timed out or the group was
-  /// aborted; kUnsupported when the registry is full.
+  /// aborted; kUnsupported when the registry is full. With `fusion`, the Lamport kernel of
+  /// `choice` also runs that epilogue (`out` is then residual_out).
   [[nodiscard]] Status run(const TensorView& in, const TensorView& out, Choice choice,
-                           bool capturing, Stream stream) noexcept;
+                           bool capturing, Stream stream,
+                           const kernels::FusionParams* fusion = nullptr) noexcept;
 
   /// Collective, once per stream (later calls return at once): launches every kernel of the
   /// group once on `stream` with nothing to do, waits for the stream (and so for the caller's

@@ -60,6 +60,9 @@ struct AlgoInfo {
   /// count and start marker per block (`kMaxBlocks` of them).
   int max_blocks;
   BuiltIn built_in;
+  /// The same for the fused all-reduce + residual add + RMSNorm, by the bytes of its input
+  /// (order 0: the built-in choice never takes it). Only kernels that `fuses` serve it.
+  BuiltIn fused;
 };
 
 inline constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
@@ -76,14 +79,16 @@ inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
      {"oneshot", "1stage"},
      kernels::KernelId::kOneShot,
      kMaxBlocks,
-     BuiltIn{2, kUnbounded, (std::int64_t{512} << 10) - 1, (std::int64_t{256} << 10) - 1}},
+     BuiltIn{2, kUnbounded, (std::int64_t{512} << 10) - 1, (std::int64_t{256} << 10) - 1},
+     BuiltIn{}},
     {Algo::kTwoShot,
      "two_shot",
      "reduce-scatter, barrier, all-gather: about 2n bytes moved per rank",
      {"twoshot", "2stage"},
      kernels::KernelId::kTwoShot,
      kMaxBlocks,
-     BuiltIn{3, kUnbounded, kUnbounded, kUnbounded}},
+     BuiltIn{3, kUnbounded, kUnbounded, kUnbounded},
+     BuiltIn{}},
     {Algo::kLamport,
      "lamport",
      "every rank pushes its input into every peer's receive buffer; the data is the flag "
@@ -91,14 +96,16 @@ inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
      {},
      kernels::KernelId::kLamport,
      kMaxBlocks,
-     BuiltIn{1, std::int64_t{256} << 10, std::int64_t{256} << 10, std::int64_t{64} << 10}},
+     BuiltIn{1, std::int64_t{256} << 10, std::int64_t{256} << 10, std::int64_t{64} << 10},
+     BuiltIn{1, std::int64_t{1} << 20, std::int64_t{256} << 10, std::int64_t{128} << 10}},
     {Algo::kLamportTwoShot,
      "lamport_two_shot",
      "slices pushed to their owners, sums pushed back to every rank, no barrier (f16/bf16)",
      {},
      kernels::KernelId::kLamportTwoShot,
      kMaxBlocks,
-     BuiltIn{}},
+     BuiltIn{},
+     BuiltIn{2, kUnbounded, kUnbounded, kUnbounded}},
 }};
 
 /// The row of `a`; `a` must not be `kNone`.

@@ -81,4 +81,64 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
   return built_in_choice(bytes, dtype, caps, /*allow_push=*/true);
 }
 
+Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_blocks) noexcept {
+  if (algo == Algo::kNone) return Choice{};
+  // A row that does not start on a pack boundary spans one pack more.
+  const std::int64_t packs = ceil_div(std::max<std::int64_t>(hidden, 1) * 2, kVectorBytes) + 1;
+  int threads = 64;
+  while (threads < 1024 && threads < packs) threads *= 2;
+  const auto blocks = static_cast<int>(
+      std::clamp<std::int64_t>(rows, 1, std::max(1, std::min(max_blocks, kMaxBlocks))));
+  return Choice{algo, blocks, threads};
+}
+
+namespace {
+
+/// `select_add_rmsnorm` and its reason.
+Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const SelectorCaps& caps,
+                    Pinned pinned, const char** why) noexcept {
+  auto no = [&](const char* reason) {
+    *why = reason;
+    return Choice{};
+  };
+  if (!caps.custom_available) return no("no custom all-reduce");
+  if (caps.world_size < 2 || caps.world_size > 8) return no("world size outside 2..8");
+  if (caps.max_blocks < 1) return no("no blocks");
+  if (caps.lamport_max_bytes <= 0) return no("the group carries no fusion workspace");
+  if (dtype != DType::kF16 && dtype != DType::kBF16) return no("the fused kernels take f16/bf16");
+  if (rows < 1 || hidden < 1) return no("empty");
+  const std::int64_t bytes = rows * hidden * 2;
+  auto usable = [&](Algo a) {
+    return a != Algo::kNone && kernels::fuses(info(a).kernel) &&
+           fits(a, bytes, dtype, caps.world_size, caps.lamport_max_bytes);
+  };
+  if (pinned) {
+    if (*pinned == Algo::kNone) return no("TPCOMM_ALGO=nccl");
+    if (usable(*pinned)) return fused_launch(*pinned, rows, hidden, caps.max_blocks);
+  }
+  const AlgoInfo* best = nullptr;
+  for (const AlgoInfo& a : kAlgorithms) {
+    if (a.fused.order == 0 || !usable(a.algo) || bytes > a.fused.bound(caps.world_size)) continue;
+    if (best == nullptr || a.fused.order < best->fused.order) best = &a;
+  }
+  if (best == nullptr) return no("rows x hidden beyond the fusion workspace (TPCOMM_LAMPORT_MAX_BYTES)");
+  *why = nullptr;
+  return fused_launch(best->algo, rows, hidden, caps.max_blocks);
+}
+
+}  // namespace
+
+Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
+                          const SelectorCaps& caps, Pinned pinned) noexcept {
+  const char* why = nullptr;
+  return fused_choice(rows, hidden, dtype, caps, pinned, &why);
+}
+
+const char* why_not_fused(std::int64_t rows, std::int64_t hidden, DType dtype,
+                          const SelectorCaps& caps, Pinned pinned) noexcept {
+  const char* why = nullptr;
+  (void)fused_choice(rows, hidden, dtype, caps, pinned, &why);
+  return why;
+}
+
 }  // namespace tpcomm

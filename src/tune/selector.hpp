@@ -84,4 +84,29 @@ inline constexpr int kDefaultThreads = 512;
                                        const SelectorCaps& caps, Pinned pinned,
                                        const TuneTable* table) noexcept;
 
+/// The launch shape of the fused all-reduce + add + RMSNorm on `algo` (a kernel that `fuses`)
+/// for `rows` rows of `hidden` 16-bit elements: about one 16-byte pack of a row per thread (64 to
+/// 1024 threads), one block per row up to `max_blocks` (blocks then take several rows).
+[[nodiscard]] Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden,
+                                  int max_blocks) noexcept;
+
+/// Chooses how the custom backend serves the fused all-reduce + residual add + RMSNorm of `rows`
+/// rows of `hidden` elements of `dtype`, or `Algo::kNone` (the caller then runs the group's
+/// all-reduce and the local `add_rmsnorm`). Like `select_all_reduce`, pure and fed only
+/// rank-invariant inputs. In this order:
+/// 1. hard requirements, else `kNone`: the custom backend with Lamport buffers; 2 <= world size
+///    <= 8; `dtype` f16 or bf16; rows and hidden >= 1;
+/// 2. `pinned`: "nccl" gives `kNone`; an algorithm that `fuses` gives that algorithm where it
+///    fits (others are ignored here: they cannot fuse);
+/// 3. the built-in choice: among the algorithms that fit, the lowest `AlgoInfo::fused` order
+///    whose bound holds the bytes;
+/// always with `fused_launch`'s shape.
+[[nodiscard]] Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
+                                        const SelectorCaps& caps, Pinned pinned) noexcept;
+
+/// Why `select_add_rmsnorm` gives `kNone` for these inputs (a static string), or nullptr when it
+/// gives an algorithm.
+[[nodiscard]] const char* why_not_fused(std::int64_t rows, std::int64_t hidden, DType dtype,
+                                        const SelectorCaps& caps, Pinned pinned) noexcept;
+
 }  // namespace tpcomm

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// The local residual add + RMSNorm (+ FP8): the fused operation's epilogues (NOTE [epilogues] in
+// kernels/common/epilogue.cuh) over a sum already reduced, for where no Lamport kernel serves it.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kernels/common/dispatch.cuh"
+#include "kernels/common/epilogue.cuh"
+#include "kernels/kernels.hpp"
+
+namespace tpcomm::kernels {
+namespace {
+
+template <class T, Fusion K>
+__global__ void __launch_bounds__(1024)
+    add_rmsnorm_kernel(const T* sum, T* out, FusionParams fusion, std::int64_t count) {
+  if (count == 0) return;  // a warm-up launch (NOTE [first launch])
+  const Fused<K> epilogue(fusion, count);
+  const bool sum_aligned = is_aligned16(sum);
+  auto fetch = [&](std::int64_t v, Pack<T>& x) {
+    x = epilogue(load_pack(sum, v, count, sum_aligned), v * Pack<T>::kElems);
+    return true;
+  };
+  if constexpr (Fused<K>::kRows) {
+    finish_rows<T>(epilogue, out, count, fetch);
+  } else {
+    const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
+    const bool out_aligned = is_aligned16(out);
+    for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         v < packs; v += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      Pack<T> x;
+      fetch(v, x);
+      store_pack(out, v, count, out_aligned, x);
+    }
+  }
+}
+
+/// Calls `f.template operator()<K>()` with `fusion` as a template argument (not kNone).
+template <class Fn>
+Status dispatch_local_fusion(Fusion fusion, Fn&& f) {
+  switch (fusion) {
+    case Fusion::kNone:
+      return Status::kInvalidArgument;
+    case Fusion::kAddRmsNorm:
+      return f.template operator()<Fusion::kAddRmsNorm>();
+    case Fusion::kAddRmsNormFp8:
+      return f.template operator()<Fusion::kAddRmsNormFp8>();
+    case Fusion::kAddRmsNormFp8Token:
+      return f.template operator()<Fusion::kAddRmsNormFp8Token>();
+    case Fusion::kRmsNorm:
+      return f.template operator()<Fusion::kRmsNorm>();
+    case Fusion::kRmsNormFp8:
+      return f.template operator()<Fusion::kRmsNormFp8>();
+    case Fusion::kRmsNormFp8Token:
+      return f.template operator()<Fusion::kRmsNormFp8Token>();
+    case Fusion::kAdd:
+      return f.template operator()<Fusion::kAdd>();
+  }
+  return Status::kInvalidArgument;
+}
+
+}  // namespace
+
+Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParams& fusion,
+                          std::int64_t count, DType dtype, Stream stream) noexcept {
+  if (count < 0 || (count > 0 && (fusion.hidden < 1 || count % fusion.hidden != 0)))
+    return Status::kInvalidArgument;
+  return dispatch_float_dtype(dtype, [&]<class T>() {
+    return dispatch_local_fusion(fusion.kind, [&]<Fusion K>() {
+      constexpr int W = Pack<T>::kElems;
+      int blocks = 1;
+      int threads = 256;
+      if constexpr (traits(K).norm) {
+        // One block per row, about one pack per thread.
+        const std::int64_t packs = (std::max<std::int64_t>(fusion.hidden, 1) + W - 1) / W + 1;
+        threads = 64;
+        while (threads < 1024 && threads < packs) threads *= 2;
+        blocks = static_cast<int>(std::clamp<std::int64_t>(count / std::max<std::int64_t>(fusion.hidden, 1), 1, 1 << 20));
+      } else {
+        blocks = static_cast<int>(std::clamp<std::int64_t>((count / W + 256) / 256, 1, 1024));
+      }
+      add_rmsnorm_kernel<T, K><<<blocks, threads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(sum), static_cast<T*>(residual_out), fusion, count);
+      return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
+    });
+  });
+}
+
+}  // namespace tpcomm::kernels

@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "norm.hpp"
+
+#include <cmath>
+
+#include "core/check.hpp"
+
+namespace tpcomm {
+
+bool overlaps(const TensorView& a, const TensorView& b) noexcept {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a0 = static_cast<const char*>(a.data);
+  const auto* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+kernels::Fusion without_residual(kernels::Fusion kind) noexcept {
+  using kernels::Fusion;
+  switch (kind) {
+    case Fusion::kAddRmsNorm:
+      return Fusion::kRmsNorm;
+    case Fusion::kAddRmsNormFp8:
+      return Fusion::kRmsNormFp8;
+    case Fusion::kAddRmsNormFp8Token:
+      return Fusion::kRmsNormFp8Token;
+    default:
+      return kind;
+  }
+}
+
+Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const TensorView& gamma,
+                         float eps, const TensorView& norm_out, const TensorView& residual_out,
+                         const Fp8Scales& fp8, const char* op, AddRmsNormCall* call,
+                         std::string* message) noexcept {
+  auto bad = [&](auto&&... what) {
+    *message = detail::concat(op, ": ", what...);
+    return Status::kInvalidArgument;
+  };
+  if (x.dtype != DType::kF16 && x.dtype != DType::kBF16 && x.dtype != DType::kF32)
+    return bad("x is ", to_string(x.dtype), "; f16, bf16 or f32 expected");
+  if (x.ndim < 1 || x.shape[x.ndim - 1] < 1)
+    return bad("x must have a last dimension (hidden) of at least 1 element");
+  const std::int64_t hidden = x.shape[x.ndim - 1];
+  const struct {
+    const TensorView* view;
+    const char* name;
+  } views[] = {{&x, "x"},
+               {&residual, "residual"},
+               {&gamma, "gamma"},
+               {&norm_out, "norm_out"},
+               {&residual_out, "residual_out"}};
+  for (const auto& [view, name] : views) {
+    if (view->numel() > 0 && view->data == nullptr) return bad(name, " is null");
+    if (!view->is_contiguous()) return bad(name, " is not contiguous");
+  }
+  if (!residual.same_layout(x)) return bad("residual's dtype or shape differs from x's");
+  if (!residual_out.same_layout(x)) return bad("residual_out's dtype or shape differs from x's");
+  if (gamma.dtype != x.dtype || gamma.numel() != hidden)
+    return bad("gamma must hold ", hidden, " elements of ", to_string(x.dtype), " (it holds ",
+               gamma.numel(), " of ", to_string(gamma.dtype), ")");
+  TensorView norm_shape = norm_out;
+  norm_shape.dtype = x.dtype;
+  if (!norm_shape.same_layout(x)) return bad("norm_out's shape differs from x's");
+  if (!std::isfinite(eps) || eps < 0) return bad("eps ", eps, " is not a finite number >= 0");
+  const std::int64_t rows = x.numel() / hidden;
+
+  using kernels::Fusion;
+  Fusion kind = Fusion::kAddRmsNorm;
+  const float* scale = nullptr;
+  float* row_scales = nullptr;
+  const bool has_rows = fp8.row_scales.data != nullptr;
+  if (norm_out.dtype == DType::kF8E4M3) {
+    if (fp8.scale.data != nullptr && has_rows)
+      return bad("give one of the per-tensor scale and the row scales, not both");
+    if (fp8.scale.data != nullptr) {
+      if (fp8.scale.dtype != DType::kF32 || fp8.scale.numel() != 1)
+        return bad("the FP8 scale must be one f32 element");
+      kind = Fusion::kAddRmsNormFp8;
+      scale = static_cast<const float*>(fp8.scale.data);
+    } else if (has_rows) {
+      if (fp8.row_scales.dtype != DType::kF32 || fp8.row_scales.numel() != rows ||
+          !fp8.row_scales.is_contiguous())
+        return bad("the FP8 row scales must be ", rows, " contiguous f32 elements");
+      kind = Fusion::kAddRmsNormFp8Token;
+      row_scales = static_cast<float*>(fp8.row_scales.data);
+    } else {
+      return bad("norm_out is f8e4m3: give its per-tensor scale or row scales");
+    }
+  } else if (norm_out.dtype != x.dtype) {
+    return bad("norm_out is ", to_string(norm_out.dtype), "; ", to_string(x.dtype),
+               " (x's) or f8e4m3 expected");
+  } else if (fp8.scale.data != nullptr || has_rows) {
+    return bad("FP8 scales given, but norm_out is ", to_string(norm_out.dtype));
+  }
+  if (overlaps(norm_out, residual_out)) return bad("norm_out overlaps residual_out");
+  if (overlaps(residual_out, residual) && residual_out.data != residual.data)
+    return bad("residual_out overlaps residual without being it (in place)");
+  if (overlaps(norm_out, x) && norm_out.data != x.data)
+    return bad("norm_out overlaps x without being it (in place)");
+  if (overlaps(norm_out, residual)) return bad("norm_out overlaps residual");
+  if (overlaps(residual_out, x)) return bad("residual_out overlaps x");
+  if (overlaps(residual_out, gamma) || overlaps(norm_out, gamma))
+    return bad("an output overlaps gamma");
+  if (row_scales != nullptr) {
+    for (const TensorView* v : {&x, &residual, &norm_out, &residual_out, &gamma})
+      if (overlaps(fp8.row_scales, *v)) return bad("the row scales overlap a tensor");
+  }
+
+  call->fusion = kernels::FusionParams{kind,       residual.data, gamma.data, norm_out.data,
+                                       scale,      row_scales,    eps,        hidden};
+  call->rows = rows;
+  call->dtype = x.dtype;
+  call->x = x;
+  call->residual = residual;
+  call->norm_out = norm_out;
+  call->residual_out = residual_out;
+  return Status::kOk;
+}
+
+}  // namespace tpcomm
