@@ -76,7 +76,8 @@ Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParam
         const std::int64_t packs = (std::max<std::int64_t>(fusion.hidden, 1) + W - 1) / W + 1;
         threads = 64;
         while (threads < 1024 && threads < packs) threads *= 2;
-        blocks = static_cast<int>(std::clamp<std::int64_t>(count / std::max<std::int64_t>(fusion.hidden, 1), 1, 1 << 20));
+        blocks = static_cast<int>(
+            std::clamp<std::int64_t>(count / std::max<std::int64_t>(fusion.hidden, 1), 1, 1 << 20));
       } else {
         blocks = static_cast<int>(std::clamp<std::int64_t>((count / W + 256) / 256, 1, 1024));
       }

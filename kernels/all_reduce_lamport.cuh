@@ -55,8 +55,7 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_kernel(AllReduceParam
       Pack<T> got[R];
       ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait);
       if (ok)
-        store_pack(out, v, count, out_aligned,
-                   epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
+        store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
     }
   }
   lamport_end(p, f, ok, packs * 16);

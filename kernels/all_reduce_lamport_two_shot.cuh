@@ -67,8 +67,7 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllRe
     if (__syncthreads_and(ok))
       ok = finish_rows<T>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
         const int s = static_cast<int>(v / slice);
-        return lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait,
-                                s);
+        return lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait, s);
       });
     else
       ok = false;

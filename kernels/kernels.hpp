@@ -58,14 +58,14 @@ struct FusionTraits {
 /// The epilogues that are instantiated, by name. The Lamport kernels carry `kNone` and the
 /// three `kAddRmsNorm*`; the local kernel (`launch_add_rmsnorm`) every one but `kNone`.
 enum class Fusion : std::uint8_t {
-  kNone,               // the plain all-reduce
-  kAddRmsNorm,         // residual_out = sum + residual; norm_out = RMSNorm(residual_out) * gamma
-  kAddRmsNormFp8,      // the same, norm_out in f8e4m3 with a per-tensor scale
-  kAddRmsNormFp8Token, // the same, norm_out in f8e4m3 with per-row scales
-  kRmsNorm,            // no residual: norm_out = RMSNorm(sum) * gamma, residual_out = sum
+  kNone,                // the plain all-reduce
+  kAddRmsNorm,          // residual_out = sum + residual; norm_out = RMSNorm(residual_out) * gamma
+  kAddRmsNormFp8,       // the same, norm_out in f8e4m3 with a per-tensor scale
+  kAddRmsNormFp8Token,  // the same, norm_out in f8e4m3 with per-row scales
+  kRmsNorm,             // no residual: norm_out = RMSNorm(sum) * gamma, residual_out = sum
   kRmsNormFp8,
   kRmsNormFp8Token,
-  kAdd,                // residual_out = sum + residual, no norm
+  kAdd,  // residual_out = sum + residual, no norm
 };
 inline constexpr int kFusionCount = 8;
 

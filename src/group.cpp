@@ -295,8 +295,8 @@ struct Group::Impl {
       return dispatch(Request{Op::kAllReduce, in, out, ReduceOp::kSum, -1, false}, stream);
     };
     auto local = [&](const void* sum) -> Status {
-      if (Status s = kernels::launch_add_rmsnorm(sum, c.residual_out.data, f, count, c.dtype,
-                                                 stream);
+      if (Status s =
+              kernels::launch_add_rmsnorm(sum, c.residual_out.data, f, count, c.dtype, stream);
           s != Status::kOk)
         return fail(s, detail::concat("all_reduce_add_rmsnorm: the local add + RMSNorm failed: ",
                                       to_string(s)));
@@ -318,15 +318,14 @@ struct Group::Impl {
     if (boot.rank() == 0) {
       kernels::FusionParams add = f;
       add.kind = kernels::Fusion::kAdd;
-      if (Status s = kernels::launch_add_rmsnorm(c.x.data, c.residual_out.data, add, count,
-                                                 c.dtype, stream);
+      if (Status s = kernels::launch_add_rmsnorm(c.x.data, c.residual_out.data, add, count, c.dtype,
+                                                 stream);
           s != Status::kOk)
         return fail(s, "all_reduce_add_rmsnorm: the local residual add failed");
     } else {
-      TPCOMM_CUDA_TRY(cudaMemcpyAsync(c.residual_out.data, c.x.data,
-                                      static_cast<std::size_t>(c.x.nbytes()),
-                                      cudaMemcpyDeviceToDevice,
-                                      reinterpret_cast<cudaStream_t>(stream)));
+      TPCOMM_CUDA_TRY(
+          cudaMemcpyAsync(c.residual_out.data, c.x.data, static_cast<std::size_t>(c.x.nbytes()),
+                          cudaMemcpyDeviceToDevice, reinterpret_cast<cudaStream_t>(stream)));
     }
     TPCOMM_TRY(reduce(c.residual_out, c.residual_out));
     f.kind = without_residual(f.kind);
@@ -552,9 +551,9 @@ Status Group::recv(const TensorView& buf, int peer, Stream stream) noexcept {
 }
 
 Status Group::all_reduce_add_rmsnorm(const TensorView& x, const TensorView& residual,
-                                     const TensorView& gamma, float eps,
-                                     const TensorView& norm_out, const TensorView& residual_out,
-                                     Stream stream, const Fp8Scales& fp8) noexcept {
+                                     const TensorView& gamma, float eps, const TensorView& norm_out,
+                                     const TensorView& residual_out, Stream stream,
+                                     const Fp8Scales& fp8) noexcept {
   Impl& m = *impl_;
   TPCOMM_TRY(m.poll_health());
   AddRmsNormCall call;
@@ -568,8 +567,9 @@ Status Group::all_reduce_add_rmsnorm(const TensorView& x, const TensorView& resi
   if (call.rows == 0) return Status::kOk;
   Request req{Op::kAllReduceAddRmsNorm, x, residual_out, ReduceOp::kSum, -1, false};
   req.fusion = &call.fusion;
-  const char* why = m.custom == nullptr ? (world_size() == 1 ? "world size 1" : "no custom all-reduce")
-                                        : m.custom->supports(req).reason;
+  const char* why = m.custom == nullptr
+                        ? (world_size() == 1 ? "world size 1" : "no custom all-reduce")
+                        : m.custom->supports(req).reason;
   if (why == nullptr) return m.dispatch(req, stream);
   m.note_fused_fallback(why);
   return m.add_rmsnorm_fallback(call, stream);

@@ -106,8 +106,8 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
       if (overlaps(fp8.row_scales, *v)) return bad("the row scales overlap a tensor");
   }
 
-  call->fusion = kernels::FusionParams{kind,       residual.data, gamma.data, norm_out.data,
-                                       scale,      row_scales,    eps,        hidden};
+  call->fusion = kernels::FusionParams{kind,  residual.data, gamma.data, norm_out.data,
+                                       scale, row_scales,    eps,        hidden};
   call->rows = rows;
   call->dtype = x.dtype;
   call->x = x;

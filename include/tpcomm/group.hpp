@@ -155,8 +155,7 @@ class Group {
   /// The path that would serve this `all_reduce_add_rmsnorm`: "custom_ar:<name>" (a fused
   /// kernel), or the all-reduce's backend followed by "+add_rmsnorm" (e.g. "nccl+add_rmsnorm",
   /// "local+add_rmsnorm"), or "none". Pure.
-  [[nodiscard]] std::string backend_for_add_rmsnorm(const TensorView& x,
-                                                    const TensorView& norm_out,
+  [[nodiscard]] std::string backend_for_add_rmsnorm(const TensorView& x, const TensorView& norm_out,
                                                     bool capturing = false) const noexcept;
 
   /// kOk while usable; otherwise the sticky failure.

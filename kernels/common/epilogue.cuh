@@ -43,8 +43,8 @@ struct Identity {
 };
 
 /// The fused epilogue `K` (named by its `Fusion`, since a kernel's template arguments cannot be
-/// class values), whose traits `F` decide: with `F.residual`, the pack step adds the residual (in fp32, one
-/// rounding); with `F.norm`, the row step stores each row (`residual_out`) and then its
+/// class values), whose traits `F` decide: with `F.residual`, the pack step adds the residual (in
+/// fp32, one rounding); with `F.norm`, the row step stores each row (`residual_out`) and then its
 /// normalisation `x * rsqrt(mean(x^2) + eps) * gamma`, with the mean of squares in fp32 over the
 /// stored (rounded) row, in `F.quant`'s format.
 template <Fusion K>
@@ -108,8 +108,8 @@ __device__ __forceinline__ bool in_row(std::int64_t v, int i, std::int64_t lo, s
 
 /// Stores the elements of pack `v` that lie in [lo, hi) (whole packs at once where aligned).
 template <class T>
-__device__ __forceinline__ void store_in_row(T* p, std::int64_t v, std::int64_t lo,
-                                             std::int64_t hi, bool aligned, const Pack<T>& x) {
+__device__ __forceinline__ void store_in_row(T* p, std::int64_t v, std::int64_t lo, std::int64_t hi,
+                                             bool aligned, const Pack<T>& x) {
   constexpr int W = Pack<T>::kElems;
   if (aligned && v * W >= lo && v * W + W <= hi) {
     *reinterpret_cast<uint4*>(p + v * W) = x.raw;
@@ -123,7 +123,8 @@ __device__ __forceinline__ void store_in_row(T* p, std::int64_t v, std::int64_t 
 /// The same for W f8e4m3 bytes (one per element of a pack of T).
 template <class T>
 __device__ __forceinline__ void store_in_row_fp8(std::uint8_t* p, std::int64_t v, std::int64_t lo,
-                                                 std::int64_t hi, const std::uint8_t (&q)[16 / sizeof(T)]) {
+                                                 std::int64_t hi,
+                                                 const std::uint8_t (&q)[16 / sizeof(T)]) {
   constexpr int W = Pack<T>::kElems;
   std::uint8_t* at = p + v * W;
   if (v * W >= lo && v * W + W <= hi && (reinterpret_cast<std::uintptr_t>(at) % W) == 0) {
@@ -205,11 +206,10 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
       ok = take(v, x);
     }
     if (!__syncthreads_and(ok)) return false;
-    const float rstd =
-        rsqrtf(block_reduce(squares, sum) / static_cast<float>(hidden) + e.f.eps);
+    const float rstd = rsqrtf(block_reduce(squares, sum) / static_cast<float>(hidden) + e.f.eps);
 
     // The normalised pack v (`x` holds the stored row values).
-    auto normalised = [&](std::int64_t v, const Pack<T>& x, float (&y)[W]) {
+    auto normalised = [&](std::int64_t v, const Pack<T>& x, float(&y)[W]) {
       const Pack<T> g = gamma_for(gamma, gamma_aligned, v, lo, hidden);
 #pragma unroll
       for (int i = 0; i < W; ++i) y[i] = to_float(x[i]) * rstd * to_float(g[i]);

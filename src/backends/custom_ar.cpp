@@ -180,8 +180,8 @@ struct CustomAllReduce::Impl {
       for (int f = 0; f < kernels::kFusionCount; ++f) {
         const auto fusion = static_cast<kernels::Fusion>(f);
         if (kernels::kernel_function(a.kernel, DType::kBF16, world, fusion) != nullptr)
-          per_sm = std::min(per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world,
-                                                               1024, fusion));
+          per_sm = std::min(
+              per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, 1024, fusion));
       }
     }
     return std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));

@@ -121,7 +121,8 @@ Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const S
     if (a.fused.order == 0 || !usable(a.algo) || bytes > a.fused.bound(caps.world_size)) continue;
     if (best == nullptr || a.fused.order < best->fused.order) best = &a;
   }
-  if (best == nullptr) return no("rows x hidden beyond the fusion workspace (TPCOMM_LAMPORT_MAX_BYTES)");
+  if (best == nullptr)
+    return no("rows x hidden beyond the fusion workspace (TPCOMM_LAMPORT_MAX_BYTES)");
   *why = nullptr;
   return fused_launch(best->algo, rows, hidden, caps.max_blocks);
 }

@@ -225,8 +225,7 @@ void run_fused(Group& g, int rank, const FusedCase& c, const Reference& ref, Ran
   ASSERT_EQ(cudaMemcpy(b.x.get(), x_host.data(), n * es, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(b.residual.get(), residual_host.data(), n * es, cudaMemcpyHostToDevice),
             cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(b.gamma.get(), gamma_host.data(), gamma_host.size(),
-                       cudaMemcpyHostToDevice),
+  ASSERT_EQ(cudaMemcpy(b.gamma.get(), gamma_host.data(), gamma_host.size(), cudaMemcpyHostToDevice),
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(b.scale.get(), &ref.scale, 4, cudaMemcpyHostToDevice), cudaSuccess);
   for (DeviceBuffer* p : {&b.norm_out, &b.residual_out, &b.row_scales})
@@ -257,8 +256,8 @@ void run_fused(Group& g, int rank, const FusedCase& c, const Reference& ref, Ran
   got->norm_out = testing::to_host(norm_out.data, n * dtype_size(c.norm_dtype));
   if (c.row_scales)
     got->row_scales = testing::to_host(b.row_scales.get(), static_cast<std::size_t>(c.tokens) * 4);
-  EXPECT_EQ(wrong_elements(c, ref, *got), 0) << c.name() << " rank " << rank << " on "
-                                             << g.backend_for_add_rmsnorm(x, norm_out);
+  EXPECT_EQ(wrong_elements(c, ref, *got), 0)
+      << c.name() << " rank " << rank << " on " << g.backend_for_add_rmsnorm(x, norm_out);
 }
 
 /// Runs every case of one world size on one group per rank, checking bitwise equality across
@@ -348,13 +347,14 @@ TEST_P(FusedWorlds, MatchTheReferenceBitwiseAlike) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Algorithms, FusedWorlds,
-    ::testing::Combine(::testing::Values(2, 3, 4, 8),
-                       ::testing::Values(std::string("lamport"), std::string("lamport_two_shot"))),
-    [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(Algorithms, FusedWorlds,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 8),
+                                            ::testing::Values(std::string("lamport"),
+                                                              std::string("lamport_two_shot"))),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
 
 // Where no fused kernel serves the call, the group's all-reduce and the local kernel give the
 // same answer: world size 1, a group without the fusion workspace (every in-place form, FP8
@@ -403,8 +403,7 @@ TEST(AllReduceAddRmsNorm, GraphReplayWithNewInputs) {
         auto scope = g.capture(stream.stream());
         ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
         EXPECT_EQ(g.all_reduce_add_rmsnorm(view(b.x), view(b.residual), gamma, kEps,
-                                           view(b.norm_out), view(b.residual_out),
-                                           stream.stream()),
+                                           view(b.norm_out), view(b.residual_out), stream.stream()),
                   Status::kOk)
             << g.last_error();
         ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
@@ -423,8 +422,9 @@ TEST(AllReduceAddRmsNorm, GraphReplayWithNewInputs) {
         ASSERT_EQ(
             cudaMemcpy(b.gamma.get(), gamma_host.data(), gamma_host.size(), cudaMemcpyHostToDevice),
             cudaSuccess);
-        ASSERT_EQ(kernels::poison(b.norm_out.get(), static_cast<std::int64_t>(bytes), stream.stream()),
-                  Status::kOk);
+        ASSERT_EQ(
+            kernels::poison(b.norm_out.get(), static_cast<std::int64_t>(bytes), stream.stream()),
+            Status::kOk);
         ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
         ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
         ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
@@ -456,11 +456,11 @@ TEST(AllReduceAddRmsNorm, MissingRankTimesOut) {
       };
       ASSERT_EQ(g.warm_up(stream.stream()), Status::kOk) << g.last_error();
       if (rank != 0) {
-        ASSERT_EQ(g.all_reduce_add_rmsnorm(view(b.x), view(b.residual),
-                                           TensorView::flat(b.gamma.get(), DType::kBF16, 4096, 0),
-                                           kEps, view(b.norm_out), view(b.residual_out),
-                                           stream.stream()),
-                  Status::kOk);
+        ASSERT_EQ(
+            g.all_reduce_add_rmsnorm(view(b.x), view(b.residual),
+                                     TensorView::flat(b.gamma.get(), DType::kBF16, 4096, 0), kEps,
+                                     view(b.norm_out), view(b.residual_out), stream.stream()),
+            Status::kOk);
         ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
         EXPECT_EQ(g.health(), Status::kTimeout);
         EXPECT_NE(g.last_error().find("waiting for rank 0"), std::string::npos) << g.last_error();
