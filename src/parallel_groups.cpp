@@ -28,8 +28,10 @@ ParallelGroups::ParallelGroups(Bootstrap& world, int device, const ParallelConfi
     }
     const std::vector<int>& ranks = layout.group_of(kind, world.rank());
     Bootstrap sub = world.split(ranks, to_string(kind));
-    impl_->owned[k] =
-        std::make_unique<Group>(sub, device, options, GroupConfig{l.comms.custom_ar, l.comms.nccl});
+    // The fusion workspace is part of the custom backend, so a group carrying it builds one.
+    const GroupConfig group_config{l.comms.custom_ar || l.comms.fusion, l.comms.nccl,
+                                   l.comms.fusion};
+    impl_->owned[k] = std::make_unique<Group>(sub, device, options, group_config);
     impl_->groups[k] = impl_->owned[k].get();
   }
 }

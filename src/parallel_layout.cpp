@@ -124,6 +124,19 @@ void set_layout(ParallelLayout& out, GroupLayout layout) {
   out.kinds[index] = std::move(layout);
 }
 
+/// Gives the `kind` group the fusion workspace, unless it has one rank. A kind served by the TP
+/// group object marks that object, so every kind aliased to TP reports it.
+void carry_fusion(ParallelLayout& out, GroupKind kind) {
+  const GroupLayout& l = out.layout(kind);
+  if (l.size < 2) return;
+  if (!l.is_tp_group) {
+    out.kinds[static_cast<int>(kind)].comms.fusion = true;
+    return;
+  }
+  for (GroupLayout& other : out.kinds)
+    if (other.is_tp_group) other.comms.fusion = true;
+}
+
 }  // namespace
 
 std::string_view to_string(GroupKind kind) noexcept {
@@ -175,6 +188,11 @@ ParallelLayout make_parallel_layout(int world_size, const ParallelConfig& config
   set_layout(out, out.moe_tp_size == tp
                       ? aliased_to_tp(tp_layout, GroupKind::kMoeTp)
                       : contiguous_layout(GroupKind::kMoeTp, world_size, out.moe_tp_size));
+
+  // The fusion workspaces: attention's, and the MoE one on EP when EP has peers, else on
+  // MoE-TP. Where both land on one object (the TP group), it carries a single workspace.
+  carry_fusion(out, GroupKind::kAttnTp);
+  carry_fusion(out, config.moe_ep_size > 1 ? GroupKind::kMoeEp : GroupKind::kMoeTp);
   return out;
 }
 

@@ -26,6 +26,22 @@
 //
 // A group of one rank gets no communicator at all (SGLang builds none below two ranks).
 //
+// Fusion workspace (the Lamport buffers of the fused all-reduce + residual + RMSNorm, which
+// also serve small plain all-reduces). SGLang keeps exactly two per process, one for attention
+// and one for MoE, and tags the groups that use them (`_tag_groups_for_flashinfer_allreduce_
+// only` in `distributed/parallel_state.py`, rule as its unit tests pin it):
+//   - the ATTN_TP group carries one;
+//   - exactly one MoE group carries one: MOE_EP when moe_ep > 1, else MOE_TP. The other MoE
+//     group carries none, so that in hybrid EP + MoE-TP a reduction over one group never
+//     reaches the workspace of the other's peers;
+//   - when one group object plays both roles (e.g. tp = ep = 4, where ATTN_TP, MOE_EP and TP are
+//     one object), attention wins the tag; being one object it carries one workspace;
+//   - a group of one rank carries none;
+//   - the TP group carries one only when it is the ATTN_TP group or the chosen MoE group (it
+//     then IS that object); the kinds aliased to it report the same.
+// A group that carries the workspace gets the custom backend (which owns the Lamport buffers)
+// besides NCCL, even where SGLang's rules above leave it NCCL only.
+//
 // Sizes. Pipeline parallelism is out of scope, so SGLang's world = tp * pp becomes
 // world_size == tp_size: there is exactly one TP group. Without DP attention, dp_size counts
 // independent replicas, each its own world, so it does not enter the layout. The checks are
@@ -67,6 +83,10 @@ struct GroupComms {
   bool nccl = false;
   /// The custom all-reduce (peer memory, one-shot / two-shot kernels).
   bool custom_ar = false;
+  /// The group carries the fusion workspace (Lamport buffers, owned by the custom backend, so a
+  /// group with `fusion` but not `custom_ar` still builds that backend): the attention-TP group
+  /// and the one chosen MoE group, by the rule at the top of this file.
+  bool fusion = false;
 
   friend bool operator==(const GroupComms&, const GroupComms&) = default;
 };

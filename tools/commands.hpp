@@ -14,6 +14,7 @@ using Command = std::function<int()>;
 /// Each registers one subcommand on `app` and stores its body in `run` when it is selected.
 void add_info_command(CLI::App& app, Command& run);
 void add_launch_command(CLI::App& app, Command& run);
+void add_policy_command(CLI::App& app, Command& run);
 void add_store_command(CLI::App& app, Command& run);
 void add_bench_command(CLI::App& app, Command& run);
 void add_tune_command(CLI::App& app, Command& run);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The `tpcomm` program: info, bench, tune, launch, store.
+// The `tpcomm` program: info, bench, tune, launch, policy, store.
 #include <cstdio>
 #include <exception>
 
@@ -17,6 +17,7 @@ int run_program(int argc, char** argv) {
   tpcomm::tools::Command run;
   tpcomm::tools::add_info_command(app, run);
   tpcomm::tools::add_launch_command(app, run);
+  tpcomm::tools::add_policy_command(app, run);
   tpcomm::tools::add_store_command(app, run);
 #ifdef TPCOMM_WITH_KERNELS
   tpcomm::tools::add_bench_command(app, run);

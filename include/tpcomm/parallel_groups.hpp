@@ -24,8 +24,16 @@ struct ParallelConfig {
 /// The groups of one rank, with SGLang's rank layouts (see src/parallel_layout.hpp for the
 /// rules): TP (contiguous ranks; NCCL and the custom all-reduce), attention TP, MoE EP (strided)
 /// and MoE TP. A group whose layout equals TP's is the same object as `tp()` (compare
-/// addresses); the others get NCCL only, and a group of one rank gets no communicator at all.
-/// Move-only.
+/// addresses); the others get NCCL only (but see below), and a group of one rank gets no
+/// communicator at all.
+///
+/// Fusion workspace (the Lamport buffers that serve the fused all-reduce + residual + RMSNorm
+/// and small plain all-reduces), as SGLang places its two: the attention-TP group carries one,
+/// and exactly one MoE group carries the other, MoE EP when it has more than one rank, else
+/// MoE TP; the other MoE group carries none, nor does a group of one rank. A group object that
+/// plays both roles carries one. `tp()` carries it only when it is one of those groups. A MoE
+/// group (or an attention-TP group narrower than TP) that carries the workspace gets the custom
+/// backend, whose Lamport buffers are that workspace, besides NCCL. Move-only.
 class ParallelGroups {
  public:
   /// Collective over `world` (world size must equal `config.tp_size`). Throws

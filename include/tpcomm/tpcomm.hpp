@@ -7,6 +7,7 @@
 #include "tpcomm/norm.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/parallel_groups.hpp"
+#include "tpcomm/policy.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/store.hpp"
 #include "tpcomm/tensor.hpp"

@@ -13,9 +13,12 @@ namespace {
 
 using Groups = std::vector<std::vector<int>>;
 
-constexpr GroupComms kNcclAndCustom{true, true};
-constexpr GroupComms kNcclOnly{true, false};
-constexpr GroupComms kNoComms{false, false};
+// {nccl, custom_ar, fusion}
+constexpr GroupComms kNcclAndCustom{true, true, false};
+constexpr GroupComms kNcclCustomFusion{true, true, true};
+constexpr GroupComms kNcclOnly{true, false, false};
+constexpr GroupComms kNcclFusion{true, false, true};
+constexpr GroupComms kNoComms{false, false, false};
 
 /// What SGLang builds for one group kind.
 struct Expected {
@@ -43,7 +46,9 @@ Groups all_ranks(int n) {
   return {g};
 }
 
-const Expected kTp8{all_ranks(8), true, kNcclAndCustom};
+// TP of 8 ranks, carrying a fusion workspace (as ATTN_TP or as the chosen MoE group), and not.
+const Expected kTp8{all_ranks(8), true, kNcclCustomFusion};
+const Expected kTp8NoFusion{all_ranks(8), true, kNcclAndCustom};
 
 ParallelConfig config(int tp, int dp = 1, bool dp_attention = false, int attn_cp = 1,
                       int moe_ep = 1, int moe_dp = 1) {
@@ -64,9 +69,30 @@ const std::vector<Case>& cases() {
        8,
        config(8, 2, true),
        kTp8,
-       {{{0, 1, 2, 3}, {4, 5, 6, 7}}, false, kNcclOnly},
+       {{{0, 1, 2, 3}, {4, 5, 6, 7}}, false, kNcclFusion},
        {singletons(8), false, kNoComms},
        kTp8},
+      {"tp8 dp4 dp-attention (attn_tp 2): TP carries the MoE workspace (MoE-TP is TP)",
+       8,
+       config(8, 4, true),
+       kTp8,
+       {{{0, 1}, {2, 3}, {4, 5}, {6, 7}}, false, kNcclFusion},
+       {singletons(8), false, kNoComms},
+       kTp8},
+      {"tp8 dp4 dp-attention moe_ep8 (attn_tp 2): TP carries the MoE workspace (EP is TP)",
+       8,
+       config(8, 4, true, 1, 8),
+       kTp8,
+       {{{0, 1}, {2, 3}, {4, 5}, {6, 7}}, false, kNcclFusion},
+       kTp8,
+       {singletons(8), false, kNoComms}},
+      {"tp8 dp4 dp-attention moe_ep4 (attn_tp 2, moe_tp 2): TP carries none",
+       8,
+       config(8, 4, true, 1, 4),
+       kTp8NoFusion,
+       {{{0, 1}, {2, 3}, {4, 5}, {6, 7}}, false, kNcclFusion},
+       {{{0, 2, 4, 6}, {1, 3, 5, 7}}, false, kNcclFusion},
+       {{{0, 1}, {2, 3}, {4, 5}, {6, 7}}, false, kNcclOnly}},
       {"tp8 dp2 without dp-attention: replicas do not split TP",
        8,
        config(8, 2, false),
@@ -77,9 +103,9 @@ const std::vector<Case>& cases() {
       {"tp4 moe_ep4: EP is TP",
        4,
        config(4, 1, false, 1, 4),
-       {all_ranks(4), true, kNcclAndCustom},
-       {all_ranks(4), true, kNcclAndCustom},
-       {all_ranks(4), true, kNcclAndCustom},
+       {all_ranks(4), true, kNcclCustomFusion},
+       {all_ranks(4), true, kNcclCustomFusion},
+       {all_ranks(4), true, kNcclCustomFusion},
        {singletons(4), false, kNoComms}},
       {"tp8 moe_ep8: EP is TP",
        8,
@@ -93,50 +119,50 @@ const std::vector<Case>& cases() {
        config(8, 1, false, 1, 4),
        kTp8,
        kTp8,
-       {{{0, 2, 4, 6}, {1, 3, 5, 7}}, false, kNcclOnly},
+       {{{0, 2, 4, 6}, {1, 3, 5, 7}}, false, kNcclFusion},
        {{{0, 1}, {2, 3}, {4, 5}, {6, 7}}, false, kNcclOnly}},
       {"tp8 moe_ep2 (moe_tp 4)",
        8,
        config(8, 1, false, 1, 2),
        kTp8,
        kTp8,
-       {{{0, 4}, {1, 5}, {2, 6}, {3, 7}}, false, kNcclOnly},
+       {{{0, 4}, {1, 5}, {2, 6}, {3, 7}}, false, kNcclFusion},
        {{{0, 1, 2, 3}, {4, 5, 6, 7}}, false, kNcclOnly}},
       {"tp8 moe_ep2 moe_dp2 (moe_tp 2)",
        8,
        config(8, 1, false, 1, 2, 2),
        kTp8,
        kTp8,
-       {{{0, 2}, {1, 3}, {4, 6}, {5, 7}}, false, kNcclOnly},
+       {{{0, 2}, {1, 3}, {4, 6}, {5, 7}}, false, kNcclFusion},
        {{{0, 1}, {2, 3}, {4, 5}, {6, 7}}, false, kNcclOnly}},
       {"tp8 attn_cp2 (attn_tp 4)",
        8,
        config(8, 1, false, 2),
        kTp8,
-       {{{0, 1, 2, 3}, {4, 5, 6, 7}}, false, kNcclOnly},
+       {{{0, 1, 2, 3}, {4, 5, 6, 7}}, false, kNcclFusion},
        {singletons(8), false, kNoComms},
        kTp8},
       {"tp8 dp2 dp-attention attn_cp2 (attn_tp 2)",
        8,
        config(8, 2, true, 2),
        kTp8,
-       {{{0, 1}, {2, 3}, {4, 5}, {6, 7}}, false, kNcclOnly},
+       {{{0, 1}, {2, 3}, {4, 5}, {6, 7}}, false, kNcclFusion},
        {singletons(8), false, kNoComms},
        kTp8},
       // The example in the docstring of SGLang's initialize_model_parallel.
       {"tp8 attn_cp2 moe_dp2 moe_ep4 (moe_tp 1)",
        8,
        config(8, 1, false, 2, 4, 2),
-       kTp8,
-       {{{0, 1, 2, 3}, {4, 5, 6, 7}}, false, kNcclOnly},
-       {{{0, 1, 2, 3}, {4, 5, 6, 7}}, false, kNcclOnly},
+       kTp8NoFusion,
+       {{{0, 1, 2, 3}, {4, 5, 6, 7}}, false, kNcclFusion},
+       {{{0, 1, 2, 3}, {4, 5, 6, 7}}, false, kNcclFusion},
        {singletons(8), false, kNoComms}},
       {"tp2 dp2 dp-attention moe_ep2",
        2,
        config(2, 2, true, 1, 2),
-       {all_ranks(2), true, kNcclAndCustom},
+       {all_ranks(2), true, kNcclCustomFusion},
        {singletons(2), false, kNoComms},
-       {all_ranks(2), true, kNcclAndCustom},
+       {all_ranks(2), true, kNcclCustomFusion},
        {singletons(2), false, kNoComms}},
       {"tp1: nothing to communicate",
        1,
@@ -226,6 +252,102 @@ TEST(ParallelLayout, GroupsPartitionTheWorld) {
       // Only the TP group (or a kind aliased to it) carries the custom all-reduce.
       EXPECT_EQ(g.comms.custom_ar, g.is_tp_group && g.size > 1) << to_string(g.kind);
     }
+  }
+}
+
+// SGLang's tagging rule for the fusion workspaces, checked on every case: ATTN_TP carries one;
+// exactly one MoE group (EP when moe_ep > 1, else MoE-TP) carries the other; the other MoE group
+// none; a group of one rank none; TP only as one of those groups; kinds aliased to TP report
+// TP's communicators, being the same object.
+TEST(ParallelLayout, FusionWorkspaceRuleHoldsForEveryCase) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    ParallelLayout l = make_parallel_layout(c.world, c.config);
+    const GroupLayout& tp = l.layout(GroupKind::kTp);
+    const GroupLayout& attn = l.layout(GroupKind::kAttnTp);
+    const bool ep_chosen = c.config.moe_ep_size > 1;
+    const GroupLayout& moe = l.layout(ep_chosen ? GroupKind::kMoeEp : GroupKind::kMoeTp);
+    const GroupLayout& other_moe = l.layout(ep_chosen ? GroupKind::kMoeTp : GroupKind::kMoeEp);
+    EXPECT_EQ(attn.comms.fusion, attn.size > 1);
+    EXPECT_EQ(moe.comms.fusion, moe.size > 1);
+    EXPECT_FALSE(other_moe.comms.fusion);
+    EXPECT_EQ(tp.comms.fusion,
+              (attn.is_tp_group && attn.size > 1) || (moe.is_tp_group && moe.size > 1));
+    for (const GroupLayout& g : l.kinds) {
+      if (g.size < 2) {
+        EXPECT_EQ(g.comms, kNoComms) << to_string(g.kind);
+      }
+      if (g.is_tp_group) {
+        EXPECT_EQ(g.comms, tp.comms) << to_string(g.kind);
+      }
+    }
+  }
+}
+
+// The layouts of SGLang's process groups, one by one: who carries a fusion workspace.
+TEST(ParallelLayout, FusionWorkspacePlacement) {
+  auto fusion = [](const ParallelLayout& l, GroupKind k) { return l.layout(k).comms.fusion; };
+  {
+    SCOPED_TRACE("tp=ep=4: TP, ATTN_TP and EP are one object, which carries one workspace");
+    ParallelLayout l = make_parallel_layout(4, config(4, 1, false, 1, 4));
+    ASSERT_TRUE(l.layout(GroupKind::kAttnTp).is_tp_group);
+    ASSERT_TRUE(l.layout(GroupKind::kMoeEp).is_tp_group);
+    EXPECT_TRUE(fusion(l, GroupKind::kTp));
+    EXPECT_FALSE(fusion(l, GroupKind::kMoeTp));
+  }
+  {
+    SCOPED_TRACE("tp8 ep8: EP is TP");
+    ParallelLayout l = make_parallel_layout(8, config(8, 1, false, 1, 8));
+    EXPECT_TRUE(fusion(l, GroupKind::kTp));
+    EXPECT_TRUE(fusion(l, GroupKind::kMoeEp));
+    EXPECT_FALSE(fusion(l, GroupKind::kMoeTp));
+  }
+  {
+    SCOPED_TRACE("tp8 ep4 (moe_tp 2): EP carries the MoE workspace, MoE-TP none");
+    ParallelLayout l = make_parallel_layout(8, config(8, 1, false, 1, 4));
+    EXPECT_TRUE(fusion(l, GroupKind::kTp));  // as ATTN_TP
+    EXPECT_TRUE(fusion(l, GroupKind::kMoeEp));
+    EXPECT_FALSE(l.layout(GroupKind::kMoeEp).is_tp_group);
+    EXPECT_FALSE(fusion(l, GroupKind::kMoeTp));
+    EXPECT_EQ(l.layout(GroupKind::kMoeEp).comms, kNcclFusion);
+  }
+  {
+    SCOPED_TRACE("tp8 dp4 dp-attention ep4: ATTN_TP (2 ranks) and EP carry, TP none");
+    ParallelLayout l = make_parallel_layout(8, config(8, 4, true, 1, 4));
+    EXPECT_EQ(l.attn_tp_size, 2);
+    EXPECT_TRUE(fusion(l, GroupKind::kAttnTp));
+    EXPECT_TRUE(fusion(l, GroupKind::kMoeEp));
+    EXPECT_FALSE(fusion(l, GroupKind::kMoeTp));
+    EXPECT_FALSE(fusion(l, GroupKind::kTp));
+  }
+  {
+    SCOPED_TRACE("tp8 dp4 dp-attention ep1: ATTN_TP carries; TP carries as MoE-TP");
+    ParallelLayout l = make_parallel_layout(8, config(8, 4, true));
+    EXPECT_TRUE(fusion(l, GroupKind::kAttnTp));
+    EXPECT_FALSE(l.layout(GroupKind::kAttnTp).is_tp_group);
+    EXPECT_TRUE(l.layout(GroupKind::kMoeTp).is_tp_group);
+    EXPECT_TRUE(fusion(l, GroupKind::kTp));
+    EXPECT_FALSE(fusion(l, GroupKind::kMoeEp));
+  }
+  {
+    SCOPED_TRACE("tp8 ep1: MoE-TP is TP, which also is ATTN_TP");
+    ParallelLayout l = make_parallel_layout(8, config(8));
+    EXPECT_TRUE(l.layout(GroupKind::kMoeTp).is_tp_group);
+    EXPECT_TRUE(fusion(l, GroupKind::kTp));
+    EXPECT_TRUE(fusion(l, GroupKind::kMoeTp));
+    EXPECT_FALSE(fusion(l, GroupKind::kMoeEp));
+  }
+  {
+    SCOPED_TRACE("tp8 dp8 dp-attention ep8: attention groups of one rank carry nothing");
+    ParallelLayout l = make_parallel_layout(8, config(8, 8, true, 1, 8));
+    EXPECT_FALSE(fusion(l, GroupKind::kAttnTp));
+    EXPECT_TRUE(fusion(l, GroupKind::kMoeEp));
+    EXPECT_TRUE(fusion(l, GroupKind::kTp));
+  }
+  {
+    SCOPED_TRACE("tp1: nothing");
+    ParallelLayout l = make_parallel_layout(1, config(1));
+    for (const GroupLayout& g : l.kinds) EXPECT_FALSE(g.comms.fusion) << to_string(g.kind);
   }
 }
 

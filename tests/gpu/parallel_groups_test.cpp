@@ -33,27 +33,32 @@ TEST(ParallelGroups, MoeGroupsFromOneWorld) {
     EXPECT_EQ(pg.moe_tp().world_size(), 2);
     EXPECT_EQ(pg.moe_tp().rank(), rank % 2);
 
-    // TP gets the custom all-reduce; the MoE groups NCCL only, which refuses ranks sharing a
-    // GPU: here nothing serves them, and they say so.
+    // TP carries the attention fusion workspace and EP the MoE one (moe_ep > 1), so both have
+    // the custom backend. MoE TP carries none and gets NCCL only, which refuses ranks sharing a
+    // GPU: here nothing serves it, and it says so.
     StreamHolder stream;
     DeviceBuffer buf(4096), wrong(8);
     auto v = TensorView::flat(buf.get(), DType::kBF16, 1024, 0);
     EXPECT_EQ(pg.tp().backend_for_all_reduce(v, v), "custom_ar:lamport");
-    EXPECT_EQ(pg.moe_ep().backend_for_all_reduce(v, v), "none");
-    ASSERT_EQ(kernels::fill_data(buf.get(), DType::kBF16, 1024, 11, rank, ReduceOp::kSum, 0,
-                                 stream.stream()),
-              Status::kOk);
-    ASSERT_EQ(pg.tp().all_reduce(v, v, stream.stream()), Status::kOk) << pg.tp().last_error();
-    ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, 8, stream.get()), cudaSuccess);
-    ASSERT_EQ(kernels::check_data(buf.get(), DType::kBF16, 1024, 11, rank, 4, ReduceOp::kSum,
-                                  kernels::Collective::kAllReduce, 0,
-                                  static_cast<unsigned long long*>(wrong.get()), stream.stream()),
-              Status::kOk);
-    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-    unsigned long long bad = 1;
-    cudaMemcpy(&bad, wrong.get(), 8, cudaMemcpyDeviceToHost);
-    EXPECT_EQ(bad, 0u);
-    EXPECT_EQ(pg.moe_ep().all_reduce(v, v, stream.stream()), Status::kUnsupported);
+    EXPECT_EQ(pg.moe_ep().backend_for_all_reduce(v, v), "custom_ar:lamport");
+    EXPECT_EQ(pg.moe_tp().backend_for_all_reduce(v, v), "none");
+    for (Group* g : {&pg.tp(), &pg.moe_ep()}) {
+      SCOPED_TRACE(g == &pg.tp() ? "tp" : "moe_ep");
+      ASSERT_EQ(kernels::fill_data(buf.get(), DType::kBF16, 1024, 11, g->rank(), ReduceOp::kSum, 0,
+                                   stream.stream()),
+                Status::kOk);
+      ASSERT_EQ(g->all_reduce(v, v, stream.stream()), Status::kOk) << g->last_error();
+      ASSERT_EQ(cudaMemsetAsync(wrong.get(), 0, 8, stream.get()), cudaSuccess);
+      ASSERT_EQ(kernels::check_data(buf.get(), DType::kBF16, 1024, 11, g->rank(), g->world_size(),
+                                    ReduceOp::kSum, kernels::Collective::kAllReduce, 0,
+                                    static_cast<unsigned long long*>(wrong.get()), stream.stream()),
+                Status::kOk);
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      unsigned long long bad = 1;
+      cudaMemcpy(&bad, wrong.get(), 8, cudaMemcpyDeviceToHost);
+      EXPECT_EQ(bad, 0u);
+    }
+    EXPECT_EQ(pg.moe_tp().all_reduce(v, v, stream.stream()), Status::kUnsupported);
   });
 }
 
