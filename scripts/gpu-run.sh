@@ -4,12 +4,12 @@
 # the folder given as the first argument. Uses the build in ./build (configure and build it
 # first, or carry it from a machine with the same CUDA toolkit).
 #
-#   scripts/gpu-run.sh OUTDIR [all|tests|bench]
+#   scripts/gpu-run.sh OUTDIR [all|tests|bench|fused]
 #
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
-out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench]}
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench|fused]}
 what=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -87,6 +87,19 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step peers python3 -m torch.distributed.run --nproc-per-node "$gpus" scripts/torch-peers.py \
       -b 1K -e 256M -f 4
   fi
+fi
+
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = fused ]; then
+  # The fused all-reduce + residual add + RMSNorm against the all-reduce followed by add_rmsnorm
+  # and the plain all-reduce of the same bytes, tokens 1..2048, workspaces that hold them all.
+  for h in 4096 7168; do
+    for r in 2 4 8; do
+      step fused env TPCOMM_LAMPORT_MAX_BYTES=32M TPCOMM_CUSTOM_AR_MAX_BYTES=32M "$bin/tpcomm" bench \
+        --virtual-ranks "$r" --op allreduce_add_rmsnorm --hidden "$h" -b $((h * 2)) \
+        -e $((h * 2 * 2048)) -f 2 -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 \
+        --algo auto,lamport,lamport_two_shot,unfused,allreduce --json "$out/fused-h$h-w$r.json"
+    done
+  done
 fi
 
 echo "== failures"

@@ -22,6 +22,7 @@
 #include "tools/commands.hpp"
 #include "tools/ranks.hpp"
 #include "tpcomm/group.hpp"
+#include "tpcomm/norm.hpp"
 #include "tune/graph_timer.hpp"
 
 namespace tpcomm::tools {
@@ -73,7 +74,14 @@ class Runner {
       group_ = std::make_unique<Group>(boot, device, opt);
     }
     world_ = boot.world_size();
+    if (o.add_rmsnorm) allocate_fused();
   }
+
+  ~Runner() {
+    for (void* p : {residual_, gamma_, norm_, sum_}) cudaFree(p);
+  }
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
 
   Group* group() { return group_.get(); }
 
@@ -106,6 +114,7 @@ class Runner {
       return Status::kInternal;
     }
     Group& g = *group_;
+    if (o_.add_rmsnorm) return run_fused(in, out, s, stream);
     auto iv = TensorView::flat(const_cast<void*>(in), t, s.in, g.device());
     auto ov = TensorView::flat(out, t, s.out, g.device());
     switch (o_.op) {
@@ -126,6 +135,13 @@ class Runner {
   std::string served_by(const Shape& s) const {
     if (algo_.kind == BenchAlgo::Kind::kMemcpy) return "cudaMemcpyAsync";
     if (direct_) return "nccl(direct)";
+    if (o_.add_rmsnorm) {
+      const auto x = rows(reinterpret_cast<void*>(256), s.in);
+      if (algo_.kind == BenchAlgo::Kind::kGroup)
+        return group_->backend_for_add_rmsnorm(x, x, o_.graph);
+      const std::string reduce = group_->backend_for_all_reduce(x, x, o_.graph);
+      return algo_.kind == BenchAlgo::Kind::kUnfused ? reduce + "+add_rmsnorm" : reduce;
+    }
     if (o_.op != Collective::kAllReduce) return group_->world_size() == 1 ? "local" : "nccl";
     auto v = TensorView::flat(reinterpret_cast<void*>(256), o_.dtype, s.in, group_->device());
     return group_->backend_for_all_reduce(v, v, o_.graph);
@@ -142,6 +158,55 @@ class Runner {
   }
 
  private:
+  static constexpr float kEps = 1e-6f;
+
+  /// `[count / hidden, hidden]` of the bench's dtype at `p`.
+  TensorView rows(void* p, std::int64_t count) const {
+    return TensorView::contiguous(p, o_.dtype, {count / o_.hidden, o_.hidden}, group_->device());
+  }
+
+  /// The fused operation's other tensors, for the largest size: a residual of zeros (so that
+  /// residual_out is the all-reduce, which the check verifies), gamma, norm_out, and the sum of
+  /// the unfused pair.
+  void allocate_fused() {
+    const std::int64_t bytes = fused_count(o_.max_bytes, o_.dtype, o_.hidden) *
+                                   static_cast<std::int64_t>(dtype_size(o_.dtype)) +
+                               256;
+    for (void** p : {&residual_, &norm_, &sum_}) {
+      TPCOMM_CUDA_CHECK(cudaMalloc(p, static_cast<std::size_t>(bytes)));
+      TPCOMM_CUDA_CHECK(cudaMemset(*p, 0, static_cast<std::size_t>(bytes)));
+    }
+    const auto gamma_bytes = static_cast<std::size_t>(o_.hidden) * dtype_size(o_.dtype);
+    TPCOMM_CUDA_CHECK(cudaMalloc(&gamma_, gamma_bytes));
+    TPCOMM_CUDA_CHECK(cudaMemset(gamma_, 0, gamma_bytes));
+  }
+
+  /// One fused operation on this row's path; `out` is residual_out.
+  Status run_fused(const void* in, void* out, const Shape& s, Stream stream) {
+    Group& g = *group_;
+    const TensorView x = rows(const_cast<void*>(in), s.in);
+    const TensorView residual_out = rows(out, s.in);
+    const TensorView residual = rows(residual_, s.in);
+    const TensorView gamma = TensorView::flat(gamma_, o_.dtype, o_.hidden, g.device());
+    switch (algo_.kind) {
+      case BenchAlgo::Kind::kUnfused: {
+        const TensorView sum = rows(sum_, s.in);
+        TPCOMM_TRY(g.all_reduce(x, sum, stream));
+        return add_rmsnorm(sum, residual, gamma, kEps, sum, residual_out, stream);
+      }
+      case BenchAlgo::Kind::kAllReduceOnly:
+        return g.all_reduce(x, residual_out, stream);
+      default:
+        return g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, rows(norm_, s.in), residual_out,
+                                        stream);
+    }
+  }
+
+  void* residual_ = nullptr;
+  void* gamma_ = nullptr;
+  void* norm_ = nullptr;
+  void* sum_ = nullptr;
+
   const BenchOptions& o_;
   BenchAlgo algo_;
   std::unique_ptr<Group> group_;
@@ -218,7 +283,9 @@ class Bench {
     TPCOMM_CUDA_CHECK(cudaEventCreate(&stop_));
     const int world = boot_.world_size();
     const auto es = static_cast<std::int64_t>(dtype_size(o_.dtype));
-    const std::int64_t max_count = bench_count(o_.op, o_.max_bytes, o_.dtype, world);
+    const std::int64_t max_count = o_.add_rmsnorm
+                                       ? fused_count(o_.max_bytes, o_.dtype, o_.hidden)
+                                       : bench_count(o_.op, o_.max_bytes, o_.dtype, world);
     const Shape max_shape = shape_of(o_.op, max_count, world);
     // In-place all-gather/reduce-scatter work inside the larger buffer, so size both alike.
     const std::int64_t elems = std::max(max_shape.in, max_shape.out) + o_.unalign + 64;
@@ -243,6 +310,20 @@ class Bench {
             algo.name.c_str());
       return false;
     }
+    const bool fused_row =
+        algo.kind == BenchAlgo::Kind::kUnfused || algo.kind == BenchAlgo::Kind::kAllReduceOnly;
+    if (fused_row && !o_.add_rmsnorm) {
+      if (boot_.rank() == 0)
+        std::printf("#\n# %s: skipped: a row of --op allreduce_add_rmsnorm\n", algo.name.c_str());
+      return false;
+    }
+    if (o_.add_rmsnorm &&
+        (algo.kind == BenchAlgo::Kind::kMemcpy || algo.kind == BenchAlgo::Kind::kNcclDirect)) {
+      if (boot_.rank() == 0)
+        std::printf("#\n# %s: skipped: not a way to run allreduce_add_rmsnorm\n",
+                    algo.name.c_str());
+      return false;
+    }
     if (algo.pins_custom() && o_.op != Collective::kAllReduce) {
       if (boot_.rank() == 0)
         std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",
@@ -261,12 +342,14 @@ class Bench {
     print_header(algo);
     const auto sizes = bench_sizes(o_);
     for (std::size_t k = 0; k < sizes.size(); ++k) {
-      const std::int64_t count = bench_count(o_.op, sizes[k], o_.dtype, world);
+      const std::int64_t count = o_.add_rmsnorm ? fused_count(sizes[k], o_.dtype, o_.hidden)
+                                                : bench_count(o_.op, sizes[k], o_.dtype, world);
       const std::int64_t bytes = count * es;
       const Shape s = shape_of(o_.op, count, world);
       Measure oop = measure(runner, s, false, k);
+      // The fused operation's in-place form would add the residual into itself every iteration.
       const bool no_in_place =
-          o_.op == Collective::kAllToAll || algo.kind == BenchAlgo::Kind::kMemcpy;
+          o_.op == Collective::kAllToAll || algo.kind == BenchAlgo::Kind::kMemcpy || o_.add_rmsnorm;
       Measure ip = no_in_place ? Measure{} : measure(runner, s, true, k);
       total_wrong += static_cast<std::int64_t>(oop.wrong + ip.wrong);
       const bool failed = !oop.failure.empty() || !ip.failure.empty();
@@ -275,7 +358,7 @@ class Bench {
         print_row(bytes, count, oop, ip, served);
         rows.push_back(row_json(algo, bytes, count, oop, ip, served));
         std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n", algo.name.c_str(),
-                     std::string(collective_name(o_.op)).c_str(), k + 1, sizes.size());
+                     op_name().c_str(), k + 1, sizes.size());
       }
       if (failed) return false;
     }
@@ -298,6 +381,10 @@ class Bench {
   }
 
   Stream stream() const { return reinterpret_cast<Stream>(stream_); }
+
+  std::string op_name() const {
+    return o_.add_rmsnorm ? "allreduce_add_rmsnorm" : std::string(collective_name(o_.op));
+  }
 
   /// Input and output pointers of one column: in place, the output is the input buffer
   /// (all-gather: this rank's slot of it; reduce-scatter: this rank's slice of the input).
@@ -499,7 +586,7 @@ class Bench {
               {"wrong", m.wrong}};
     };
     return {{"algo", algo.name},
-            {"op", collective_name(o_.op)},
+            {"op", op_name()},
             {"size", bytes},
             {"count", count},
             {"type", to_string(o_.dtype)},
@@ -529,8 +616,10 @@ void print_banner(const BenchOptions& o, int world, const char* mode, std::uint6
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("# tpcomm bench %s: %s, %d rank(s) (%s), %d GPU(s) visible: %s, driver %d\n",
-              TPCOMM_VERSION, std::string(collective_name(o.op)).c_str(), world, mode, devices,
-              prop.name, driver);
+              TPCOMM_VERSION,
+              o.add_rmsnorm ? ("allreduce_add_rmsnorm, hidden " + std::to_string(o.hidden)).c_str()
+                            : std::string(collective_name(o.op)).c_str(),
+              world, mode, devices, prop.name, driver);
   std::printf("# sizes %lld..%lld B, %s, iters %d, warmup %d, check %d, unalign %lld, seed %llu\n",
               static_cast<long long>(o.min_bytes), static_cast<long long>(o.max_bytes),
               o.graph ? "CUDA graph replay (median)" : "eager (mean)", o.iters, o.warmup, o.check,

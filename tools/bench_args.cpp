@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/bench_args.hpp"
 
+#include <algorithm>
 #include <array>
 #include <utility>
 
@@ -78,6 +79,11 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option_function<std::string>(
       "--op",
       [&o](const std::string& name) {
+        o.add_rmsnorm = name == "allreduce_add_rmsnorm";
+        if (o.add_rmsnorm) {
+          o.op = kernels::Collective::kAllReduce;
+          return;
+        }
         for (const auto& [k, n] : kCollNames) {
           if (n == name) {
             o.op = k;
@@ -86,7 +92,11 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
         }
         throw CLI::ValidationError("--op", "unknown collective " + name);
       },
-      "collective: allreduce, allgather, reducescatter, alltoall, broadcast");
+      "collective: allreduce, allgather, reducescatter, alltoall, broadcast, "
+      "allreduce_add_rmsnorm (the fused all-reduce + residual add + RMSNorm; sizes are of x, "
+      "whole rows of --hidden)");
+  cmd.add_option("--hidden", o.hidden, "row length of allreduce_add_rmsnorm, in elements")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   cmd.add_option("-r,--root", o.root, "root of broadcast")->check(CLI::NonNegativeNumber);
 }
 
@@ -109,7 +119,7 @@ void add_algo_option(CLI::App& cmd, BenchOptions& o) {
            o.algos.clear();
            for (const std::string& n : names) {
              if (n == "all") {
-               for (const BenchAlgo& a : all_bench_algos()) o.algos.push_back(a);
+               for (const BenchAlgo& a : all_bench_algos(o.add_rmsnorm)) o.algos.push_back(a);
                continue;
              }
              auto a = parse_bench_algo(n);
@@ -122,7 +132,9 @@ void add_algo_option(CLI::App& cmd, BenchOptions& o) {
          },
          "how to serve the collective, comma-separated: " + pinned_names() +
              " (a custom algorithm is pinned where it can serve; elsewhere the built-in choice), "
-             "nccl_direct, memcpy (a device copy of the same bytes, for reference), all")
+             "nccl_direct, memcpy (a device copy of the same bytes, for reference), unfused and "
+             "allreduce (with --op allreduce_add_rmsnorm: the all-reduce then add_rmsnorm, and the "
+             "all-reduce alone), all (give --op first)")
       ->delimiter(',');
 }
 
@@ -153,8 +165,15 @@ void add_sweep_checks(CLI::App& cmd, BenchOptions& o) {
 
 }  // namespace
 
-std::vector<BenchAlgo> all_bench_algos() {
+std::vector<BenchAlgo> all_bench_algos(bool add_rmsnorm) {
   std::vector<BenchAlgo> out{BenchAlgo{}};
+  if (add_rmsnorm) {
+    for (const AlgoInfo& a : kAlgorithms)
+      if (kernels::fuses(a.kernel)) out.push_back({BenchAlgo::Kind::kGroup, std::string(a.name)});
+    out.push_back({BenchAlgo::Kind::kUnfused, "unfused"});
+    out.push_back({BenchAlgo::Kind::kAllReduceOnly, "allreduce"});
+    return out;
+  }
   for (const AlgoInfo& a : kAlgorithms)
     out.push_back({BenchAlgo::Kind::kGroup, std::string(a.name)});
   out.push_back({BenchAlgo::Kind::kGroup, "nccl"});
@@ -167,6 +186,8 @@ std::optional<BenchAlgo> parse_bench_algo(std::string_view name) {
   if (name == "nccl_direct" || name == "nccl-direct")
     return BenchAlgo{BenchAlgo::Kind::kNcclDirect, "nccl_direct"};
   if (name == "memcpy") return BenchAlgo{BenchAlgo::Kind::kMemcpy, "memcpy"};
+  if (name == "unfused") return BenchAlgo{BenchAlgo::Kind::kUnfused, "unfused"};
+  if (name == "allreduce") return BenchAlgo{BenchAlgo::Kind::kAllReduceOnly, "allreduce"};
   Pinned pinned;
   if (!parse_pinned(name, &pinned)) return std::nullopt;
   return BenchAlgo{BenchAlgo::Kind::kGroup, std::string(to_string(pinned))};
@@ -187,6 +208,11 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
   add_algo_option(cmd, o);
   add_run_options(cmd, o);
   add_sweep_checks(cmd, o);
+}
+
+std::int64_t fused_count(std::int64_t bytes, DType dtype, std::int64_t hidden) noexcept {
+  const std::int64_t rows = bytes / static_cast<std::int64_t>(dtype_size(dtype)) / hidden;
+  return std::max<std::int64_t>(rows, 1) * hidden;
 }
 
 std::vector<std::int64_t> bench_sizes(const BenchOptions& o) {

@@ -25,6 +25,11 @@ struct BenchAlgo {
     kNcclDirect,
     /// A device-to-device copy of the same bytes: the one-GPU physical limit.
     kMemcpy,
+    /// With `--op allreduce_add_rmsnorm`: the group's all-reduce followed by `add_rmsnorm`, the
+    /// unfused pair the fused operation replaces.
+    kUnfused,
+    /// With `--op allreduce_add_rmsnorm`: the group's plain all-reduce of the same bytes.
+    kAllReduceOnly,
   };
   Kind kind = Kind::kGroup;
   /// The row's name, as `--algo` spells it canonically.
@@ -37,8 +42,9 @@ struct BenchAlgo {
   friend bool operator==(const BenchAlgo&, const BenchAlgo&) = default;
 };
 
-/// Every row `--algo all` runs: auto, the registry's algorithms, nccl, nccl_direct, memcpy.
-std::vector<BenchAlgo> all_bench_algos();
+/// Every row `--algo all` runs: auto, the registry's algorithms, nccl, nccl_direct, memcpy; with
+/// `add_rmsnorm`, auto, the algorithms that fuse, unfused and allreduce.
+std::vector<BenchAlgo> all_bench_algos(bool add_rmsnorm = false);
 
 /// A `--algo` name (any case, '-' for '_', the registry's aliases), or nullopt.
 std::optional<BenchAlgo> parse_bench_algo(std::string_view name);
@@ -54,16 +60,20 @@ struct BenchOptions {
   DType dtype = DType::kF32;          // -d
   ReduceOp redop = ReduceOp::kSum;    // -o
   kernels::Collective op = kernels::Collective::kAllReduce;  // --op
-  int root = 0;                                              // -r
-  bool graph = false;                                        // --graph
-  int graph_replays = 10;                                    // --graph-replays
-  std::int64_t unalign = 0;                                  // -u (elements)
-  std::vector<BenchAlgo> algos{BenchAlgo{}};                 // --algo
-  std::string json;                                          // --json FILE
-  int gpus = 0;            // -g N: launch N processes, one per GPU
-  int virtual_ranks = 0;   // --virtual-ranks N: N threads on GPU 0
-  int timeout_s = 600;     // deadline of a self-launched run
-  std::uint64_t seed = 0;  // --seed (0 = random)
+  /// --op allreduce_add_rmsnorm: the fused all-reduce + residual add + RMSNorm over rows of
+  /// `hidden` elements (`op` stays kAllReduce: residual_out is checked as the all-reduce).
+  bool add_rmsnorm = false;
+  std::int64_t hidden = 4096;                 // --hidden
+  int root = 0;                               // -r
+  bool graph = false;                         // --graph
+  int graph_replays = 10;                     // --graph-replays
+  std::int64_t unalign = 0;                   // -u (elements)
+  std::vector<BenchAlgo> algos{BenchAlgo{}};  // --algo
+  std::string json;                           // --json FILE
+  int gpus = 0;                               // -g N: launch N processes, one per GPU
+  int virtual_ranks = 0;                      // --virtual-ranks N: N threads on GPU 0
+  int timeout_s = 600;                        // deadline of a self-launched run
+  std::uint64_t seed = 0;                     // --seed (0 = random)
 };
 
 /// Adds the options to `cmd` (the `bench` subcommand) and validates them after parsing.
@@ -84,5 +94,9 @@ std::int64_t bench_count(kernels::Collective op, std::int64_t bytes, DType dtype
 
 /// "allreduce", "allgather", ...
 std::string_view collective_name(kernels::Collective op) noexcept;
+
+/// Elements of one fused operation for a sweep size of `bytes`: whole rows of `hidden`, at least
+/// one.
+std::int64_t fused_count(std::int64_t bytes, DType dtype, std::int64_t hidden) noexcept;
 
 }  // namespace tpcomm::tools
