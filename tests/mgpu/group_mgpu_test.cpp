@@ -92,6 +92,59 @@ TEST(MultiProcess, ExactAllReduceEveryAlgorithm) {
   }
 }
 
+// The fused all-reduce + residual add + RMSNorm across processes, on each fused algorithm and on
+// the fallback: with a residual of zeros, residual_out is the exact all-reduce; norm_out is
+// finite and bitwise the same on every rank.
+TEST(MultiProcess, FusedAddRmsNorm) {
+  const int rank = g_boot->rank();
+  StreamHolder stream;
+  const Stream s = stream.stream();
+  // The last group carries no fusion workspace: all-reduce, then the local add + RMSNorm.
+  for (auto [algo, fusion] : {std::pair<const char*, bool>{"lamport", true},
+                              {"lamport_two_shot", true},
+                              {"auto", false}}) {
+    Group g(*g_boot, g_device, mgpu_options(algo), GroupConfig{true, true, fusion});
+    for (auto [tokens, hidden] :
+         {std::pair<std::int64_t, std::int64_t>{1, 4096}, {17, 2880}, {5, 7}}) {
+      const std::int64_t count = tokens * hidden;
+      DeviceBuffer x(count * 2), residual(count * 2), gamma(hidden * 2), norm(count * 2),
+          out(count * 2);
+      const std::uint64_t seed = 500 + static_cast<std::uint64_t>(count);
+      ASSERT_EQ(kernels::fill_data(x.get(), DType::kBF16, count, seed, rank, ReduceOp::kSum, 0, s),
+                Status::kOk);
+      ASSERT_EQ(
+          kernels::fill_data(gamma.get(), DType::kBF16, hidden, seed, 0, ReduceOp::kSum, 0, s),
+          Status::kOk);
+      ASSERT_EQ(cudaMemsetAsync(residual.get(), 0, residual.size(), stream.get()), cudaSuccess);
+      for (DeviceBuffer* b : {&norm, &out})
+        ASSERT_EQ(kernels::poison(b->get(), static_cast<std::int64_t>(b->size()), s), Status::kOk);
+      auto rows = [&](const DeviceBuffer& b) {
+        return TensorView::contiguous(b.get(), DType::kBF16, {tokens, hidden}, g_device);
+      };
+      ASSERT_EQ(
+          g.all_reduce_add_rmsnorm(rows(x), rows(residual),
+                                   TensorView::flat(gamma.get(), DType::kBF16, hidden, g_device),
+                                   1e-6f, rows(norm), rows(out), s),
+          Status::kOk)
+          << g.last_error();
+      EXPECT_EQ(
+          count_wrong(out.get(), DType::kBF16, count, seed, kernels::Collective::kAllReduce, 0, s),
+          0u)
+          << algo << " " << tokens << "x" << hidden << " on "
+          << g.backend_for_add_rmsnorm(rows(x), rows(norm));
+      EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
+      std::vector<std::uint16_t> host(static_cast<std::size_t>(count));
+      ASSERT_EQ(cudaMemcpy(host.data(), norm.get(), host.size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      int not_finite = 0;
+      for (std::uint16_t v : host) not_finite += (v & 0x7F80u) == 0x7F80u ? 1 : 0;
+      EXPECT_EQ(not_finite, 0) << algo;
+      const auto digests = g_boot->all_gather_value(digest(norm.get(), host.size() * 2));
+      for (std::uint64_t d : digests) EXPECT_EQ(d, digests[0]) << "norm_out differs across ranks";
+    }
+  }
+}
+
 // The Lamport kernels push into peers' buffers through IPC mappings and rotate three buffers:
 // back-to-back operations of changing sizes, queued without waiting, are each exact.
 TEST(MultiProcess, LamportBackToBack) {
