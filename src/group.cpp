@@ -56,14 +56,14 @@ class CustomArBackend final : public Backend {
   Choice choose(const Request& r) const noexcept {
     if (r.op == Op::kAllReduceAddRmsNorm)
       return select_add_rmsnorm(r.in.numel() / r.fusion->hidden, r.fusion->hidden, r.in.dtype,
-                                ar_->caps(), pinned_);
+                                ar_->caps(), pinned_, *table_);
     return select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, ar_->caps(), pinned_, *table_);
   }
   /// The plan handed from `supports` to `run` is the chosen algorithm and launch shape.
   Support supports(const Request& r) const noexcept override {
     if (r.op == Op::kAllReduceAddRmsNorm) {
       if (const char* why = why_not_fused(r.in.numel() / r.fusion->hidden, r.fusion->hidden,
-                                          r.in.dtype, ar_->caps(), pinned_))
+                                          r.in.dtype, ar_->caps(), pinned_, *table_))
         return Support::no(why);
     } else if (r.op != Op::kAllReduce) {
       return Support::no("only all-reduce");

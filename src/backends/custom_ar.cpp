@@ -466,31 +466,33 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
   Impl& m = *impl_;
   DeviceGuard guard(m.device);
   struct Resources {
-    void* in = nullptr;
-    void* out = nullptr;
+    // The input, the output (residual_out), and the fused operation's residual, gamma, norm_out.
+    std::array<void*, 5> buffers{};
     cudaStream_t stream = nullptr;
     ~Resources() {
-      cudaFree(in);
-      cudaFree(out);
+      for (void* p : buffers) cudaFree(p);
       if (stream != nullptr) cudaStreamDestroy(stream);
     }
   } r;
-  TPCOMM_CUDA_CHECK(cudaMalloc(&r.in, static_cast<std::size_t>(caps_.max_bytes)));
-  TPCOMM_CUDA_CHECK(cudaMalloc(&r.out, static_cast<std::size_t>(caps_.max_bytes)));
+  for (void*& p : r.buffers) {
+    TPCOMM_CUDA_CHECK(cudaMalloc(&p, static_cast<std::size_t>(caps_.max_bytes)));
+    TPCOMM_CUDA_CHECK(cudaMemset(p, 0, static_cast<std::size_t>(caps_.max_bytes)));
+  }
+  void* in = r.buffers[0];
+  void* out = r.buffers[1];
   TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
   const auto stream = reinterpret_cast<Stream>(r.stream);
   if (Status w = warm_up(stream); w != Status::kOk) TPCOMM_THROW(w, "tuning: ", error_message_);
   // Never time on zeros.
-  TPCOMM_CHECK(kernels::fill_data(r.in, DType::kBF16, caps_.max_bytes / 2, 2024, m.rank,
+  TPCOMM_CHECK(kernels::fill_data(in, DType::kBF16, caps_.max_bytes / 2, 2024, m.rank,
                                   ReduceOp::kSum, 0, stream) == Status::kOk,
                Status::kCudaError, "tuning: filling the input failed");
-  auto time = [&](const Choice& c, std::int64_t bytes) {
-    const auto in = TensorView::flat(r.in, DType::kBF16, bytes / 2, m.device);
-    const auto out = TensorView::flat(r.out, DType::kBF16, bytes / 2, m.device);
+  // `kOpsPerGraph` launches of `launch()` captured, replayed and timed: microseconds each.
+  auto time_ops = [&](const Choice& c, auto&& launch) {
     GraphTimer graph(stream);  // destroyed on return, before the collective that follows
     std::string failure = graph.capture([&] {
       for (int i = 0; i < kOpsPerGraph; ++i)
-        if (Status s = run(in, out, c, /*capturing=*/false, stream); s != Status::kOk)
+        if (Status s = launch(); s != Status::kOk)
           return detail::concat("launching ", to_string(c), " failed: ", to_string(s));
       return std::string();
     });
@@ -500,7 +502,27 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
     TPCOMM_CHECK(failure.empty(), Status::kCudaError, "tuning: ", failure);
     return us / kOpsPerGraph;
   };
-  return tune_all_reduce(caps_, *m.boot, key, time);
+  auto time = [&](const Choice& c, std::int64_t bytes) {
+    const auto iv = TensorView::flat(in, DType::kBF16, bytes / 2, m.device);
+    const auto ov = TensorView::flat(out, DType::kBF16, bytes / 2, m.device);
+    return time_ops(c, [&] { return run(iv, ov, c, /*capturing=*/false, stream); });
+  };
+  auto time_fused = [&](const Choice& c, std::int64_t bytes) {
+    const std::int64_t hidden = tune_fused_hidden(bytes);
+    const std::int64_t count = std::max<std::int64_t>(1, bytes / 2 / hidden) * hidden;
+    kernels::FusionParams f{};
+    f.kind = kernels::Fusion::kAddRmsNorm;
+    f.residual = r.buffers[2];
+    f.gamma = r.buffers[3];
+    f.norm_out = r.buffers[4];
+    f.eps = 1e-6f;
+    f.hidden = hidden;
+    const auto iv = TensorView::flat(in, DType::kBF16, count, m.device);
+    const auto ov = TensorView::flat(out, DType::kBF16, count, m.device);
+    return time_ops(c, [&] { return run(iv, ov, c, /*capturing=*/false, stream, &f); });
+  };
+  TuneTable plain = tune_all_reduce(caps_, *m.boot, key, time);
+  return TuneTable(key, plain.entries(), tune_fused(caps_, *m.boot, time_fused));
 }
 
 void CustomAllReduce::begin_capture() noexcept {

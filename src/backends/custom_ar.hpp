@@ -56,8 +56,9 @@ class CustomAllReduce {
 
   /// Measures every candidate (algorithm x launch shape) of the registry per size bucket, each
   /// as a CUDA graph of back-to-back bf16 all-reduces replayed on a private stream
-  /// (`GraphTimer`), and returns the table rank 0's times decide (`tune_all_reduce`). Collective;
-  /// throws `Error` when a measurement fails (a timed-out peer, a CUDA error).
+  /// (`GraphTimer`), and every algorithm that fuses for the fused all-reduce + add + RMSNorm
+  /// (`tune_fused`), and returns the table rank 0's times decide. Collective; throws `Error`
+  /// when a measurement fails (a timed-out peer, a CUDA error).
   TuneTable tune(const TuneKey& key);
 
   /// A capture scope opened: subsequent captured calls may register buffers.

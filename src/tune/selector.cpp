@@ -96,7 +96,7 @@ namespace {
 
 /// `select_add_rmsnorm` and its reason.
 Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const SelectorCaps& caps,
-                    Pinned pinned, const char** why) noexcept {
+                    Pinned pinned, const TuneTable* table, const char** why) noexcept {
   auto no = [&](const char* reason) {
     *why = reason;
     return Choice{};
@@ -115,6 +115,11 @@ Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const S
   if (pinned) {
     if (*pinned == Algo::kNone) return no("TPCOMM_ALGO=nccl");
     if (usable(*pinned)) return fused_launch(*pinned, rows, hidden, caps.max_blocks);
+  } else if (table != nullptr && table->key().world_size == caps.world_size) {
+    if (auto tuned = table->lookup_fused(bytes)) {
+      if (tuned->algo == Algo::kNone) return no("the tuned table: the unfused pair was faster");
+      if (usable(tuned->algo)) return fused_launch(tuned->algo, rows, hidden, caps.max_blocks);
+    }
   }
   const AlgoInfo* best = nullptr;
   for (const AlgoInfo& a : kAlgorithms) {
@@ -130,15 +135,17 @@ Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const S
 }  // namespace
 
 Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
-                          const SelectorCaps& caps, Pinned pinned) noexcept {
+                          const SelectorCaps& caps, Pinned pinned,
+                          const TuneTable* table) noexcept {
   const char* why = nullptr;
-  return fused_choice(rows, hidden, dtype, caps, pinned, &why);
+  return fused_choice(rows, hidden, dtype, caps, pinned, table, &why);
 }
 
 const char* why_not_fused(std::int64_t rows, std::int64_t hidden, DType dtype,
-                          const SelectorCaps& caps, Pinned pinned) noexcept {
+                          const SelectorCaps& caps, Pinned pinned,
+                          const TuneTable* table) noexcept {
   const char* why = nullptr;
-  (void)fused_choice(rows, hidden, dtype, caps, pinned, &why);
+  (void)fused_choice(rows, hidden, dtype, caps, pinned, table, &why);
   return why;
 }
 

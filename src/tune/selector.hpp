@@ -98,15 +98,20 @@ inline constexpr int kDefaultThreads = 512;
 ///    <= 8; `dtype` f16 or bf16; rows and hidden >= 1;
 /// 2. `pinned`: "nccl" gives `kNone`; an algorithm that `fuses` gives that algorithm where it
 ///    fits (others are ignored here: they cannot fuse);
-/// 3. the built-in choice: among the algorithms that fit, the lowest `AlgoInfo::fused` order
+/// 3. automatic: the tuned table's fused bucket for the input's bytes, where the table was
+///    tuned for this world size, has fused buckets and names an algorithm that fits (`none`
+///    there: the fallback won, `kNone`);
+/// 4. the built-in choice: among the algorithms that fit, the lowest `AlgoInfo::fused` order
 ///    whose bound holds the bytes;
 /// always with `fused_launch`'s shape.
 [[nodiscard]] Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
-                                        const SelectorCaps& caps, Pinned pinned) noexcept;
+                                        const SelectorCaps& caps, Pinned pinned,
+                                        const TuneTable* table) noexcept;
 
 /// Why `select_add_rmsnorm` gives `kNone` for these inputs (a static string), or nullptr when it
 /// gives an algorithm.
 [[nodiscard]] const char* why_not_fused(std::int64_t rows, std::int64_t hidden, DType dtype,
-                                        const SelectorCaps& caps, Pinned pinned) noexcept;
+                                        const SelectorCaps& caps, Pinned pinned,
+                                        const TuneTable* table) noexcept;
 
 }  // namespace tpcomm

@@ -26,6 +26,8 @@ namespace {
 constexpr std::string_view kHeader = "# tpcomm tune table v1";
 constexpr std::string_view kHeaderPrefix = "# tpcomm tune table v";
 constexpr std::string_view kColumns = "# max_bytes algo blocks threads time_us";
+/// The first word of a bucket line of the fused all-reduce + add + RMSNorm.
+constexpr std::string_view kFused = "fused";
 constexpr int kVersion = 1;
 /// A version-1 table is a few kilobytes; anything much larger is not one (or is /dev/zero).
 constexpr std::size_t kMaxFileBytes = std::size_t{1} << 20;
@@ -314,7 +316,16 @@ std::string parse_entry(std::string_view line, TuneEntry* e) {
 }
 
 /// Parses the whole text form. Returns the error ("line N: ..."), empty on success.
-std::string parse_text(std::string_view text, TuneKey* key, std::vector<TuneEntry>* entries) {
+/// `entry_error`, and for a fused bucket an algorithm that fuses (or none).
+std::string fused_entry_error(const TuneEntry& e, const TuneEntry* prev) {
+  if (e.choice.algo != Algo::kNone && !kernels::fuses(info(e.choice.algo).kernel))
+    return detail::concat("algorithm ", to_string(e.choice.algo),
+                          " cannot serve the fused operation");
+  return entry_error(e, prev);
+}
+
+std::string parse_text(std::string_view text, TuneKey* key, std::vector<TuneEntry>* entries,
+                       std::vector<TuneEntry>* fused) {
   using detail::concat;
   bool have_key = false;
   int number = 0;
@@ -343,6 +354,14 @@ std::string parse_text(std::string_view text, TuneKey* key, std::vector<TuneEntr
     }
     if (!have_key) return concat("line ", number, ": a bucket line before the key line");
     TuneEntry e;
+    if (line.starts_with(kFused) && line.size() > kFused.size() && is_space(line[kFused.size()])) {
+      if (auto err = parse_entry(trim(line.substr(kFused.size())), &e); !err.empty())
+        return concat("line ", number, ": ", err);
+      if (auto err = fused_entry_error(e, fused->empty() ? nullptr : &fused->back()); !err.empty())
+        return concat("line ", number, ": ", err);
+      fused->push_back(e);
+      continue;
+    }
     if (auto err = parse_entry(line, &e); !err.empty()) return concat("line ", number, ": ", err);
     if (auto err = entry_error(e, entries->empty() ? nullptr : &entries->back()); !err.empty())
       return concat("line ", number, ": ", err);
@@ -406,13 +425,17 @@ std::string TuneKey::difference(const TuneKey& other) const {
   return out;
 }
 
-TuneTable::TuneTable(TuneKey key, std::vector<TuneEntry> entries)
-    : key_(std::move(key)), entries_(std::move(entries)) {
+TuneTable::TuneTable(TuneKey key, std::vector<TuneEntry> entries, std::vector<TuneEntry> fused)
+    : key_(std::move(key)), entries_(std::move(entries)), fused_(std::move(fused)) {
   TPCOMM_CHECK(key_.world_size >= 1, Status::kInvalidArgument, "TuneTable: world_size ",
                key_.world_size, " must be at least 1");
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     std::string err = entry_error(entries_[i], i == 0 ? nullptr : &entries_[i - 1]);
     TPCOMM_CHECK(err.empty(), Status::kInvalidArgument, "TuneTable: entry ", i, ": ", err);
+  }
+  for (std::size_t i = 0; i < fused_.size(); ++i) {
+    std::string err = fused_entry_error(fused_[i], i == 0 ? nullptr : &fused_[i - 1]);
+    TPCOMM_CHECK(err.empty(), Status::kInvalidArgument, "TuneTable: fused entry ", i, ": ", err);
   }
 }
 
@@ -420,11 +443,23 @@ std::int64_t TuneTable::max_bytes() const noexcept {
   return entries_.empty() ? 0 : entries_.back().max_bytes;
 }
 
-std::optional<Choice> TuneTable::lookup(std::int64_t bytes) const noexcept {
-  auto it = std::lower_bound(entries_.begin(), entries_.end(), bytes,
+namespace {
+
+std::optional<Choice> lookup_in(const std::vector<TuneEntry>& entries, std::int64_t bytes) {
+  auto it = std::lower_bound(entries.begin(), entries.end(), bytes,
                              [](const TuneEntry& e, std::int64_t b) { return e.max_bytes < b; });
-  if (it == entries_.end()) return std::nullopt;
+  if (it == entries.end()) return std::nullopt;
   return it->choice;
+}
+
+}  // namespace
+
+std::optional<Choice> TuneTable::lookup(std::int64_t bytes) const noexcept {
+  return lookup_in(entries_, bytes);
+}
+
+std::optional<Choice> TuneTable::lookup_fused(std::int64_t bytes) const noexcept {
+  return lookup_in(fused_, bytes);
 }
 
 std::vector<std::int64_t> TuneTable::bucket_bounds(std::int64_t max_bytes) {
@@ -450,19 +485,25 @@ std::string TuneTable::to_text() const {
   out += '\n';
   out += kColumns;
   out += '\n';
-  for (const TuneEntry& e : entries_) {
+  auto line = [&](const TuneEntry& e) {
     out += detail::concat(e.max_bytes, ' ', to_string(e.choice.algo), ' ', e.choice.blocks, ' ',
                           e.choice.threads, ' ', format_double(e.time_us), '\n');
+  };
+  for (const TuneEntry& e : entries_) line(e);
+  for (const TuneEntry& e : fused_) {
+    out += kFused;
+    out += ' ';
+    line(e);
   }
   return out;
 }
 
 TuneTable TuneTable::parse(std::string_view text) {
   TuneKey key;
-  std::vector<TuneEntry> entries;
-  std::string err = parse_text(text, &key, &entries);
+  std::vector<TuneEntry> entries, fused;
+  std::string err = parse_text(text, &key, &entries, &fused);
   if (!err.empty()) TPCOMM_THROW(Status::kProtocolError, "tune table ", err);
-  return TuneTable(std::move(key), std::move(entries));
+  return TuneTable(std::move(key), std::move(entries), std::move(fused));
 }
 
 std::optional<TuneTable> TuneTable::load(const std::string& path, const TuneKey& expected,
@@ -494,11 +535,11 @@ std::optional<TuneTable> TuneTable::load(const std::string& path, const TuneKey&
   if (read_err != 0) return fail("cannot read: " + errno_text(read_err));
   if (too_large) return fail(detail::concat("larger than ", format_bytes(kMaxFileBytes)));
   TuneKey key;
-  std::vector<TuneEntry> entries;
-  if (std::string err = parse_text(text, &key, &entries); !err.empty())
+  std::vector<TuneEntry> entries, fused;
+  if (std::string err = parse_text(text, &key, &entries, &fused); !err.empty())
     return fail("malformed: " + err);
   if (key != expected) return fail("key differs: " + key.difference(expected));
-  return TuneTable(std::move(key), std::move(entries));
+  return TuneTable(std::move(key), std::move(entries), std::move(fused));
 }
 
 void TuneTable::save(const std::string& path) const {

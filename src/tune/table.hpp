@@ -80,18 +80,23 @@ struct TuneEntry {
 /// positive integer, strictly increasing from line to line), `algo` (`none` or an algorithm's
 /// name in the registry, tune/algorithms.hpp), `blocks` (1..the algorithm's `max_blocks`) and
 /// `threads` (64, 128, 256, 512 or 1024) — both 0 for `none` — and `time_us` (a finite number
-/// >= 0).
+/// >= 0). Bucket lines of the fused all-reduce + residual add + RMSNorm (sized by the bytes of
+/// its input) are the same five fields after the word `fused`, with their own increasing
+/// bounds and an algorithm that fuses (or `none`: the fallback won); a table without them is
+/// still valid.
 class TuneTable {
  public:
   /// An empty table: it covers no size.
   TuneTable() = default;
   /// Throws `Error(kInvalidArgument)` when the entries break the rules of the text format
   /// (unsorted or duplicate bounds, a launch shape out of range, a negative time).
-  TuneTable(TuneKey key, std::vector<TuneEntry> entries);
+  TuneTable(TuneKey key, std::vector<TuneEntry> entries, std::vector<TuneEntry> fused = {});
 
   [[nodiscard]] const TuneKey& key() const noexcept { return key_; }
   /// Sorted by strictly increasing `max_bytes`.
   [[nodiscard]] const std::vector<TuneEntry>& entries() const noexcept { return entries_; }
+  /// The fused operation's buckets, sorted like `entries`; may be empty.
+  [[nodiscard]] const std::vector<TuneEntry>& fused_entries() const noexcept { return fused_; }
   /// The largest size the table covers, in bytes; 0 when empty.
   [[nodiscard]] std::int64_t max_bytes() const noexcept;
 
@@ -99,6 +104,8 @@ class TuneTable {
   /// 0 and below included, use the first bucket); nullopt beyond the last bucket or when the
   /// table is empty. O(log buckets), no allocation.
   [[nodiscard]] std::optional<Choice> lookup(std::int64_t bytes) const noexcept;
+  /// The same over the fused operation's buckets.
+  [[nodiscard]] std::optional<Choice> lookup_fused(std::int64_t bytes) const noexcept;
 
   /// The bucket bounds a tuner measures up to `max_bytes`: 512, 1024, 2048, ... up to and
   /// including the largest power of two <= `max_bytes`, then `max_bytes` itself when it is not
@@ -132,6 +139,7 @@ class TuneTable {
  private:
   TuneKey key_;
   std::vector<TuneEntry> entries_;
+  std::vector<TuneEntry> fused_;
 };
 
 /// Where the table of `key` is cached by default: the directory `$XDG_CACHE_HOME/tpcomm/`, else

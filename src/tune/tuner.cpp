@@ -40,26 +40,62 @@ std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps
   return out;
 }
 
+namespace {
+
+/// Times `candidates` (not empty) for one bucket; rank 0's times decide.
+TuneEntry pick(const std::vector<Choice>& candidates, std::int64_t bytes, Bootstrap& boot,
+               const TimeCandidate& time, const char* what) {
+  std::vector<double> times;
+  times.reserve(candidates.size());
+  for (const Choice& c : candidates) times.push_back(time(c, bytes));
+  // Rank 0's measurements decide for everyone.
+  auto shared = boot.broadcast(std::as_bytes(std::span(times)), 0);
+  std::memcpy(times.data(), shared.data(), std::min(shared.size(), times.size() * sizeof(double)));
+  const double best = *std::min_element(times.begin(), times.end());
+  std::size_t i = 0;
+  while (times[i] > best * (1.0 + kTie)) ++i;
+  TPCOMM_LOG_INFO("tune ", what, bytes, " B: ", to_string(candidates[i]), ", ", times[i], " us (",
+                  candidates.size(), " candidates)");
+  return {bytes, candidates[i], times[i]};
+}
+
+}  // namespace
+
 TuneTable tune_all_reduce(const SelectorCaps& caps, Bootstrap& boot, const TuneKey& key,
                           const TimeCandidate& time) {
   std::vector<TuneEntry> entries;
-  for (std::int64_t bytes : TuneTable::bucket_bounds(caps.max_bytes)) {
-    const auto candidates = tune_candidates(bytes, caps);
-    std::vector<double> times;
-    times.reserve(candidates.size());
-    for (const Choice& c : candidates) times.push_back(time(c, bytes));
-    // Rank 0's measurements decide for everyone.
-    auto shared = boot.broadcast(std::as_bytes(std::span(times)), 0);
-    std::memcpy(times.data(), shared.data(),
-                std::min(shared.size(), times.size() * sizeof(double)));
-    const double best = *std::min_element(times.begin(), times.end());
-    std::size_t pick = 0;
-    while (times[pick] > best * (1.0 + kTie)) ++pick;
-    entries.push_back({bytes, candidates[pick], times[pick]});
-    TPCOMM_LOG_INFO("tune ", bytes, " B: ", to_string(candidates[pick]), ", ", times[pick], " us (",
-                    candidates.size(), " candidates)");
-  }
+  for (std::int64_t bytes : TuneTable::bucket_bounds(caps.max_bytes))
+    entries.push_back(pick(tune_candidates(bytes, caps), bytes, boot, time, ""));
   return TuneTable(key, std::move(entries));
+}
+
+std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
+                                  const TimeCandidate& time) {
+  std::vector<TuneEntry> entries;
+  if (caps.lamport_max_bytes <= 0) return entries;
+  // The largest input (a power of two, within the staging size) some algorithm that fuses can
+  // carry.
+  std::int64_t most = 0;
+  for (std::int64_t b = 512; b <= caps.max_bytes; b *= 2) {
+    bool any = false;
+    for (const AlgoInfo& a : kAlgorithms)
+      any = any || (kernels::fuses(a.kernel) &&
+                    fits(a.algo, b, DType::kBF16, caps.world_size, caps.lamport_max_bytes));
+    if (!any) break;
+    most = b;
+  }
+  if (most == 0) return entries;
+  for (std::int64_t bytes : TuneTable::bucket_bounds(most)) {
+    const std::int64_t hidden = tune_fused_hidden(bytes);
+    const std::int64_t rows = std::max<std::int64_t>(1, bytes / 2 / hidden);
+    std::vector<Choice> candidates;
+    for (const AlgoInfo& a : kAlgorithms)
+      if (kernels::fuses(a.kernel) &&
+          fits(a.algo, rows * hidden * 2, DType::kBF16, caps.world_size, caps.lamport_max_bytes))
+        candidates.push_back(fused_launch(a.algo, rows, hidden, caps.max_blocks));
+    if (!candidates.empty()) entries.push_back(pick(candidates, bytes, boot, time, "fused "));
+  }
+  return entries;
 }
 
 }  // namespace tpcomm

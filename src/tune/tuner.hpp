@@ -23,6 +23,21 @@ using TimeCandidate = std::function<double(const Choice& choice, std::int64_t by
 TuneTable tune_all_reduce(const SelectorCaps& caps, Bootstrap& boot, const TuneKey& key,
                           const TimeCandidate& time);
 
+/// The row length the tuner measures the fused operation at: `tune_fused_hidden(bytes)`
+/// elements per row, as many rows as `bytes` of bf16 hold (a model's hidden size; one row below
+/// that).
+inline constexpr std::int64_t kTuneHidden = 4096;
+constexpr std::int64_t tune_fused_hidden(std::int64_t bytes) noexcept {
+  return bytes / 2 >= kTuneHidden ? kTuneHidden : (bytes / 2 > 0 ? bytes / 2 : 1);
+}
+
+/// Times every algorithm that fuses (with `fused_launch`'s shape) for the fused all-reduce +
+/// residual add + RMSNorm, per size bucket up to what the Lamport buffers hold, with `time` (the
+/// bytes of the input: `tune_fused_hidden` elements per row). Rank 0's times decide, as in
+/// `tune_all_reduce`; the buckets of the table's `fused` lines.
+std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
+                                  const TimeCandidate& time);
+
 /// The candidates measured for one bucket, fewest blocks first (so ties go to fewer blocks):
 /// every algorithm of the registry that fits `bytes` bytes of bf16 (the dtype the tuner
 /// measures) with `caps`, in every launch shape of `kTunerThreads` x `kTunerBlocks` up to the

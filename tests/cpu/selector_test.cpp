@@ -325,5 +325,84 @@ TEST(SelectAllReduce, IsAPureFunction) {
   }
 }
 
+// ---- the fused all-reduce + residual add + RMSNorm -------------------------------------------
+
+SelectorCaps fused_caps(int world, std::int64_t lamport = 512 * kKiB) {
+  return SelectorCaps{world, true, 8 * kMiB, kMaxBlocks, lamport};
+}
+
+TEST(SelectAddRmsNorm, EachHardRequirementFallsBack) {
+  const SelectorCaps ok = fused_caps(4);
+  EXPECT_EQ(select_add_rmsnorm(8, 4096, DType::kBF16, ok, {}, nullptr).algo, Algo::kLamport);
+  EXPECT_EQ(why_not_fused(8, 4096, DType::kBF16, ok, {}, nullptr), nullptr);
+  auto expect_none = [](const SelectorCaps& caps, DType t, std::int64_t rows, std::int64_t hidden,
+                        Pinned pinned = {}) {
+    EXPECT_EQ(select_add_rmsnorm(rows, hidden, t, caps, pinned, nullptr).algo, Algo::kNone);
+    EXPECT_NE(why_not_fused(rows, hidden, t, caps, pinned, nullptr), nullptr);
+  };
+  SelectorCaps c = ok;
+  c.custom_available = false;
+  expect_none(c, DType::kBF16, 8, 4096);
+  expect_none(fused_caps(1), DType::kBF16, 8, 4096);
+  expect_none(fused_caps(4, 0), DType::kBF16, 8, 4096);  // no fusion workspace
+  expect_none(ok, DType::kF32, 8, 4096);
+  expect_none(ok, DType::kBF16, 0, 4096);
+  expect_none(ok, DType::kBF16, 8, 0);
+  expect_none(ok, DType::kBF16, 2048, 16384);  // beyond every slot
+  expect_none(ok, DType::kBF16, 8, 4096, Algo::kNone);
+  EXPECT_NE(std::string(why_not_fused(2048, 16384, DType::kBF16, ok, {}, nullptr))
+                .find("TPCOMM_LAMPORT_MAX_BYTES"),
+            std::string::npos);
+}
+
+TEST(SelectAddRmsNorm, OneShotForFewTokensTwoShotBeyond) {
+  for (int world : {2, 4, 8}) {
+    const SelectorCaps caps = fused_caps(world, 8 * kMiB);
+    const std::int64_t bound = info(Algo::kLamport).fused.bound(world);
+    const std::int64_t at_bound = bound / 2 / 128;  // rows of 128 elements
+    EXPECT_EQ(select_add_rmsnorm(at_bound, 128, DType::kBF16, caps, {}, nullptr).algo,
+              Algo::kLamport)
+        << world;
+    EXPECT_EQ(select_add_rmsnorm(at_bound + 1, 128, DType::kBF16, caps, {}, nullptr).algo,
+              Algo::kLamportTwoShot)
+        << world;
+  }
+}
+
+TEST(SelectAddRmsNorm, PinnedAndTuned) {
+  const SelectorCaps caps = fused_caps(4, 4 * kMiB);
+  EXPECT_EQ(select_add_rmsnorm(1, 4096, DType::kF16, caps, Algo::kLamportTwoShot, nullptr).algo,
+            Algo::kLamportTwoShot);
+  // A pin that cannot fuse is ignored here: the built-in choice.
+  EXPECT_EQ(select_add_rmsnorm(1, 4096, DType::kF16, caps, Algo::kOneShot, nullptr).algo,
+            Algo::kLamport);
+  const TuneTable tuned(
+      TuneKey{"NVIDIA H200", 4, "one-gpu", 1, 1, "0.1.0"}, {},
+      {{8192, Choice{Algo::kLamportTwoShot, 1, 512}, 3.0}, {16384, Choice{}, 4.0}});
+  EXPECT_EQ(select_add_rmsnorm(1, 4096, DType::kBF16, caps, {}, &tuned).algo,
+            Algo::kLamportTwoShot);
+  EXPECT_EQ(select_add_rmsnorm(2, 4096, DType::kBF16, caps, {}, &tuned).algo, Algo::kNone);
+  EXPECT_EQ(select_add_rmsnorm(4, 4096, DType::kBF16, caps, {}, &tuned).algo, Algo::kLamport)
+      << "beyond the tuned buckets: the built-in choice";
+  // A table tuned for another world size is not used.
+  EXPECT_EQ(select_add_rmsnorm(2, 4096, DType::kBF16, fused_caps(2, 4 * kMiB), {}, &tuned).algo,
+            Algo::kLamport);
+}
+
+TEST(SelectAddRmsNorm, LaunchShapeFollowsTheRow) {
+  for (auto [hidden, threads] : {std::pair<std::int64_t, int>{1, 64},
+                                 {7, 64},
+                                 {4096, 1024},
+                                 {2880, 512},
+                                 {7168, 1024},
+                                 {16384, 1024}}) {
+    const Choice c = fused_launch(Algo::kLamport, 3, hidden, kMaxBlocks);
+    EXPECT_EQ(c.threads, threads) << hidden;
+    EXPECT_EQ(c.blocks, 3);
+    EXPECT_TRUE(is_valid(c));
+  }
+  EXPECT_EQ(fused_launch(Algo::kLamport, 2048, 4096, 20).blocks, 20);
+}
+
 }  // namespace
 }  // namespace tpcomm

@@ -531,5 +531,29 @@ TEST(TunePath, TuneFileOptionOverridesTheDefault) {
   EXPECT_EQ(tune_path(o, h200_key()), "/shared/tables/h200.txt");
 }
 
+TEST(TuneTableText, FusedBucketsRoundTripAndAreChecked) {
+  const TuneKey key{"NVIDIA H200", 4, "one-gpu", 12040, 22703, "0.1.0"};
+  const TuneTable t(key, {{512, Choice{Algo::kOneShot, 1, 512}, 2.5}},
+                    {{8192, Choice{Algo::kLamport, 1, 512}, 3.25},
+                     {16384, Choice{Algo::kLamportTwoShot, 2, 1024}, 4.5},
+                     {32768, Choice{}, 6.0}});
+  const std::string text = t.to_text();
+  EXPECT_NE(text.find("\nfused 8192 lamport 1 512 3.25\n"), std::string::npos) << text;
+  EXPECT_EQ(TuneTable::parse(text), t);
+  EXPECT_EQ(t.lookup_fused(100), (Choice{Algo::kLamport, 1, 512}));
+  EXPECT_EQ(t.lookup_fused(9000), (Choice{Algo::kLamportTwoShot, 2, 1024}));
+  EXPECT_EQ(t.lookup_fused(32768), Choice{});
+  EXPECT_EQ(t.lookup_fused(32769), std::nullopt);
+  // A table without fused buckets has none; fused lines must fuse and increase.
+  EXPECT_EQ(TuneTable(key, {}).lookup_fused(1), std::nullopt);
+  const std::string head = "# tpcomm tune table v1\nkey " + key.to_text() + "\n";
+  EXPECT_THROW((void)TuneTable::parse(head + "fused 512 one_shot 1 512 1\n"), Error);
+  EXPECT_THROW(
+      (void)TuneTable::parse(head + "fused 1024 lamport 1 512 1\nfused 512 lamport 1 512 1\n"),
+      Error);
+  EXPECT_THROW((void)TuneTable::parse(head + "fused 512 lamport 1\n"), Error);
+  EXPECT_THROW(TuneTable(key, {}, {{512, Choice{Algo::kTwoShot, 1, 512}, 1.0}}), Error);
+}
+
 }  // namespace
 }  // namespace tpcomm
