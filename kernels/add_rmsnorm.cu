@@ -13,25 +13,23 @@ namespace tpcomm::kernels {
 namespace {
 
 template <class T, Fusion K>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(kFusedMaxThreads)
     add_rmsnorm_kernel(const T* sum, T* out, FusionParams fusion, std::int64_t count) {
   if (count == 0) return;  // a warm-up launch (NOTE [first launch])
   const Fused<K> epilogue(fusion, count);
   const bool sum_aligned = is_aligned16(sum);
-  auto fetch = [&](std::int64_t v, Pack<T>& x) {
-    x = epilogue(load_pack(sum, v, count, sum_aligned), v * Pack<T>::kElems);
-    return true;
-  };
   if constexpr (Fused<K>::kRows) {
-    finish_rows<T>(epilogue, out, count, fetch);
+    finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
+      x = load_pack(sum, v, count, sum_aligned);
+      return true;
+    });
   } else {
     const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
     const bool out_aligned = is_aligned16(out);
     for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
          v < packs; v += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-      Pack<T> x;
-      fetch(v, x);
-      store_pack(out, v, count, out_aligned, x);
+      store_pack(out, v, count, out_aligned,
+                 epilogue(load_pack(sum, v, count, sum_aligned), v * Pack<T>::kElems));
     }
   }
 }
@@ -75,7 +73,7 @@ Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParam
         // One block per row, about one pack per thread.
         const std::int64_t packs = (std::max<std::int64_t>(fusion.hidden, 1) + W - 1) / W + 1;
         threads = 64;
-        while (threads < 1024 && threads < packs) threads *= 2;
+        while (threads < kFusedMaxThreads && threads < packs) threads *= 2;
         blocks = static_cast<int>(
             std::clamp<std::int64_t>(count / std::max<std::int64_t>(fusion.hidden, 1), 1, 1 << 20));
       } else {

@@ -11,7 +11,8 @@
 namespace tpcomm::kernels {
 
 template <class T, int R, class Epilogue>
-__global__ void __launch_bounds__(1024) all_reduce_lamport_kernel(AllReduceParams p) {
+__global__ void __launch_bounds__(Epilogue::kMaxThreads)
+    all_reduce_lamport_kernel(AllReduceParams p) {
   static_assert(sizeof(T) == 2, "the empty mark is a 16-bit pattern");
   begin_launch();
   if (p.count == 0) return;  // a warm-up launch: nothing to do (NOTE [first launch])
@@ -44,10 +45,10 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_kernel(AllReduceParam
   const Epilogue epilogue(p);
   bool ok = true;
   if constexpr (Epilogue::kRows) {
-    ok = finish_rows<T>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
+    ok = finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
       Pack<T> got[R];
       if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait)) return false;
-      x = epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems);
+      x = sum_packs<T, R>(got);
       return true;
     });
   } else {

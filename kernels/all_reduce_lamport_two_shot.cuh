@@ -12,7 +12,8 @@
 namespace tpcomm::kernels {
 
 template <class T, int R, class Epilogue>
-__global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllReduceParams p) {
+__global__ void __launch_bounds__(Epilogue::kMaxThreads)
+    all_reduce_lamport_two_shot_kernel(AllReduceParams p) {
   static_assert(sizeof(T) == 2, "the empty mark is a 16-bit pattern");
   begin_launch();
   if (p.count == 0) return;  // a warm-up launch: nothing to do (NOTE [first launch])
@@ -65,10 +66,12 @@ __global__ void __launch_bounds__(1024) all_reduce_lamport_two_shot_kernel(AllRe
   if constexpr (Epilogue::kRows) {
     // A block whose reduce gave up does not wait again.
     if (__syncthreads_and(ok))
-      ok = finish_rows<T>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
-        const int s = static_cast<int>(v / slice);
-        return lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait, s);
-      });
+      ok = finish_rows<T, /*kBareSums=*/false>(
+          epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
+            const int s = static_cast<int>(v / slice);
+            return lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait,
+                                    s);
+          });
     else
       ok = false;
   } else {

@@ -91,6 +91,11 @@ constexpr FusionTraits traits(Fusion f) noexcept {
   return {};
 }
 
+/// Most threads per block of a kernel with a fused epilogue: the row step keeps packs of a row in
+/// registers, and 512 threads leave room for 128 registers a thread (1024 would cap them at 64,
+/// and the kernel would spill).
+inline constexpr int kFusedMaxThreads = 512;
+
 /// True for the epilogues the Lamport kernels carry.
 constexpr bool on_lamport(Fusion f) noexcept {
   return f == Fusion::kNone || f == Fusion::kAddRmsNorm || f == Fusion::kAddRmsNormFp8 ||

@@ -23,16 +23,17 @@ namespace tpcomm::kernels {
 //   template <class T>
 //   __device__ Pack<T> operator()(const Pack<T>& sum, std::int64_t first) const;
 //
-// where `first` is the index in the message of the pack's first element, and a constant
-// `kRows`. An epilogue with `kRows` also needs whole rows: the kernel then ends with
-// `finish_rows` instead of storing packs as they come, one block per row (the packs a kernel
-// pushes and polls stay those of the flat message, so nothing else changes). What an epilogue
-// does is fixed at compile time by `FusionTraits` (kernels/kernels.hpp): residual add in the
-// pack step, RMSNorm and quantisation in the row step. `Identity` stores the sum as it is and
-// compiles to nothing: the kernels with it are the plain all-reduce (measured before and after
-// in docs/PERFORMANCE.md).
+// where `first` is the index in the message of the pack's first element, and constants `kRows`
+// and `kMaxThreads` (the kernel's launch bound). An epilogue with `kRows` also needs whole rows:
+// the kernel then ends with `finish_rows` instead of storing packs as they come, one block per row
+// (the packs a kernel pushes and polls stay those of the flat message, so nothing else changes).
+// What an epilogue does is fixed at compile time by `FusionTraits` (kernels/kernels.hpp): residual
+// add in the pack step, RMSNorm and quantisation in the row step. `Identity` stores the sum as it
+// is and compiles to nothing: the kernels with it are the plain all-reduce (measured before and
+// after in docs/PERFORMANCE.md).
 struct Identity {
   static constexpr bool kRows = false;
+  static constexpr int kMaxThreads = 1024;
 
   __device__ explicit Identity(const AllReduceParams& /*params*/) {}
 
@@ -51,6 +52,7 @@ template <Fusion K>
 struct Fused {
   static constexpr FusionTraits F = traits(K);
   static constexpr bool kRows = F.norm;
+  static constexpr int kMaxThreads = kFusedMaxThreads;
 
   FusionParams f;
   std::int64_t count;
@@ -62,16 +64,31 @@ struct Fused {
 
   template <class T>
   __device__ __forceinline__ Pack<T> operator()(const Pack<T>& sum, std::int64_t first) const {
-    if constexpr (!F.residual) {
-      return sum;
+    return add(sum, residual_pack<T>(first / Pack<T>::kElems));
+  }
+
+  /// Pack `v` of the residual (zeros without one): loaded apart from `add` so that a kernel can
+  /// issue the load before it waits for the sum.
+  template <class T>
+  __device__ __forceinline__ Pack<T> residual_pack(std::int64_t v) const {
+    if constexpr (F.residual) {
+      return load_pack(static_cast<const T*>(f.residual), v, count, residual_aligned);
     } else {
-      constexpr int W = Pack<T>::kElems;
-      const Pack<T> r =
-          load_pack(static_cast<const T*>(f.residual), first / W, count, residual_aligned);
+      return Pack<T>{};
+    }
+  }
+
+  /// `sum + residual` in fp32, rounded once; `sum` itself without a residual.
+  template <class T>
+  __device__ __forceinline__ Pack<T> add(const Pack<T>& sum, const Pack<T>& residual) const {
+    if constexpr (F.residual) {
       Pack<T> out;
 #pragma unroll
-      for (int i = 0; i < W; ++i) out[i] = from_float<T>(to_float(sum[i]) + to_float(r[i]));
+      for (int i = 0; i < Pack<T>::kElems; ++i)
+        out[i] = from_float<T>(to_float(sum[i]) + to_float(residual[i]));
       return out;
+    } else {
+      return sum;
     }
   }
 };
@@ -162,12 +179,14 @@ __device__ __forceinline__ Pack<T> gamma_for(const T* gamma, bool gamma_aligned,
 
 /// The row step of an epilogue with `kRows` (NOTE [epilogues]) over the `count` elements of the
 /// message, as rows of `e.f.hidden`: block b takes rows b, b + gridDim.x, ... . `fetch(v, x)`
-/// gives flat pack v with the pack step applied (false: a wait gave up). Each row is stored
+/// gives flat pack v (false: a wait gave up): the bare sum with `kBareSums` (the pack step is
+/// applied here, its residual and gamma loaded before the wait), else with the pack step
+/// applied. Each row is stored
 /// into `out` (residual_out), its mean square reduced over the block, and its normalisation
 /// stored into `e.f.norm_out`. A thread keeps its first packs of a row in registers and reads
 /// the rest back from `out`, which it wrote itself. Returns false, on every thread of the block,
 /// when a fetch failed.
-template <class T, Fusion K, class Fetch>
+template <class T, bool kBareSums, Fusion K, class Fetch>
 __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int64_t count,
                                             Fetch&& fetch) {
   constexpr FusionTraits F = traits(K);
@@ -184,33 +203,49 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
   for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const std::int64_t lo = row * hidden, hi = lo + hidden;
     const std::int64_t v0 = lo / W, v1 = (hi + W - 1) / W;
-    Pack<T> kept[kKept];
+    Pack<T> kept[kKept], gammas[kKept];
     float squares = 0.f;
     bool ok = true;
-    auto take = [&](std::int64_t v, Pack<T>& x) {
-      if (!fetch(v, x)) return false;
+    // Stores pack v of the row and adds its squares.
+    auto keep = [&](std::int64_t v, const Pack<T>& x) {
       store_in_row(out, v, lo, hi, out_aligned, x);
 #pragma unroll
       for (int i = 0; i < W; ++i)
         if (in_row<W>(v, i, lo, hi)) squares += to_float(x[i]) * to_float(x[i]);
-      return true;
     };
+    {
+      // What does not depend on the sum is loaded first.
+      Pack<T> residuals[kKept];
 #pragma unroll
-    for (int k = 0; k < kKept; ++k) {
-      const std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
-      if (ok && v < v1) ok = take(v, kept[k]);
+      for (int k = 0; k < kKept; ++k) {
+        const std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
+        if (v < v1) {
+          gammas[k] = gamma_for(gamma, gamma_aligned, v, lo, hidden);
+          if constexpr (kBareSums) residuals[k] = e.template residual_pack<T>(v);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kKept; ++k) {
+        const std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
+        if (ok && v < v1) {
+          ok = fetch(v, kept[k]);
+          if constexpr (kBareSums) kept[k] = e.add(kept[k], residuals[k]);
+          if (ok) keep(v, kept[k]);
+        }
+      }
     }
     for (std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(kKept) * blockDim.x;
          ok && v < v1; v += blockDim.x) {
       Pack<T> x;
-      ok = take(v, x);
+      ok = fetch(v, x);
+      if constexpr (kBareSums) x = e(x, v * W);
+      if (ok) keep(v, x);
     }
     if (!__syncthreads_and(ok)) return false;
     const float rstd = rsqrtf(block_reduce(squares, sum) / static_cast<float>(hidden) + e.f.eps);
 
-    // The normalised pack v (`x` holds the stored row values).
-    auto normalised = [&](std::int64_t v, const Pack<T>& x, float(&y)[W]) {
-      const Pack<T> g = gamma_for(gamma, gamma_aligned, v, lo, hidden);
+    // The normalised pack (`x` holds the stored row values, `g` gamma).
+    auto normalised = [&](const Pack<T>& x, const Pack<T>& g, float(&y)[W]) {
 #pragma unroll
       for (int i = 0; i < W; ++i) y[i] = to_float(x[i]) * rstd * to_float(g[i]);
     };
@@ -221,14 +256,15 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
         const std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
         if (v < v1) {
           float y[W];
-          normalised(v, kept[k], y);
+          normalised(kept[k], gammas[k], y);
           each(v, y);
         }
       }
       for (std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(kKept) * blockDim.x;
            v < v1; v += blockDim.x) {
         float y[W];
-        normalised(v, load_pack(out, v, count, out_aligned), y);
+        normalised(load_pack(out, v, count, out_aligned),
+                   gamma_for(gamma, gamma_aligned, v, lo, hidden), y);
         each(v, y);
       }
     };

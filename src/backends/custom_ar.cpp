@@ -179,9 +179,10 @@ struct CustomAllReduce::Impl {
     for (const AlgoInfo& a : kAlgorithms) {
       for (int f = 0; f < kernels::kFusionCount; ++f) {
         const auto fusion = static_cast<kernels::Fusion>(f);
+        const int threads = fusion == kernels::Fusion::kNone ? 1024 : kernels::kFusedMaxThreads;
         if (kernels::kernel_function(a.kernel, DType::kBF16, world, fusion) != nullptr)
           per_sm = std::min(
-              per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, 1024, fusion));
+              per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, threads, fusion));
       }
     }
     return std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));

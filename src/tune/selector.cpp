@@ -86,7 +86,7 @@ Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_b
   // A row that does not start on a pack boundary spans one pack more.
   const std::int64_t packs = ceil_div(std::max<std::int64_t>(hidden, 1) * 2, kVectorBytes) + 1;
   int threads = 64;
-  while (threads < 1024 && threads < packs) threads *= 2;
+  while (threads < kernels::kFusedMaxThreads && threads < packs) threads *= 2;
   const auto blocks = static_cast<int>(
       std::clamp<std::int64_t>(rows, 1, std::max(1, std::min(max_blocks, kMaxBlocks))));
   return Choice{algo, blocks, threads};

@@ -392,10 +392,11 @@ TEST(SelectAddRmsNorm, PinnedAndTuned) {
 TEST(SelectAddRmsNorm, LaunchShapeFollowsTheRow) {
   for (auto [hidden, threads] : {std::pair<std::int64_t, int>{1, 64},
                                  {7, 64},
-                                 {4096, 1024},
+                                 {4096, 512},
                                  {2880, 512},
-                                 {7168, 1024},
-                                 {16384, 1024}}) {
+                                 {7168, 512},
+                                 {16384, 512},
+                                 {512, 128}}) {
     const Choice c = fused_launch(Algo::kLamport, 3, hidden, kMaxBlocks);
     EXPECT_EQ(c.threads, threads) << hidden;
     EXPECT_EQ(c.blocks, 3);
