@@ -520,7 +520,17 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
     f.hidden = hidden;
     const auto iv = TensorView::flat(in, DType::kBF16, count, m.device);
     const auto ov = TensorView::flat(out, DType::kBF16, count, m.device);
-    return time_ops(c, [&] { return run(iv, ov, c, /*capturing=*/false, stream, &f); });
+    if (c.algo != Algo::kNone)
+      return time_ops(c, [&] { return run(iv, ov, c, /*capturing=*/false, stream, &f); });
+    // The fallback: the built-in all-reduce into residual_out, then the local kernel there.
+    const Choice reduce =
+        select_all_reduce(count * 2, DType::kBF16, ReduceOp::kSum, caps_, {}, nullptr);
+    TPCOMM_CHECK(reduce.algo != Algo::kNone, Status::kInternal, "tuning: no all-reduce for ",
+                 count * 2, " bytes");
+    return time_ops(c, [&] {
+      TPCOMM_TRY(run(iv, ov, reduce, /*capturing=*/false, stream));
+      return kernels::launch_add_rmsnorm(out, out, f, count, DType::kBF16, stream);
+    });
   };
   TuneTable plain = tune_all_reduce(caps_, *m.boot, key, time);
   return TuneTable(key, plain.entries(), tune_fused(caps_, *m.boot, time_fused));

@@ -88,12 +88,13 @@ std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
   for (std::int64_t bytes : TuneTable::bucket_bounds(most)) {
     const std::int64_t hidden = tune_fused_hidden(bytes);
     const std::int64_t rows = std::max<std::int64_t>(1, bytes / 2 / hidden);
-    std::vector<Choice> candidates;
+    // `Choice{}`: the fallback (the all-reduce, then the local add + RMSNorm).
+    std::vector<Choice> candidates{Choice{}};
     for (const AlgoInfo& a : kAlgorithms)
       if (kernels::fuses(a.kernel) &&
           fits(a.algo, rows * hidden * 2, DType::kBF16, caps.world_size, caps.lamport_max_bytes))
         candidates.push_back(fused_launch(a.algo, rows, hidden, caps.max_blocks));
-    if (!candidates.empty()) entries.push_back(pick(candidates, bytes, boot, time, "fused "));
+    entries.push_back(pick(candidates, bytes, boot, time, "fused "));
   }
   return entries;
 }

@@ -31,10 +31,11 @@ constexpr std::int64_t tune_fused_hidden(std::int64_t bytes) noexcept {
   return bytes / 2 >= kTuneHidden ? kTuneHidden : (bytes / 2 > 0 ? bytes / 2 : 1);
 }
 
-/// Times every algorithm that fuses (with `fused_launch`'s shape) for the fused all-reduce +
-/// residual add + RMSNorm, per size bucket up to what the Lamport buffers hold, with `time` (the
-/// bytes of the input: `tune_fused_hidden` elements per row). Rank 0's times decide, as in
-/// `tune_all_reduce`; the buckets of the table's `fused` lines.
+/// Times the fallback (`Choice{}`: the all-reduce, then the local add + RMSNorm) and every
+/// algorithm that fuses (with `fused_launch`'s shape) for the fused all-reduce + residual add +
+/// RMSNorm, per size bucket up to what the Lamport buffers hold, with `time` (the bytes of the
+/// input: `tune_fused_hidden` elements per row). Rank 0's times decide, as in `tune_all_reduce`
+/// (ties go to the fallback); the buckets of the table's `fused` lines.
 std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
                                   const TimeCandidate& time);
 

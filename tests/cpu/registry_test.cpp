@@ -56,6 +56,24 @@ TEST(Registry, EveryRowHasAKernelForWhatItServes) {
   }
 }
 
+// The algorithms that fuse carry every fused epilogue for the dtypes they serve; the others none;
+// only they have a built-in place for the fused operation.
+TEST(Registry, EveryFusedEpilogueIsInstantiatedWhereItIsServed) {
+  for (const AlgoInfo& a : kAlgorithms) {
+    EXPECT_EQ(a.fused.order != 0, kernels::fuses(a.kernel)) << a.name;
+    for (int f = 1; f < kernels::kFusionCount; ++f) {
+      const auto fusion = static_cast<kernels::Fusion>(f);
+      for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+        const bool served =
+            kernels::fuses(a.kernel) && kernels::on_lamport(fusion) && dtype_size(t) == 2;
+        for (int world = 2; world <= kMaxRanks; ++world)
+          EXPECT_EQ(kernels::kernel_function(a.kernel, t, world, fusion) != nullptr, served)
+              << a.name << " fusion " << f << " " << to_string(t) << " world " << world;
+      }
+    }
+  }
+}
+
 TEST(Registry, LaunchShapesAreWithinLimits) {
   for (const AlgoInfo& a : kAlgorithms) {
     EXPECT_GE(a.max_blocks, 1) << a.name;
