@@ -100,6 +100,8 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = fused ]; then
         --algo auto,lamport,lamport_two_shot,unfused,allreduce --json "$out/fused-h$h-w$r.json"
     done
   done
+  # The tuner's fused buckets (the `fused` lines of the table it prints).
+  step tune-fused env TPCOMM_TUNE_FILE=/tmp/tpcomm-tune-fused-w4.txt "$bin/tpcomm" tune --virtual-ranks 4
 fi
 
 echo "== failures"
