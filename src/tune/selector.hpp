@@ -86,7 +86,8 @@ inline constexpr int kDefaultThreads = 512;
 
 /// The launch shape of the fused all-reduce + add + RMSNorm on `algo` (a kernel that `fuses`)
 /// for `rows` rows of `hidden` 16-bit elements: about one 16-byte pack of a row per thread (64 to
-/// `kernels::kFusedMaxThreads` threads), one block per row up to `max_blocks` (blocks then take several rows).
+/// `kernels::kFusedMaxThreads` threads), one block per row up to `max_blocks` (blocks then take
+/// several rows).
 [[nodiscard]] Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden,
                                   int max_blocks) noexcept;
 
