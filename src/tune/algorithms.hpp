@@ -61,7 +61,9 @@ struct AlgoInfo {
   int max_blocks;
   BuiltIn built_in;
   /// The same for the fused all-reduce + residual add + RMSNorm, by the bytes of its input
-  /// (order 0: the built-in choice never takes it). Only kernels that `fuses` serve it.
+  /// (order 0: the built-in choice never takes it). Only kernels that `fuses` serve it. Beyond
+  /// every bound the fallback (the all-reduce, then the local add + RMSNorm) serves: measured
+  /// faster there (docs/PERFORMANCE.md), where one block normalises rows one after another.
   BuiltIn fused;
 };
 
@@ -97,7 +99,7 @@ inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
      kernels::KernelId::kLamport,
      kMaxBlocks,
      BuiltIn{1, std::int64_t{256} << 10, std::int64_t{256} << 10, std::int64_t{64} << 10},
-     BuiltIn{1, std::int64_t{1} << 20, std::int64_t{256} << 10, std::int64_t{128} << 10}},
+     BuiltIn{1, std::int64_t{2} << 20, std::int64_t{256} << 10, std::int64_t{128} << 10}},
     {Algo::kLamportTwoShot,
      "lamport_two_shot",
      "slices pushed to their owners, sums pushed back to every rank, no barrier (f16/bf16)",
@@ -105,7 +107,7 @@ inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
      kernels::KernelId::kLamportTwoShot,
      kMaxBlocks,
      BuiltIn{},
-     BuiltIn{2, kUnbounded, kUnbounded, kUnbounded}},
+     BuiltIn{2, std::int64_t{2} << 20, std::int64_t{2} << 20, std::int64_t{1} << 20}},
 }};
 
 /// The row of `a`; `a` must not be `kNone`.

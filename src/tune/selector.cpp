@@ -122,12 +122,16 @@ Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const S
     }
   }
   const AlgoInfo* best = nullptr;
+  bool any_fits = false;
   for (const AlgoInfo& a : kAlgorithms) {
-    if (a.fused.order == 0 || !usable(a.algo) || bytes > a.fused.bound(caps.world_size)) continue;
+    if (a.fused.order == 0 || !usable(a.algo)) continue;
+    any_fits = true;
+    if (bytes > a.fused.bound(caps.world_size)) continue;
     if (best == nullptr || a.fused.order < best->fused.order) best = &a;
   }
+  if (!any_fits) return no("rows x hidden beyond the fusion workspace (TPCOMM_LAMPORT_MAX_BYTES)");
   if (best == nullptr)
-    return no("rows x hidden beyond the fusion workspace (TPCOMM_LAMPORT_MAX_BYTES)");
+    return no("rows x hidden past the built-in bounds, where the unfused pair is faster");
   *why = nullptr;
   return fused_launch(best->algo, rows, hidden, caps.max_blocks);
 }

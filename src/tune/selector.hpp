@@ -103,7 +103,7 @@ inline constexpr int kDefaultThreads = 512;
 ///    tuned for this world size, has fused buckets and names an algorithm that fits (`none`
 ///    there: the fallback won, `kNone`);
 /// 4. the built-in choice: among the algorithms that fit, the lowest `AlgoInfo::fused` order
-///    whose bound holds the bytes;
+///    whose bound holds the bytes (none past every bound: `kNone`);
 /// always with `fused_launch`'s shape.
 [[nodiscard]] Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
                                         const SelectorCaps& caps, Pinned pinned,

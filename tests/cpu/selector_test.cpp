@@ -355,17 +355,22 @@ TEST(SelectAddRmsNorm, EachHardRequirementFallsBack) {
             std::string::npos);
 }
 
-TEST(SelectAddRmsNorm, OneShotForFewTokensTwoShotBeyond) {
-  for (int world : {2, 4, 8}) {
+TEST(SelectAddRmsNorm, OneShotForFewTokensTwoShotBeyondThenTheFallback) {
+  for (int world : {2, 3, 4, 8}) {
     const SelectorCaps caps = fused_caps(world, 8 * kMiB);
-    const std::int64_t bound = info(Algo::kLamport).fused.bound(world);
-    const std::int64_t at_bound = bound / 2 / 128;  // rows of 128 elements
-    EXPECT_EQ(select_add_rmsnorm(at_bound, 128, DType::kBF16, caps, {}, nullptr).algo,
-              Algo::kLamport)
+    const std::int64_t one_shot = info(Algo::kLamport).fused.bound(world);
+    const std::int64_t two_shot = info(Algo::kLamportTwoShot).fused.bound(world);
+    auto at = [&](std::int64_t bytes) {  // rows of 128 elements
+      return select_add_rmsnorm(bytes / 256, 128, DType::kBF16, caps, {}, nullptr).algo;
+    };
+    EXPECT_EQ(at(one_shot), Algo::kLamport) << world;
+    EXPECT_EQ(at(one_shot + 256), two_shot > one_shot ? Algo::kLamportTwoShot : Algo::kNone)
         << world;
-    EXPECT_EQ(select_add_rmsnorm(at_bound + 1, 128, DType::kBF16, caps, {}, nullptr).algo,
-              Algo::kLamportTwoShot)
-        << world;
+    EXPECT_EQ(at(std::max(one_shot, two_shot) + 256), Algo::kNone) << world;
+    EXPECT_NE(std::string(why_not_fused((std::max(one_shot, two_shot) + 256) / 256, 128,
+                                        DType::kBF16, caps, {}, nullptr))
+                  .find("built-in bounds"),
+              std::string::npos);
   }
 }
 
@@ -384,6 +389,11 @@ TEST(SelectAddRmsNorm, PinnedAndTuned) {
   EXPECT_EQ(select_add_rmsnorm(2, 4096, DType::kBF16, caps, {}, &tuned).algo, Algo::kNone);
   EXPECT_EQ(select_add_rmsnorm(4, 4096, DType::kBF16, caps, {}, &tuned).algo, Algo::kLamport)
       << "beyond the tuned buckets: the built-in choice";
+  // A tuned algorithm wins past the built-in bounds.
+  const TuneTable big(TuneKey{"NVIDIA H200", 4, "one-gpu", 1, 1, "0.1.0"}, {},
+                      {{4 * kMiB, Choice{Algo::kLamportTwoShot, 1, 512}, 3.0}});
+  EXPECT_EQ(select_add_rmsnorm(4 * kMiB / 8192, 4096, DType::kBF16, caps, {}, &big).algo,
+            Algo::kLamportTwoShot);
   // A table tuned for another world size is not used.
   EXPECT_EQ(select_add_rmsnorm(2, 4096, DType::kBF16, fused_caps(2, 4 * kMiB), {}, &tuned).algo,
             Algo::kLamport);

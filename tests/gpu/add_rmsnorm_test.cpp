@@ -22,6 +22,7 @@
 #include "support/ranks.hpp"
 #include "tpcomm/group.hpp"
 #include "tpcomm/norm.hpp"
+#include "tune/algorithms.hpp"
 
 namespace tpcomm {
 namespace {
@@ -316,8 +317,8 @@ TEST(AllReduceAddRmsNorm, GridOnFourRanks) {
   int fused = 0, fallback = 0;
   run_cases(4, cases, fused_options(), [&](const FusedCase& c, const std::string& path) {
     const std::int64_t bytes = c.count() * 2;
-    // Lamport two-shot: 2 x ceil(packs / 4) packs per slot of 4 MiB.
-    const bool fits = 2 * ((bytes + 15) / 16 + 3) / 4 * 16 <= (std::int64_t{4} << 20);
+    // Up to the Lamport two-shot's built-in bound (its slots of 4 MiB hold more): fused.
+    const bool fits = bytes <= info(Algo::kLamportTwoShot).fused.bound(4);
     EXPECT_EQ(path.rfind("custom_ar:lamport", 0) == 0, fits) << c.name() << ": " << path;
     (fits ? fused : fallback) += 1;
   });
