@@ -95,25 +95,22 @@ struct Fused {
 
 /// `op` over the block of `x` (0 is the identity: sums, and maxima of non-negative values),
 /// returned to every thread. Every thread of the block calls it; blockDim.x is a multiple of 32.
-/// The order is fixed by the block size, so equal inputs give bitwise equal results.
+/// One barrier: each warp reduces its lanes, publishes the result, and every warp then reduces
+/// the published ones itself, in one order fixed by the block size, so equal inputs give bitwise
+/// equal results. Two calls with the same `Op` must be separated by another barrier (the one
+/// that starts each row in `finish_rows`): the second would overwrite what the first published.
 template <class Op>
 __device__ __forceinline__ float block_reduce(float x, Op op) {
   __shared__ float partial[32];
-  __shared__ float result;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // every reader of the previous call's `result` is past it
   if (lane == 0) partial[warp] = x;
   __syncthreads();
-  if (warp == 0) {
-    x = lane < blockDim.x / 32 ? partial[lane] : 0.f;
+  x = lane < blockDim.x / 32 ? partial[lane] : 0.f;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
-    if (lane == 0) result = x;
-  }
-  __syncthreads();
-  return result;
+  for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
+  return x;
 }
 
 /// True for element `i` of pack `v` (of W elements) when it lies in [lo, hi).
