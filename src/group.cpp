@@ -289,6 +289,9 @@ struct Group::Impl {
   /// that can hold the sum, then the local kernel. Which output holds it is a local choice, but
   /// every rank runs the same all-reduce (same size, dtype and op), so paths still agree.
   Status add_rmsnorm_fallback(const AddRmsNormCall& c, Stream stream) noexcept {
+    // As `dispatch` does, before the first kernel of this call.
+    TPCOMM_TRY(warm_up(stream));
+    TPCOMM_TRY(order(stream));
     const std::int64_t count = c.x.numel();
     kernels::FusionParams f = c.fusion;
     auto reduce = [&](const TensorView& in, const TensorView& out) {
