@@ -468,8 +468,9 @@ TEST(AllReduceAddRmsNorm, MissingRankTimesOut) {
             << g.last_error();
         // The one-shot waits only for rank 0's data. In the two-shot a rank may first give up on
         // a slice owner that itself waits for rank 0 (which wait reports first is a race).
-        if (std::string(algo) == "lamport")
+        if (std::string(algo) == "lamport") {
           EXPECT_NE(g.last_error().find("waiting for rank 0"), std::string::npos) << g.last_error();
+        }
       }
       boot.barrier();
     });
