@@ -80,18 +80,6 @@ FusionDecision on(const FusionInputs& in, std::string reason) {
 
 }  // namespace
 
-std::string_view to_string(Switch s) noexcept {
-  switch (s) {
-    case Switch::kAuto:
-      return "auto";
-    case Switch::kOn:
-      return "on";
-    case Switch::kOff:
-      return "off";
-  }
-  return "unknown";
-}
-
 std::string_view to_string(FusionBackend b) noexcept {
   switch (b) {
     case FusionBackend::kNone:

@@ -6,7 +6,8 @@
 //   - `XxxInputs`: the facts the rule reads, as the engine knows them at startup;
 //   - `XxxDecision`: `enabled` plus a one-line `reason` naming the condition that decided;
 //   - `decide_xxx(const XxxInputs&)`: a pure function (no I/O, no CUDA, no environment).
-// The user's own setting is a `Switch`: `kOn` and `kOff` always win, `kAuto` applies the rule.
+// The user's own setting is a `Switch` (tpcomm/types.hpp): `kOn` and `kOff` always win, `kAuto`
+// applies the rule.
 //
 // Rank invariance: the inputs are facts every rank of the job shares (model, GPU model, sizes,
 // flags), so every rank reaches the same decision without communicating. Pass the same inputs
@@ -18,20 +19,9 @@
 #include <string>
 #include <string_view>
 
+#include "tpcomm/types.hpp"
+
 namespace tpcomm {
-
-/// A user's setting for a feature that also has an automatic rule.
-enum class Switch : std::uint8_t {
-  /// Not set: the rule decides.
-  kAuto,
-  /// Forced on: the rule's conditions are not consulted.
-  kOn,
-  /// Forced off.
-  kOff,
-};
-
-/// "auto", "on", "off".
-std::string_view to_string(Switch s) noexcept;
 
 // ---------------------------------------------------------------------------------------------
 // Fused all-reduce + residual-add + RMSNorm

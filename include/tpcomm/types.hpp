@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Element types, reduction operators and the stream alias used by every public header.
+// Element types, reduction operators, the stream alias and the tri-state `Switch`: the small
+// vocabulary types that every public header may use.
 #pragma once
 
 #include <cstddef>
@@ -66,5 +67,19 @@ enum class ReduceOp : std::uint8_t { kSum, kProd, kMax, kMin, kAvg };
 /// "sum", "prod", "max", "min", "avg".
 std::string_view to_string(ReduceOp op) noexcept;
 std::optional<ReduceOp> parse_reduce_op(std::string_view name) noexcept;
+
+/// A user's setting for a feature that also has an automatic rule (tpcomm/policy.hpp), as a
+/// knob (`Options`) or a flag of an inference engine carries it.
+enum class Switch : std::uint8_t {
+  /// Not set: the rule decides.
+  kAuto,
+  /// Forced on: the rule's conditions are not consulted.
+  kOn,
+  /// Forced off.
+  kOff,
+};
+
+/// "auto", "on", "off".
+std::string_view to_string(Switch s) noexcept;
 
 }  // namespace tpcomm

@@ -95,6 +95,18 @@ std::optional<ReduceOp> parse_reduce_op(std::string_view name) noexcept {
   return std::nullopt;
 }
 
+std::string_view to_string(Switch s) noexcept {
+  switch (s) {
+    case Switch::kAuto:
+      return "auto";
+    case Switch::kOn:
+      return "on";
+    case Switch::kOff:
+      return "off";
+  }
+  return "unknown";
+}
+
 TensorView TensorView::contiguous(void* data, DType dtype,
                                   std::initializer_list<std::int64_t> shape, int device) {
   TPCOMM_CHECK(shape.size() <= static_cast<std::size_t>(kMaxDims), Status::kInvalidArgument,
