@@ -2,7 +2,9 @@
 // Startup policy rules. The fusion rule re-creates SGLang's `_flashinfer_allreduce_fusion_auto_
 // enable`, `_enforce_disable_allreduce_fusion`, `_deterministic_allreduce_fusion_disable`
 // (`python/sglang/srt/arg_groups/overrides.py`) and `_resolve_backend`
-// (`python/sglang/srt/layers/flashinfer_comm_fusion.py`), restated in include/tpcomm/policy.hpp.
+// (`python/sglang/srt/layers/flashinfer_comm_fusion.py`); the LM-head rule re-creates
+// `_tp_lm_head_all_to_all_default` and the assertions after it (`overrides.py`, SGLang PR
+// #32313). Both are restated in include/tpcomm/policy.hpp.
 #include "tpcomm/policy.hpp"
 
 #include <algorithm>
@@ -78,7 +80,48 @@ FusionDecision on(const FusionInputs& in, std::string reason) {
   return FusionDecision{true, backend, std::move(reason)};
 }
 
+// Checks every rule makes, whatever the user's switch: a size below 1 describes no job.
+void check_lm_head_inputs(const LmHeadA2aInputs& in) {
+  TPCOMM_CHECK(in.dp_size >= 1, Status::kInvalidArgument, "decide_lm_head_a2a: dp_size ",
+               in.dp_size, " must be at least 1");
+  TPCOMM_CHECK(in.tp_size >= 1, Status::kInvalidArgument, "decide_lm_head_a2a: tp_size ",
+               in.tp_size, " must be at least 1");
+  TPCOMM_CHECK(in.attn_cp_size >= 1, Status::kInvalidArgument, "decide_lm_head_a2a: attn_cp_size ",
+               in.attn_cp_size, " must be at least 1");
+}
+
+// SGLang asserts these once the all-to-all is on; the automatic rule only turns it on when they
+// hold, so only kOn can fail them. Without them the exchange has no meaning: each rank must be
+// exactly one DP rank holding one vocabulary shard.
+void check_lm_head_forced_on(const LmHeadA2aInputs& in) {
+  constexpr std::string_view kForced = "the LM-head all-to-all is forced on, but it needs ";
+  TPCOMM_CHECK(in.enable_dp_attention, Status::kInvalidArgument, kForced,
+               "DP attention (enable_dp_attention is false)");
+  TPCOMM_CHECK(!in.enable_dp_lm_head, Status::kInvalidArgument, kForced,
+               "the DP LM head off (enable_dp_lm_head is true)");
+  TPCOMM_CHECK(in.tp_size == in.dp_size, Status::kInvalidArgument, kForced,
+               "tp_size == dp_size (tp ", in.tp_size, ", dp ", in.dp_size, ")");
+  TPCOMM_CHECK(in.attn_cp_size == 1, Status::kInvalidArgument, kForced,
+               "attn_cp_size == 1 (attn_cp ", in.attn_cp_size, ")");
+}
+
+LmHeadA2aDecision lm_head_off(std::string reason) {
+  return LmHeadA2aDecision{false, std::move(reason)};
+}
+
 }  // namespace
+
+std::string_view to_string(DisaggregationMode m) noexcept {
+  switch (m) {
+    case DisaggregationMode::kNull:
+      return "null";
+    case DisaggregationMode::kPrefill:
+      return "prefill";
+    case DisaggregationMode::kDecode:
+      return "decode";
+  }
+  return "unknown";
+}
 
 std::string_view to_string(FusionBackend b) noexcept {
   switch (b) {
@@ -122,6 +165,34 @@ FusionDecision decide_allreduce_fusion(const FusionInputs& in) {
   return on(in, "auto: architecture " + arch + " is in the allow-list, " + sm_name(in.sm) +
                     ", tp_size " + std::to_string(in.tp_size) + ", no DP attention, " +
                     nodes_text(in.nnodes) + ", MoE all-to-all backend none");
+}
+
+LmHeadA2aDecision decide_lm_head_a2a(const LmHeadA2aInputs& in) {
+  check_lm_head_inputs(in);
+  if (in.lm_head_a2a == Switch::kOff)
+    return lm_head_off("LM-head all-to-all forced off by the user");
+  if (in.lm_head_a2a == Switch::kOn) {
+    check_lm_head_forced_on(in);
+    return LmHeadA2aDecision{true, "LM-head all-to-all forced on by the user"};
+  }
+
+  const std::string tp = std::to_string(in.tp_size);
+  const std::string dp = std::to_string(in.dp_size);
+  if (in.disaggregation_mode != DisaggregationMode::kDecode)
+    return lm_head_off("disaggregation mode " + std::string(to_string(in.disaggregation_mode)) +
+                       ": not a decode server");
+  if (!in.enable_dp_attention) return lm_head_off("DP attention is off");
+  if (in.dp_size < 2) return lm_head_off("dp_size 1: no DP ranks to exchange logits with");
+  if (in.tp_size != in.dp_size)
+    return lm_head_off("tp_size " + tp + " != dp_size " + dp + ": the exchange needs them equal");
+  if (in.attn_cp_size != 1)
+    return lm_head_off("attn_cp_size " + std::to_string(in.attn_cp_size) +
+                       ": the exchange needs attention without context parallelism");
+  if (in.enable_dp_lm_head) return lm_head_off("the DP LM head is on");
+
+  return LmHeadA2aDecision{true, "auto: decode server, DP attention on, dp_size " + dp +
+                                     ", tp_size " + tp +
+                                     " == dp_size, attn_cp_size 1, DP LM head off"};
 }
 
 }  // namespace tpcomm

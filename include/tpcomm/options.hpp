@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "tpcomm/types.hpp"
+
 namespace tpcomm {
 
 /// Log verbosity, from `TPCOMM_LOG`.
@@ -33,6 +35,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// | `TPCOMM_DISABLE_CUSTOM_AR` | `disable_custom_ar` | 0 |
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
+/// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication) |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
 struct Options {
@@ -63,6 +66,11 @@ struct Options {
   /// Launch the custom kernels as programmatic dependent launches, so that their launch
   /// latency hides behind the kernel before them on the stream (Hopper and later).
   bool programmatic_launch = true;
+  /// The user's setting for assembling a vocabulary-sharded LM head's logits with one
+  /// all-to-all, to pass as `LmHeadA2aInputs::lm_head_a2a` (tpcomm/policy.hpp): auto lets
+  /// `decide_lm_head_a2a` decide, 1 and 0 force it on and off. Accepted, in any case: auto;
+  /// 1, on, true, yes; 0, off, false, no.
+  Switch lm_head_a2a = Switch::kAuto;
   /// Shared secret every store client must present; empty disables the check.
   std::string store_token;
   /// Address the store server binds to; empty means the default rule above.

@@ -101,4 +101,77 @@ std::span<const std::string_view> allreduce_fusion_architectures() noexcept;
 /// than SM90/SM10x, or several SM90 nodes) — SGLang refuses to start there as well.
 [[nodiscard]] FusionDecision decide_allreduce_fusion(const FusionInputs& inputs);
 
+// ---------------------------------------------------------------------------------------------
+// Vocabulary-sharded LM head: one all-to-all
+
+/// The role of this server in prefill/decode disaggregation (SGLang's `--disaggregation-mode`).
+enum class DisaggregationMode : std::uint8_t {
+  /// Not disaggregated: one server runs both prefill and decode (SGLang's "null", the default).
+  kNull,
+  /// A prefill-only server.
+  kPrefill,
+  /// A decode-only server.
+  kDecode,
+};
+
+/// "null", "prefill", "decode" (SGLang's spellings).
+std::string_view to_string(DisaggregationMode m) noexcept;
+
+/// What `decide_lm_head_a2a` reads. The defaults describe a colocated server without DP
+/// attention, which the automatic rule leaves off.
+struct LmHeadA2aInputs {
+  /// This server's role (`--disaggregation-mode`).
+  DisaggregationMode disaggregation_mode = DisaggregationMode::kNull;
+  /// DP attention (`--enable-dp-attention`).
+  bool enable_dp_attention = false;
+  /// Data-parallel attention ranks (`--dp-size`), at least 1.
+  int dp_size = 1;
+  /// Tensor-parallel ranks (`--tp-size`), at least 1: the LM head's vocabulary is split into
+  /// this many shards.
+  int tp_size = 1;
+  /// Context-parallel ranks of attention (`--attn-cp-size`), at least 1.
+  int attn_cp_size = 1;
+  /// The DP LM head (`--enable-dp-lm-head`): every DP rank holds the whole vocabulary and no
+  /// logits are exchanged.
+  bool enable_dp_lm_head = false;
+  /// The user's setting: SGLang's `--enable-tp-lm-head-all-to-all` true (kOn), false (kOff),
+  /// not given (kAuto); `Options::lm_head_a2a` (`TPCOMM_LM_HEAD_A2A`) carries it.
+  Switch lm_head_a2a = Switch::kAuto;
+};
+
+/// The outcome of `decide_lm_head_a2a`.
+struct LmHeadA2aDecision {
+  /// Assemble the vocabulary-sharded LM head's logits with one all-to-all instead of an
+  /// all-gather along the vocabulary followed by the DP scatter.
+  bool enabled = false;
+  /// One line naming the condition that decided, e.g. "DP attention is off"; for an automatic
+  /// yes, every condition that held.
+  std::string reason;
+};
+
+/// Whether the tensor-parallel LM head assembles each rank's logits with one all-to-all, as
+/// SGLang decides it at startup (`_tp_lm_head_all_to_all_default` and the checks that follow,
+/// SGLang PR #32313). With tp_size == dp_size every rank is one DP rank: the LM head's GEMM
+/// yields all ranks' tokens under this rank's vocabulary shard, and each rank needs only its
+/// own tokens under every shard, so the all-to-all moves 1/tp_size of what an all-gather of
+/// the shards moves.
+///
+/// - kOff: off.
+/// - kOn: on, whatever the server's role and dp_size, provided the layout can carry the
+///   exchange at all: DP attention on, the DP LM head off, tp_size == dp_size,
+///   attn_cp_size == 1 (checked in that order, as SGLang asserts them). Otherwise throws
+///   `Error(kInvalidArgument)` naming the flag and its value.
+/// - kAuto: on only when all of these hold: a disaggregated decode server; DP attention on;
+///   dp_size > 1; tp_size == dp_size; attn_cp_size == 1; the DP LM head off. The reason names
+///   the first condition that fails, in that order. Prefill and colocated servers keep the
+///   all-gather.
+///
+/// This is the startup decision only. SGLang also checks every call
+/// (`_can_use_tp_lm_head_all_to_all`: the same row count on every rank, an LM head sharded over
+/// the whole TP group) and takes the all-gather for a batch that does not fit the exchange.
+///
+/// Pure and deterministic; thread-safe. Throws `Error(kInvalidArgument)` when dp_size, tp_size
+/// or attn_cp_size is below 1, under every switch.
+[[nodiscard]] LmHeadA2aDecision decide_lm_head_a2a(const LmHeadA2aInputs& inputs);
+
 }  // namespace tpcomm

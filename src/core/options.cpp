@@ -71,6 +71,13 @@ std::optional<bool> parse_bool(std::string_view s) noexcept {
   return std::nullopt;
 }
 
+std::optional<Switch> parse_switch(std::string_view s) noexcept {
+  if (lower(s) == "auto") return Switch::kAuto;
+  auto b = parse_bool(s);
+  if (!b) return std::nullopt;
+  return *b ? Switch::kOn : Switch::kOff;
+}
+
 std::string format_bytes(std::int64_t bytes) {
   static constexpr std::array<std::string_view, 4> kUnits{"B", "KiB", "MiB", "GiB"};
   std::size_t u = 0;
@@ -146,6 +153,11 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   flag("TPCOMM_DISABLE_CUSTOM_AR", o.disable_custom_ar);
   flag("TPCOMM_DISABLE_NCCL", o.disable_nccl);
   flag("TPCOMM_PDL", o.programmatic_launch);
+  if (auto v = getenv("TPCOMM_LM_HEAD_A2A")) {
+    auto s = parse_switch(*v);
+    if (!s) bad("TPCOMM_LM_HEAD_A2A", *v, "auto, 1 or 0 (or on/off, true/false)");
+    o.lm_head_a2a = *s;
+  }
   if (auto v = getenv("TPCOMM_STORE_TOKEN")) o.store_token = *v;
   if (auto v = getenv("TPCOMM_STORE_BIND")) o.store_bind = *v;
   return o;

@@ -3,6 +3,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/parse.hpp"
 #include "tpcomm/options.hpp"
@@ -31,6 +33,7 @@ TEST(Options, Defaults) {
   EXPECT_FALSE(o.disable_custom_ar);
   EXPECT_FALSE(o.disable_nccl);
   EXPECT_TRUE(o.programmatic_launch);
+  EXPECT_EQ(o.lm_head_a2a, Switch::kAuto);
   EXPECT_TRUE(o.store_token.empty());
 }
 
@@ -46,6 +49,7 @@ TEST(Options, ReadsEveryKnob) {
                     {"TPCOMM_DISABLE_CUSTOM_AR", "1"},
                     {"TPCOMM_DISABLE_NCCL", "yes"},
                     {"TPCOMM_PDL", "0"},
+                    {"TPCOMM_LM_HEAD_A2A", "1"},
                     {"TPCOMM_STORE_TOKEN", "s3cret"},
                     {"TPCOMM_STORE_BIND", "0.0.0.0"}});
   EXPECT_EQ(o.log_level, LogLevel::kDebug);
@@ -59,24 +63,54 @@ TEST(Options, ReadsEveryKnob) {
   EXPECT_TRUE(o.disable_custom_ar);
   EXPECT_TRUE(o.disable_nccl);
   EXPECT_FALSE(o.programmatic_launch);
+  EXPECT_EQ(o.lm_head_a2a, Switch::kOn);
   EXPECT_EQ(o.store_token, "s3cret");
   EXPECT_EQ(o.store_bind, "0.0.0.0");
 }
 
 TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
-  for (auto [name, value] : std::map<std::string, std::string>{{"TPCOMM_LOG", "loud"},
-                                                               {"TPCOMM_TIMEOUT_MS", "-5"},
-                                                               {"TPCOMM_TIMEOUT_MS", "10s"},
-                                                               {"TPCOMM_ALGO", "fastest"},
-                                                               {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
-                                                               {"TPCOMM_LAMPORT_MAX_BYTES", "100"},
-                                                               {"TPCOMM_DISABLE_NCCL", "maybe"}}) {
+  for (auto [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"TPCOMM_LOG", "loud"},
+                                                        {"TPCOMM_TIMEOUT_MS", "-5"},
+                                                        {"TPCOMM_TIMEOUT_MS", "10s"},
+                                                        {"TPCOMM_ALGO", "fastest"},
+                                                        {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
+                                                        {"TPCOMM_LAMPORT_MAX_BYTES", "100"},
+                                                        {"TPCOMM_DISABLE_NCCL", "maybe"},
+                                                        {"TPCOMM_LM_HEAD_A2A", "sometimes"}}) {
     try {
       from({{name, value}});
       FAIL() << name << "=" << value << " accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.status(), Status::kInvalidArgument);
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Options, LmHeadA2aSwitch) {
+  const std::vector<std::pair<std::string, Switch>> accepted = {
+      {"auto", Switch::kAuto}, {"AUTO", Switch::kAuto}, {"Auto", Switch::kAuto},
+      {"1", Switch::kOn},      {"on", Switch::kOn},     {"ON", Switch::kOn},
+      {"true", Switch::kOn},   {"True", Switch::kOn},   {"yes", Switch::kOn},
+      {"0", Switch::kOff},     {"off", Switch::kOff},   {"Off", Switch::kOff},
+      {"false", Switch::kOff}, {"FALSE", Switch::kOff}, {"no", Switch::kOff},
+  };
+  for (const auto& [value, want] : accepted) {
+    SCOPED_TRACE(value);
+    EXPECT_EQ(from({{"TPCOMM_LM_HEAD_A2A", value}}).lm_head_a2a, want);
+  }
+  for (const char* value : {"", "2", "-1", "automatic", "enabled", "on ", " 1", "default"}) {
+    SCOPED_TRACE(value);
+    try {
+      from({{"TPCOMM_LM_HEAD_A2A", value}});
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("TPCOMM_LM_HEAD_A2A=\"" + std::string(value) + "\""),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("expected auto, 1 or 0"), std::string::npos) << e.what();
     }
   }
 }
@@ -112,6 +146,11 @@ TEST(Parse, IntAndBool) {
   EXPECT_EQ(parse_bool("ON"), true);
   EXPECT_EQ(parse_bool("false"), false);
   EXPECT_FALSE(parse_bool("2").has_value());
+  EXPECT_EQ(parse_switch("auto"), Switch::kAuto);
+  EXPECT_EQ(parse_switch("Yes"), Switch::kOn);
+  EXPECT_EQ(parse_switch("0"), Switch::kOff);
+  EXPECT_FALSE(parse_switch("").has_value());
+  EXPECT_FALSE(parse_switch("automatic").has_value());
 }
 
 }  // namespace

@@ -231,6 +231,219 @@ TEST(AllReduceFusionPolicy, Names) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// LM-head all-to-all
+
+/// A job for which every automatic condition holds: a decode server, DP attention, tp = dp = 8.
+LmHeadA2aInputs decode_server() {
+  LmHeadA2aInputs in;
+  in.disaggregation_mode = DisaggregationMode::kDecode;
+  in.enable_dp_attention = true;
+  in.dp_size = 8;
+  in.tp_size = 8;
+  in.attn_cp_size = 1;
+  in.enable_dp_lm_head = false;
+  return in;
+}
+
+TEST(LmHeadA2aPolicy, AutoEnablesADecodeServerWithPureDpAttention) {
+  const LmHeadA2aDecision d = decide_lm_head_a2a(decode_server());
+  EXPECT_TRUE(d.enabled);
+  EXPECT_EQ(d.reason,
+            "auto: decode server, DP attention on, dp_size 8, tp_size 8 == dp_size, "
+            "attn_cp_size 1, DP LM head off");
+  LmHeadA2aInputs in = decode_server();
+  in.dp_size = 2;
+  in.tp_size = 2;
+  EXPECT_TRUE(decide_lm_head_a2a(in).enabled);
+}
+
+TEST(LmHeadA2aPolicy, DefaultsDescribeAColocatedServer) {
+  const LmHeadA2aDecision d = decide_lm_head_a2a(LmHeadA2aInputs{});
+  EXPECT_FALSE(d.enabled);
+  EXPECT_EQ(d.reason, "disaggregation mode null: not a decode server");
+}
+
+// Each automatic condition, broken alone on an eligible job, turns the all-to-all off, and the
+// reason names it.
+TEST(LmHeadA2aPolicy, EveryAutoConditionDecides) {
+  struct Flip {
+    const char* what;
+    void (*change)(LmHeadA2aInputs&);
+    const char* reason;
+  };
+  const std::vector<Flip> flips = {
+      {"prefill server",
+       [](LmHeadA2aInputs& in) { in.disaggregation_mode = DisaggregationMode::kPrefill; },
+       "disaggregation mode prefill: not a decode server"},
+      {"colocated server",
+       [](LmHeadA2aInputs& in) { in.disaggregation_mode = DisaggregationMode::kNull; },
+       "disaggregation mode null: not a decode server"},
+      {"no DP attention", [](LmHeadA2aInputs& in) { in.enable_dp_attention = false; },
+       "DP attention is off"},
+      {"dp 1",
+       [](LmHeadA2aInputs& in) {
+         in.dp_size = 1;
+         in.tp_size = 1;
+       },
+       "dp_size 1: no DP ranks to exchange logits with"},
+      {"tp above dp", [](LmHeadA2aInputs& in) { in.dp_size = 4; },
+       "tp_size 8 != dp_size 4: the exchange needs them equal"},
+      {"tp below dp", [](LmHeadA2aInputs& in) { in.tp_size = 4; },
+       "tp_size 4 != dp_size 8: the exchange needs them equal"},
+      {"attention CP", [](LmHeadA2aInputs& in) { in.attn_cp_size = 2; },
+       "attn_cp_size 2: the exchange needs attention without context parallelism"},
+      {"DP LM head", [](LmHeadA2aInputs& in) { in.enable_dp_lm_head = true; },
+       "the DP LM head is on"},
+  };
+  for (const Flip& f : flips) {
+    SCOPED_TRACE(f.what);
+    LmHeadA2aInputs in = decode_server();
+    f.change(in);
+    const LmHeadA2aDecision d = decide_lm_head_a2a(in);
+    EXPECT_FALSE(d.enabled);
+    EXPECT_EQ(d.reason, f.reason);
+  }
+}
+
+// With several conditions failing, the reason names the first in SGLang's order.
+TEST(LmHeadA2aPolicy, FirstFailingConditionIsNamed) {
+  LmHeadA2aInputs in = decode_server();
+  in.enable_dp_lm_head = true;
+  in.attn_cp_size = 2;
+  EXPECT_EQ(decide_lm_head_a2a(in).reason,
+            "attn_cp_size 2: the exchange needs attention without context parallelism");
+  in.tp_size = 4;
+  EXPECT_EQ(decide_lm_head_a2a(in).reason, "tp_size 4 != dp_size 8: the exchange needs them equal");
+  in.dp_size = 1;
+  EXPECT_EQ(decide_lm_head_a2a(in).reason, "dp_size 1: no DP ranks to exchange logits with");
+  in.enable_dp_attention = false;
+  EXPECT_EQ(decide_lm_head_a2a(in).reason, "DP attention is off");
+  in.disaggregation_mode = DisaggregationMode::kPrefill;
+  EXPECT_EQ(decide_lm_head_a2a(in).reason, "disaggregation mode prefill: not a decode server");
+}
+
+TEST(LmHeadA2aPolicy, ExplicitOffWins) {
+  LmHeadA2aInputs in = decode_server();
+  in.lm_head_a2a = Switch::kOff;
+  LmHeadA2aDecision d = decide_lm_head_a2a(in);
+  EXPECT_FALSE(d.enabled);
+  EXPECT_EQ(d.reason, "LM-head all-to-all forced off by the user");
+  // Off needs none of the conditions that forcing it on does.
+  in.enable_dp_attention = false;
+  in.enable_dp_lm_head = true;
+  in.dp_size = 2;
+  in.attn_cp_size = 4;
+  d = decide_lm_head_a2a(in);
+  EXPECT_FALSE(d.enabled);
+  EXPECT_EQ(d.reason, "LM-head all-to-all forced off by the user");
+}
+
+// kOn wins over the conditions SGLang does not assert: the server's role and dp_size > 1.
+TEST(LmHeadA2aPolicy, ExplicitOnWins) {
+  const std::vector<void (*)(LmHeadA2aInputs&)> changes = {
+      [](LmHeadA2aInputs&) {},
+      [](LmHeadA2aInputs& in) { in.disaggregation_mode = DisaggregationMode::kPrefill; },
+      [](LmHeadA2aInputs& in) { in.disaggregation_mode = DisaggregationMode::kNull; },
+      [](LmHeadA2aInputs& in) {
+        in.dp_size = 1;
+        in.tp_size = 1;
+      },
+  };
+  for (std::size_t i = 0; i < changes.size(); ++i) {
+    SCOPED_TRACE("change " + std::to_string(i));
+    LmHeadA2aInputs in = decode_server();
+    in.lm_head_a2a = Switch::kOn;
+    changes[i](in);
+    const LmHeadA2aDecision d = decide_lm_head_a2a(in);
+    EXPECT_TRUE(d.enabled);
+    EXPECT_EQ(d.reason, "LM-head all-to-all forced on by the user");
+  }
+}
+
+// Forced on where the layout cannot carry the exchange: SGLang's assertions, as errors.
+TEST(LmHeadA2aPolicy, ExplicitOnIsValidated) {
+  struct Bad {
+    void (*change)(LmHeadA2aInputs&);
+    const char* message;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {[](LmHeadA2aInputs& in) { in.enable_dp_attention = false; },
+            "the LM-head all-to-all is forced on, but it needs DP attention "
+            "(enable_dp_attention is false)"},
+           {[](LmHeadA2aInputs& in) { in.enable_dp_lm_head = true; },
+            "the LM-head all-to-all is forced on, but it needs the DP LM head off "
+            "(enable_dp_lm_head is true)"},
+           {[](LmHeadA2aInputs& in) { in.dp_size = 4; },
+            "the LM-head all-to-all is forced on, but it needs tp_size == dp_size (tp 8, dp 4)"},
+           {[](LmHeadA2aInputs& in) { in.attn_cp_size = 2; },
+            "the LM-head all-to-all is forced on, but it needs attn_cp_size == 1 (attn_cp 2)"},
+       }) {
+    SCOPED_TRACE(b.message);
+    LmHeadA2aInputs in = decode_server();
+    in.lm_head_a2a = Switch::kOn;
+    b.change(in);
+    try {
+      (void)decide_lm_head_a2a(in);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      EXPECT_TRUE(contains(e.what(), b.message)) << e.what();
+    }
+    // The same layout under auto is a decision, not an error.
+    in.lm_head_a2a = Switch::kAuto;
+    EXPECT_FALSE(decide_lm_head_a2a(in).enabled);
+  }
+}
+
+// Several violations at once: the first of SGLang's assertions is reported.
+TEST(LmHeadA2aPolicy, ExplicitOnReportsTheFirstViolation) {
+  LmHeadA2aInputs in = decode_server();
+  in.lm_head_a2a = Switch::kOn;
+  in.enable_dp_attention = false;
+  in.enable_dp_lm_head = true;
+  in.dp_size = 4;
+  in.attn_cp_size = 2;
+  try {
+    (void)decide_lm_head_a2a(in);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "needs DP attention")) << e.what();
+  }
+}
+
+TEST(LmHeadA2aPolicy, OutOfRangeInputsAreErrors) {
+  struct Bad {
+    void (*change)(LmHeadA2aInputs&);
+    const char* message;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {[](LmHeadA2aInputs& in) { in.dp_size = 0; }, "dp_size 0 must be at least 1"},
+           {[](LmHeadA2aInputs& in) { in.tp_size = -8; }, "tp_size -8 must be at least 1"},
+           {[](LmHeadA2aInputs& in) { in.attn_cp_size = 0; }, "attn_cp_size 0 must be at least 1"},
+       }) {
+    SCOPED_TRACE(b.message);
+    LmHeadA2aInputs in = decode_server();
+    b.change(in);
+    for (Switch s : {Switch::kAuto, Switch::kOn, Switch::kOff}) {
+      in.lm_head_a2a = s;
+      try {
+        (void)decide_lm_head_a2a(in);
+        ADD_FAILURE() << "accepted under " << to_string(s);
+      } catch (const Error& e) {
+        EXPECT_EQ(e.status(), Status::kInvalidArgument);
+        EXPECT_TRUE(contains(e.what(), b.message)) << e.what();
+      }
+    }
+  }
+}
+
+TEST(LmHeadA2aPolicy, Names) {
+  EXPECT_EQ(to_string(DisaggregationMode::kNull), "null");
+  EXPECT_EQ(to_string(DisaggregationMode::kPrefill), "prefill");
+  EXPECT_EQ(to_string(DisaggregationMode::kDecode), "decode");
+}
+
+// ---------------------------------------------------------------------------------------------
 // `tpcomm policy`
 
 test::ProgramResult policy(const std::string& args) {
@@ -290,9 +503,69 @@ TEST(PolicyCommand, TextNamesTheDecisionAndTheReason) {
   EXPECT_TRUE(contains(r.output, "reason: fusion forced off by the user")) << r.output;
 }
 
+TEST(PolicyCommand, LmHeadOptionsReachTheInputs) {
+  // --tp and --dp-attention are shared with the fusion rule.
+  const nlohmann::json j = policy_json(
+      "--disaggregation prefill --dp-attention --dp 4 --tp 4 --attn-cp 2 --dp-lm-head "
+      "--lm-head-a2a off");
+  const nlohmann::json& a = j.at("lm_head_a2a");
+  const nlohmann::json& in = a.at("inputs");
+  EXPECT_EQ(in.at("disaggregation_mode"), "prefill");
+  EXPECT_EQ(in.at("enable_dp_attention"), true);
+  EXPECT_EQ(in.at("dp_size"), 4);
+  EXPECT_EQ(in.at("tp_size"), 4);
+  EXPECT_EQ(in.at("attn_cp_size"), 2);
+  EXPECT_EQ(in.at("enable_dp_lm_head"), true);
+  EXPECT_EQ(in.at("lm_head_a2a"), "off");
+  EXPECT_EQ(a.at("enabled"), false);
+  EXPECT_EQ(a.at("reason"), "LM-head all-to-all forced off by the user");
+  EXPECT_EQ(j.at("allreduce_fusion").at("inputs").at("tp_size"), 4);
+}
+
+TEST(PolicyCommand, LmHeadDefaultsAndAutoDecision) {
+  nlohmann::json a = policy_json("").at("lm_head_a2a");
+  const nlohmann::json& in = a.at("inputs");
+  EXPECT_EQ(in.at("disaggregation_mode"), "null");
+  EXPECT_EQ(in.at("enable_dp_attention"), false);
+  EXPECT_EQ(in.at("dp_size"), 1);
+  EXPECT_EQ(in.at("tp_size"), 8);
+  EXPECT_EQ(in.at("attn_cp_size"), 1);
+  EXPECT_EQ(in.at("enable_dp_lm_head"), false);
+  EXPECT_EQ(in.at("lm_head_a2a"), "auto");
+  EXPECT_EQ(a.at("enabled"), false);
+  EXPECT_EQ(a.at("reason"), "disaggregation mode null: not a decode server");
+  a = policy_json("--disaggregation decode --dp-attention --dp 8").at("lm_head_a2a");
+  EXPECT_EQ(a.at("enabled"), true);
+  EXPECT_EQ(a.at("reason"),
+            "auto: decode server, DP attention on, dp_size 8, tp_size 8 == dp_size, "
+            "attn_cp_size 1, DP LM head off");
+}
+
+TEST(PolicyCommand, TextNamesTheLmHeadDecisionAndTheReason) {
+  auto r = policy("--disaggregation decode --dp-attention --dp 8");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "LM-head all-to-all: on\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "reason: auto: decode server")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "inputs: disaggregation decode, dp-attention on, dp 8, tp 8, attn-cp 1, "
+                       "dp-lm-head off, lm-head-a2a auto\n"))
+      << r.output;
+  r = policy("--disaggregation decode --dp-attention --dp 4");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "LM-head all-to-all: off\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "reason: tp_size 8 != dp_size 4: the exchange needs them equal"))
+      << r.output;
+  r = policy("--dp-attention --dp 8 --lm-head-a2a on");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "LM-head all-to-all: on\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "reason: LM-head all-to-all forced on by the user")) << r.output;
+}
+
 TEST(PolicyCommand, BadInputIsRefused) {
-  for (const char* bad : {"--fusion maybe", "--fusion ON", "--tp 0", "--nnodes 0", "--sm -1",
-                          "--sm ninety", "--unknown-option"}) {
+  for (const char* bad :
+       {"--fusion maybe", "--fusion ON", "--tp 0", "--nnodes 0", "--sm -1", "--sm ninety",
+        "--unknown-option", "--lm-head-a2a maybe", "--lm-head-a2a 1", "--disaggregation colocated",
+        "--disaggregation Decode", "--dp 0", "--attn-cp 0"}) {
     SCOPED_TRACE(bad);
     const auto r = policy(bad);
     EXPECT_NE(r.exit_code, 0) << r.output;
@@ -301,6 +574,10 @@ TEST(PolicyCommand, BadInputIsRefused) {
   const auto r = policy("--arch DeepseekV3ForCausalLM --sm 80 --fusion on");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "SM80 has no fused all-reduce backend")) << r.output;
+  // So is a forced all-to-all on a layout that cannot carry it.
+  const auto a = policy("--dp-attention --dp 4 --lm-head-a2a on");
+  EXPECT_EQ(a.exit_code, 1) << a.output;
+  EXPECT_TRUE(contains(a.output, "needs tp_size == dp_size (tp 8, dp 4)")) << a.output;
 }
 
 }  // namespace
