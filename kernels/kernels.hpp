@@ -196,6 +196,82 @@ Status fill_lamport_empty(void* buffers, std::int64_t bytes, Stream stream) noex
 int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,
                       Fusion fusion = Fusion::kNone) noexcept;
 
+// ---- the exchange: all-gather, all-to-all and the LM-head exchange ----------------------
+
+/// What one rank copies from one source rank in an exchange: `rows` rows of `row_bytes` bytes,
+/// row i read at byte `src_offset + i * src_pitch` of the source's input and written at byte
+/// `dst_offset + i * dst_pitch` of this rank's output. All in bytes; `rows` 0 copies nothing.
+struct CopyRegion {
+  std::int64_t src_offset;
+  std::int64_t src_pitch;
+  std::int64_t dst_offset;
+  std::int64_t dst_pitch;
+  std::int64_t rows;
+  std::int64_t row_bytes;
+};
+static_assert(std::is_trivially_copyable_v<CopyRegion>);
+
+/// Everything one rank's exchange kernel needs; passed by value (NOTE [exchange] in
+/// kernels/exchange.cu).
+struct ExchangeParams {
+  /// Every rank's input as mapped here, filled when a capture scope closes; a null entry (or a
+  /// null `registered`) reads that rank's staging half (NOTE [staging] in ipc/layout.hpp).
+  const RankPtrs* registered;
+  /// This rank's whole input, `input_bytes` bytes, any alignment: what its peers read from.
+  const void* input;
+  std::int64_t input_bytes;
+  /// This rank's output; any alignment.
+  void* output;
+  /// Every rank's staging buffer (two halves of `half_bytes`) as mapped here.
+  char* staging[kMaxRanks];
+  std::int64_t half_bytes;
+  /// Every rank's signal pad as mapped here (kept in parameter space, as in AllReduceParams).
+  SignalPad* pads[kMaxRanks];
+  /// What this rank reads from each rank (itself included).
+  CopyRegion from[kMaxRanks];
+  int rank;
+  int world_size;
+  /// Run the end barrier (registered inputs must stay untouched until every peer has read).
+  bool end_barrier;
+  /// Give up waiting for a peer after this many nanoseconds (0 = never).
+  std::uint64_t timeout_ns;
+  ErrorWord* error;
+  const std::uint32_t* abort_flag;
+};
+static_assert(std::is_trivially_copyable_v<ExchangeParams>);
+
+/// Launches one rank's exchange on `stream`: with `stage`, first a kernel that copies `input`
+/// into this rank's staging half of this operation, then the exchange kernel (one barrier, then
+/// every region of `from` copied; with `end_barrier` a second barrier). As a programmatic
+/// dependent launch with `programmatic`. Every rank launches the same grid. kInvalidArgument
+/// for a world size outside 2..8, a bad launch shape or a region of 2^32 accesses or more;
+/// kCudaError when a launch fails.
+Status launch_exchange(const ExchangeParams& params, LaunchShape shape, bool stage,
+                       bool programmatic, Stream stream) noexcept;
+
+/// A local copy of up to kMaxRanks regions in one launch: region i of `from` read from
+/// `sources[i]`, written into `output` (the LM-head exchange's fallback after its all-gather).
+struct RegionCopyParams {
+  const char* sources[kMaxRanks];
+  void* output;
+  CopyRegion from[kMaxRanks];
+  int regions;
+};
+static_assert(std::is_trivially_copyable_v<RegionCopyParams>);
+
+/// Launches the copy of `params` on `stream`; `params.regions` 0 is a warm-up launch.
+/// kInvalidArgument for more than kMaxRanks regions or one of 2^32 accesses or more; kCudaError
+/// when the launch fails.
+Status launch_region_copy(const RegionCopyParams& params, Stream stream) noexcept;
+
+/// Launches every exchange kernel of `world_size` ranks once on `stream` with nothing to do
+/// (NOTE [first launch] in backends/custom_ar.cpp).
+Status warm_up_exchange(int world_size, Stream stream) noexcept;
+
+/// Most blocks of `threads` threads of the exchange kernel of `world_size` ranks that one SM
+/// holds at once; 0 for a world size outside 2..8.
+int exchange_max_blocks_per_sm(int world_size, int threads) noexcept;
+
 // ---- exact test data (tests and `tpcomm bench --check`) ----------------------------------
 
 /// What the checked collective was, for `check_data`.
@@ -218,6 +294,14 @@ Status warm_up_test_data(Stream stream) noexcept;
 /// Sets every byte of `bytes` bytes to 0xFF (NaN in every float type) so that an element the
 /// collective did not write cannot pass a check.
 Status poison(void* data, std::int64_t bytes, Stream stream) noexcept;
+
+/// Counts the elements of the LM-head exchange's output `out` ([rows, vocab] of `dtype`) that
+/// differ bitwise from what it must hold when every rank r's [T, shard_cols] shard logits come
+/// from `fill_data(seed, r)` (sum data) and this rank's rows start at row `first` of them, adding
+/// the count to `*wrong` (device memory).
+Status check_lm_head(const void* out, DType dtype, std::int64_t rows, std::int64_t vocab,
+                     std::int64_t shard_cols, std::int64_t first, std::uint64_t seed,
+                     unsigned long long* wrong, Stream stream) noexcept;
 
 /// Counts the elements of `out` that differ bitwise from what `collective` must produce on
 /// rank `rank` of `world_size` from `fill_data` inputs (`count` = elements of `out`; `root` for

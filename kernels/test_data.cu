@@ -195,6 +195,21 @@ __global__ void check_kernel(const void* out, DType dtype, std::int64_t count, s
   if (bad != 0) atomicAdd(wrong, bad);
 }
 
+__global__ void check_lm_head_kernel(const void* out, DType dtype, std::int64_t rows,
+                                     std::int64_t vocab, std::int64_t cols, std::int64_t first,
+                                     std::uint64_t seed, unsigned long long* wrong) {
+  unsigned long long bad = 0;
+  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       j < rows * vocab; j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = j / vocab;
+    const std::int64_t v = j % vocab;
+    const auto expected = static_cast<double>(value_of(
+        seed, static_cast<int>(v / cols), (first + row) * cols + v % cols, dtype, ReduceOp::kSum));
+    bad += equals_bitwise(out, j, dtype, expected) ? 0 : 1;
+  }
+  if (bad != 0) atomicAdd(wrong, bad);
+}
+
 unsigned grid_for(std::int64_t count) {
   const std::int64_t blocks = (count + 255) / 256;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks));
@@ -215,6 +230,7 @@ Status warm_up_test_data(Stream stream) noexcept {
   fill_kernel<<<1, 32, 0, s>>>(nullptr, DType::kF32, 0, 0, 0, ReduceOp::kSum, 0);
   check_kernel<<<1, 32, 0, s>>>(nullptr, DType::kF32, 0, 0, 0, 1, ReduceOp::kSum,
                                 Collective::kAllReduce, 0, nullptr);
+  check_lm_head_kernel<<<1, 32, 0, s>>>(nullptr, DType::kF32, 0, 1, 1, 0, 0, nullptr);
   return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 
@@ -232,6 +248,16 @@ Status check_data(const void* out, DType dtype, std::int64_t count, std::uint64_
   if (count <= 0) return Status::kOk;
   check_kernel<<<grid_for(count), 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
       out, dtype, count, seed, rank, world_size, op, collective, root, wrong);
+  return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
+}
+
+Status check_lm_head(const void* out, DType dtype, std::int64_t rows, std::int64_t vocab,
+                     std::int64_t shard_cols, std::int64_t first, std::uint64_t seed,
+                     unsigned long long* wrong, Stream stream) noexcept {
+  if (rows <= 0 || vocab <= 0) return Status::kOk;
+  if (shard_cols <= 0) return Status::kInvalidArgument;
+  check_lm_head_kernel<<<grid_for(rows * vocab), 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+      out, dtype, rows, vocab, shard_cols, first, seed, wrong);
   return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 

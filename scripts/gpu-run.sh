@@ -4,12 +4,12 @@
 # the folder given as the first argument. Uses the build in ./build (configure and build it
 # first, or carry it from a machine with the same CUDA toolkit).
 #
-#   scripts/gpu-run.sh OUTDIR [all|tests|bench|fused]
+#   scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange]
 #
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
-out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench|fused]}
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange]}
 what=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -102,6 +102,23 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = fused ]; then
   done
   # The tuner's fused buckets (the `fused` lines of the table it prints).
   step tune-fused env TPCOMM_TUNE_FILE=/tmp/tpcomm-tune-fused-w4.txt "$bin/tpcomm" tune --virtual-ranks 4
+fi
+
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = exchange ]; then
+  # The LM head's exchange against SGLang's path (tpcomm's all-gather, then the reassembly copy)
+  # and a device copy of the same bytes, for DeepSeek-V3/V4's and Llama 3's vocabularies.
+  for vocab in 129280 128256; do
+    for r in 2 4 8; do
+      step exchange "$bin/tpcomm" bench --virtual-ranks "$r" --op lm_head_exchange --vocab "$vocab" \
+        --tokens 1,36,120 -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 \
+        --algo pull,all_gather,memcpy --json "$out/lm-head-v$vocab-w$r.json"
+    done
+  done
+  # The plain exchanges over peer memory against the device copy.
+  for op in allgather alltoall; do
+    step exchange "$bin/tpcomm" bench --virtual-ranks 8 --op "$op" -b 1K -e 32M -f 4 -d bfloat16 \
+      --graph -n 20 -w 3 --graph-replays 10 --algo pull,memcpy --json "$out/$op-w8.json"
+  done
 fi
 
 echo "== failures"

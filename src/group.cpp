@@ -4,10 +4,13 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <optional>
 #include <random>
+#include <span>
+#include <string>
 
 #include "backends/backend.hpp"
 #include "backends/custom_ar.hpp"
@@ -15,6 +18,7 @@
 #include "backends/nccl_lib.hpp"
 #include "core/cuda_check.hpp"
 #include "core/log.hpp"
+#include "exchange_plan.hpp"
 #include "ipc/peer_buffer.hpp"
 #include "kernels/kernels.hpp"
 #include "norm.hpp"
@@ -26,6 +30,7 @@ namespace tpcomm {
 namespace {
 
 constexpr const char* kFusedOnCustomOnly = "the fused operation runs on the custom kernels only";
+constexpr const char* kLmHeadOnCustomOnly = "the LM-head exchange runs on the custom kernels only";
 
 /// World size 1: every collective is a copy (or nothing, in place).
 class LocalBackend final : public Backend {
@@ -33,6 +38,7 @@ class LocalBackend final : public Backend {
   std::string_view name() const noexcept override { return "local"; }
   Support supports(const Request& r) const noexcept override {
     if (r.op == Op::kAllReduceAddRmsNorm) return Support::no(kFusedOnCustomOnly);
+    if (r.op == Op::kLmHeadExchange) return Support::no(kLmHeadOnCustomOnly);
     return Support::yes();
   }
   Status run(const Request& r, const Support&, Stream stream) noexcept override {
@@ -59,8 +65,23 @@ class CustomArBackend final : public Backend {
                                 ar_->caps(), pinned_, *table_);
     return select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, ar_->caps(), pinned_, *table_);
   }
+  ExchangeChoice choose_exchange(const Request& r) const noexcept {
+    return select_exchange(r.plan->largest_input, ar_->caps(), pinned_, *table_);
+  }
+  static bool exchanges(Op op) noexcept {
+    return op == Op::kAllGather || op == Op::kAllToAll || op == Op::kLmHeadExchange;
+  }
   /// The plan handed from `supports` to `run` is the chosen algorithm and launch shape.
   Support supports(const Request& r) const noexcept override {
+    if (exchanges(r.op)) {
+      if (r.plan == nullptr) return Support::no("the exchange has no plan");
+      const ExchangeChoice c = choose_exchange(r);
+      if (c.algo == ExchangeAlgo::kNone)
+        return Support::no("input larger than the exchange's staging (Group::prepare_exchange)");
+      return Support::yes(static_cast<std::uint64_t>(c.algo) |
+                          static_cast<std::uint64_t>(c.blocks) << 8 |
+                          static_cast<std::uint64_t>(c.threads) << 32);
+    }
     if (r.op == Op::kAllReduceAddRmsNorm) {
       if (const char* why = why_not_fused(r.in.numel() / r.fusion->hidden, r.fusion->hidden,
                                           r.in.dtype, ar_->caps(), pinned_, *table_))
@@ -78,6 +99,10 @@ class CustomArBackend final : public Backend {
     const Choice c{static_cast<Algo>(support.plan & 0xFF),
                    static_cast<int>((support.plan >> 8) & 0xFFFFFF),
                    static_cast<int>(support.plan >> 32)};
+    if (exchanges(r.op))
+      return ar_->exchange(*r.plan, r.in, r.out,
+                           ExchangeChoice{static_cast<ExchangeAlgo>(c.algo), c.blocks, c.threads},
+                           r.capturing, stream);
     return ar_->run(r.in, r.out, c, r.capturing, stream, r.fusion);
   }
 
@@ -95,6 +120,7 @@ class NcclBackend final : public Backend {
   NcclComm& comm() noexcept { return *comm_; }
   Support supports(const Request& r) const noexcept override {
     if (r.op == Op::kAllReduceAddRmsNorm) return Support::no(kFusedOnCustomOnly);
+    if (r.op == Op::kLmHeadExchange) return Support::no(kLmHeadOnCustomOnly);
     return Support::yes();
   }
   Status run(const Request& r, const Support&, Stream s) noexcept override {
@@ -109,6 +135,11 @@ class NcclBackend final : public Backend {
       case Op::kReduceScatter:
         return comm_->reduce_scatter(r.in.data, r.out.data, n, r.in.dtype, r.reduce, s);
       case Op::kAllToAll:
+        if (r.counts != nullptr)
+          return comm_->all_to_all(r.in.data, r.out.data,
+                                   std::span(r.counts, static_cast<std::size_t>(world) *
+                                                           static_cast<std::size_t>(world)),
+                                   r.in.dtype, s);
         return comm_->all_to_all(r.in.data, r.out.data, n / world, r.in.dtype, s);
       case Op::kBroadcast:
         return comm_->broadcast(r.in.data, r.out.data, n, r.out.dtype, r.peer, s);
@@ -118,6 +149,7 @@ class NcclBackend final : public Backend {
       case Op::kRecv:
         return comm_->recv(r.out.data, n, r.out.dtype, r.peer, s);
       case Op::kAllReduceAddRmsNorm:
+      case Op::kLmHeadExchange:
         return Status::kUnsupported;
     }
     return Status::kInternal;
@@ -178,8 +210,8 @@ struct Group::Impl {
   bool any_call = false;
   cudaEvent_t order_event = nullptr;
   bool scope_open = false;
-  bool nccl_was_enabled = true;  // NCCL's state before the capture scope enabled it
-  std::vector<const char*> fused_fallbacks_logged;  // static strings
+  bool nccl_was_enabled = true;               // NCCL's state before the capture scope enabled it
+  std::vector<const char*> fallbacks_logged;  // static strings
 
   explicit Impl(Bootstrap b) : boot(std::move(b)) {}
   ~Impl() {
@@ -335,13 +367,80 @@ struct Group::Impl {
     return local(c.residual_out.data);
   }
 
-  /// Logs once per reason why a fused call falls back.
-  void note_fused_fallback(const char* why) noexcept {
-    for (const char* seen : fused_fallbacks_logged)
+  /// Logs once per reason (a static string) why a call takes its fallback, `what`.
+  void note_fallback(const char* what, const char* why) noexcept {
+    for (const char* seen : fallbacks_logged)
       if (seen == why) return;
-    if (fused_fallbacks_logged.size() < 16) fused_fallbacks_logged.push_back(why);
-    if (boot.rank() == 0)
-      TPCOMM_LOG_INFO("all_reduce_add_rmsnorm: all-reduce, then add + RMSNorm (", why, ")");
+    if (fallbacks_logged.size() < 32) fallbacks_logged.push_back(why);
+    if (boot.rank() == 0) TPCOMM_LOG_INFO(what, " (", why, ")");
+  }
+
+  /// The name of the backend that would serve an exchange request (pure).
+  std::string exchange_backend(const Request& req) const noexcept {
+    const Backend* b = chain.select(req);
+    if (b == nullptr) return "none";
+    if (b == custom)
+      return "custom_ar:" + std::string(to_string(custom->choose_exchange(req).algo));
+    return std::string(b->name());
+  }
+
+  /// Why `lm_head_exchange` takes its fallback (a static string), or nullptr when the custom
+  /// exchange serves `req` (whose plan this fills). Rank-invariant inputs only.
+  const char* lm_head_fallback(Request& req, ExchangePlan& plan, const LmHeadLayout& layout,
+                               std::int64_t shard_cols, std::int64_t vocab) const noexcept {
+    if (options.lm_head_a2a == Switch::kOff) return "TPCOMM_LM_HEAD_A2A=0";
+    const int world = boot.world_size();
+    if (world == 1) return "world size 1";
+    if (custom == nullptr) return "no custom kernels in this group";
+    plan = plan_lm_head(layout, shard_cols, vocab, dtype_size(req.in.dtype), world, boot.rank());
+    req.plan = &plan;
+    return custom->supports(req).reason;
+  }
+
+  /// The LM-head exchange where the custom exchange does not serve: the shards all-gathered
+  /// into a stream-ordered temporary ([world, T, S]), then this rank's rows of each shard
+  /// copied into its columns. Every rank runs the same all-gather, so paths agree.
+  Status lm_head_by_all_gather(const TensorView& shards, const TensorView& out,
+                               const LmHeadLayout& layout, Stream stream) noexcept {
+    TPCOMM_TRY(warm_up(stream));
+    TPCOMM_TRY(order(stream));
+    const int world = boot.world_size();
+    const auto s = reinterpret_cast<cudaStream_t>(stream);
+    const std::int64_t cols = shards.shape[1];
+    const std::int64_t vocab = out.shape[1];
+    const auto elem = static_cast<std::int64_t>(dtype_size(shards.dtype));
+    std::int64_t first = 0;
+    for (int r = 0; r < boot.rank(); ++r) first += layout.rows_of(r);
+    void* gathered = nullptr;
+    TPCOMM_CUDA_TRY(
+        cudaMallocAsync(&gathered, static_cast<std::size_t>(world * shards.nbytes()), s));
+    const TensorView all = TensorView::flat(gathered, shards.dtype, world * shards.numel(), device);
+    Request req{Op::kAllGather, shards.flattened(), all, ReduceOp::kSum, -1, false};
+    ExchangePlan plan;
+    if (custom != nullptr) {
+      plan = plan_all_gather(shards.nbytes(), world, boot.rank());
+      req.plan = &plan;
+    }
+    Status status = dispatch(req, stream);
+    // This rank's rows of every shard into their columns: one launch per kMaxRanks shards.
+    const std::int64_t rows = out.shape[0];
+    for (int base = 0; base < world && status == Status::kOk && rows > 0; base += kMaxRanks) {
+      kernels::RegionCopyParams copy{};
+      copy.output = out.data;
+      copy.regions = std::min(kMaxRanks, world - base);
+      for (int i = 0; i < copy.regions; ++i) {
+        const std::int64_t shard = base + i;
+        copy.sources[i] = static_cast<const char*>(gathered) + shard * shards.nbytes();
+        copy.from[i] = {
+            first * cols * elem, cols * elem, shard * cols * elem,
+            vocab * elem,        rows,        lm_head_columns(shard, cols, vocab) * elem};
+      }
+      if (Status c = kernels::launch_region_copy(copy, stream); c != Status::kOk)
+        status = fail(c, "lm_head_exchange: copying the local rows failed");
+    }
+    if (cudaFreeAsync(gathered, s) != cudaSuccess && status == Status::kOk)
+      status = fail(Status::kCudaError, "lm_head_exchange: freeing the gathered shards failed");
+    return status;
   }
 
   /// Every rank's `RankInfo`, and what they say about the group's GPUs.
@@ -495,7 +594,13 @@ Status Group::all_gather(const TensorView& in, const TensorView& out, Stream str
   Impl& m = *impl_;
   TPCOMM_TRY(m.poll_health());
   TPCOMM_TRY(m.check_pair(in, out, 1, world_size(), "all_gather"));
-  return m.dispatch(Request{Op::kAllGather, in, out, ReduceOp::kSum, -1, false}, stream);
+  Request req{Op::kAllGather, in, out, ReduceOp::kSum, -1, false};
+  ExchangePlan plan;
+  if (m.custom != nullptr) {
+    plan = plan_all_gather(in.nbytes(), world_size(), rank());
+    req.plan = &plan;
+  }
+  return m.dispatch(req, stream);
 }
 
 Status Group::reduce_scatter(const TensorView& in, const TensorView& out, Stream stream,
@@ -514,7 +619,184 @@ Status Group::all_to_all(const TensorView& in, const TensorView& out, Stream str
     return m.fail(Status::kInvalidArgument,
                   detail::concat("all_to_all: ", in.numel(), " elements do not split evenly over ",
                                  world_size(), " ranks"));
-  return m.dispatch(Request{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false}, stream);
+  if (overlaps(in, out))
+    return m.fail(Status::kInvalidArgument, "all_to_all: input and output overlap");
+  Request req{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false};
+  ExchangePlan plan;
+  if (m.custom != nullptr) {
+    plan = plan_all_to_all(in.nbytes(), world_size(), rank());
+    req.plan = &plan;
+  }
+  return m.dispatch(req, stream);
+}
+
+Status Group::all_to_all(const TensorView& in, const TensorView& out,
+                         std::span<const std::int64_t> counts, Stream stream) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  TPCOMM_TRY(m.check_view(in, "input", "all_to_all"));
+  TPCOMM_TRY(m.check_view(out, "output", "all_to_all"));
+  const int world = world_size();
+  if (counts.size() != static_cast<std::size_t>(world) * static_cast<std::size_t>(world))
+    return m.fail(Status::kInvalidArgument,
+                  detail::concat("all_to_all: ", counts.size(), " counts, expected ", world, " x ",
+                                 world, " (elements from each rank to each rank)"));
+  std::int64_t sent = 0;
+  std::int64_t received = 0;
+  for (int s = 0; s < world; ++s) {
+    for (int d = 0; d < world; ++d) {
+      const std::int64_t c = counts[static_cast<std::size_t>(s) * world + d];
+      if (c < 0)
+        return m.fail(Status::kInvalidArgument,
+                      detail::concat("all_to_all: count from rank ", s, " to rank ", d, " is ", c));
+    }
+    sent += counts[static_cast<std::size_t>(rank()) * world + s];
+    received += counts[static_cast<std::size_t>(s) * world + rank()];
+  }
+  if (in.dtype != out.dtype)
+    return m.fail(Status::kInvalidArgument,
+                  detail::concat("all_to_all: input is ", to_string(in.dtype), ", output is ",
+                                 to_string(out.dtype)));
+  if (in.numel() != sent || out.numel() != received)
+    return m.fail(Status::kInvalidArgument,
+                  detail::concat("all_to_all: rank ", rank(), " sends ", sent, " and receives ",
+                                 received, " elements, but the input has ", in.numel(),
+                                 " and the output ", out.numel()));
+  if (overlaps(in, out))
+    return m.fail(Status::kInvalidArgument, "all_to_all: input and output overlap");
+  Request req{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false};
+  req.counts = counts.data();
+  ExchangePlan plan;
+  if (m.custom != nullptr) {
+    plan = plan_all_to_all(counts, dtype_size(in.dtype), world, rank());
+    req.plan = &plan;
+  }
+  return m.dispatch(req, stream);
+}
+
+namespace {
+
+/// Checks `lm_head_exchange`'s arguments; kInvalidArgument with `*message` saying what is wrong.
+Status check_lm_head(const TensorView& shards, const TensorView& out, const LmHeadLayout& layout,
+                     int world, int rank, std::string* message) {
+  auto bad = [&](auto&&... parts) {
+    *message = detail::concat("lm_head_exchange: ", parts...);
+    return Status::kInvalidArgument;
+  };
+  if (shards.ndim != 2)
+    return bad("shard_logits must be 2-d [tokens, shard columns], not ", shards.ndim, "-d");
+  if (out.ndim != 2) return bad("out must be 2-d [rows, vocab], not ", out.ndim, "-d");
+  if (shards.dtype != out.dtype)
+    return bad("shard_logits are ", to_string(shards.dtype), ", out is ", to_string(out.dtype));
+  if (layout.equal_rows < 0 && layout.per_rank.size() != static_cast<std::size_t>(world))
+    return bad("the layout has ", layout.per_rank.size(), " per-rank counts for ", world, " ranks");
+  std::int64_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    if (layout.rows_of(r) < 0) return bad("rank ", r, " has ", layout.rows_of(r), " rows");
+    total += layout.rows_of(r);
+  }
+  if (shards.shape[0] != total)
+    return bad("shard_logits have ", shards.shape[0], " rows, the layout's ranks ", total);
+  if (out.shape[0] != layout.rows_of(rank))
+    return bad("out has ", out.shape[0], " rows, rank ", rank, " holds ", layout.rows_of(rank));
+  const std::int64_t cols = shards.shape[1];
+  if (cols < 1) return bad("shard_logits have no columns");
+  if (out.shape[1] < 1 || out.shape[1] > world * cols)
+    return bad("out has ", out.shape[1], " columns; the vocabulary of ", world, " shards of ", cols,
+               " holds 1 to ", world * cols);
+  if (overlaps(shards, out)) return bad("shard_logits and out overlap");
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status Group::lm_head_exchange(const TensorView& shard_logits, const TensorView& out,
+                               const LmHeadLayout& layout, Stream stream) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  TPCOMM_TRY(m.check_view(shard_logits, "shard_logits", "lm_head_exchange"));
+  TPCOMM_TRY(m.check_view(out, "out", "lm_head_exchange"));
+  std::string message;
+  if (Status s = check_lm_head(shard_logits, out, layout, world_size(), rank(), &message);
+      s != Status::kOk)
+    return m.fail(s, std::move(message));
+  if (shard_logits.numel() == 0) return Status::kOk;  // no rank has rows: the same everywhere
+  Request req{Op::kLmHeadExchange, shard_logits, out, ReduceOp::kSum, -1, false};
+  ExchangePlan plan;
+  const char* why = m.lm_head_fallback(req, plan, layout, shard_logits.shape[1], out.shape[1]);
+  if (why == nullptr) return m.dispatch(req, stream);
+  m.note_fallback("lm_head_exchange: all-gather of the shards, then a copy of the local rows", why);
+  return m.lm_head_by_all_gather(shard_logits, out, layout, stream);
+}
+
+std::string Group::backend_for_all_gather(const TensorView& in,
+                                          const TensorView& out) const noexcept {
+  const Impl& m = *impl_;
+  Request req{Op::kAllGather, in, out, ReduceOp::kSum, -1, false};
+  ExchangePlan plan;
+  if (m.custom != nullptr) {
+    plan = plan_all_gather(in.nbytes(), world_size(), rank());
+    req.plan = &plan;
+  }
+  return m.exchange_backend(req);
+}
+
+std::string Group::backend_for_all_to_all(const TensorView& in,
+                                          const TensorView& out) const noexcept {
+  const Impl& m = *impl_;
+  Request req{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false};
+  ExchangePlan plan;
+  if (m.custom != nullptr) {
+    plan = plan_all_to_all(in.nbytes(), world_size(), rank());
+    req.plan = &plan;
+  }
+  return m.exchange_backend(req);
+}
+
+std::string Group::backend_for_lm_head_exchange(const TensorView& shard_logits,
+                                                const TensorView& out,
+                                                const LmHeadLayout& layout) const noexcept {
+  const Impl& m = *impl_;
+  std::string message;
+  if (check_lm_head(shard_logits, out, layout, world_size(), rank(), &message) != Status::kOk)
+    return "none";
+  Request req{Op::kLmHeadExchange, shard_logits, out, ReduceOp::kSum, -1, false};
+  ExchangePlan plan;
+  if (m.lm_head_fallback(req, plan, layout, shard_logits.shape[1], out.shape[1]) == nullptr)
+    return "custom_ar:" + std::string(to_string(m.custom->choose_exchange(req).algo));
+  const TensorView flat = shard_logits.flattened();
+  TensorView all = flat;
+  all.shape[0] *= world_size();
+  const std::string gather = backend_for_all_gather(flat, all);
+  return gather == "none" ? gather : "all_gather:" + gather + "+copy";
+}
+
+void Group::prepare_exchange(std::int64_t bytes_per_peer, Stream stream) {
+  Impl& m = *impl_;
+  TPCOMM_CHECK(bytes_per_peer >= 0, Status::kInvalidArgument, "prepare_exchange: ", bytes_per_peer,
+               " bytes per peer");
+  const std::int64_t bytes = bytes_per_peer * world_size();
+  DeviceGuard guard(m.device);
+  if (m.custom != nullptr) m.custom->impl().prepare_exchange(bytes);
+  if (m.nccl == nullptr || bytes == 0) return;
+  // One all-to-all of that size, so that NCCL sets up its peer-to-peer buffers now.
+  struct Buffers {
+    void* in = nullptr;
+    void* out = nullptr;
+    ~Buffers() {
+      cudaFree(in);
+      cudaFree(out);
+    }
+  } b;
+  TPCOMM_CUDA_CHECK(cudaMalloc(&b.in, static_cast<std::size_t>(bytes)));
+  TPCOMM_CUDA_CHECK(cudaMalloc(&b.out, static_cast<std::size_t>(bytes)));
+  NcclComm& comm = m.nccl->comm();
+  const auto enabled = comm.scope(true);
+  Status s =
+      comm.all_to_all(b.in, b.out, static_cast<std::size_t>(bytes_per_peer), DType::kU8, stream);
+  if (s == Status::kOk) s = comm.wait(stream);
+  TPCOMM_CHECK(s == Status::kOk, s,
+               "prepare_exchange: NCCL's warm-up all-to-all failed: ", comm.last_error());
 }
 
 Status Group::broadcast(const TensorView& in, const TensorView& out, int root,
@@ -574,7 +856,7 @@ Status Group::all_reduce_add_rmsnorm(const TensorView& x, const TensorView& resi
                         ? (world_size() == 1 ? "world size 1" : "no custom all-reduce")
                         : m.custom->supports(req).reason;
   if (why == nullptr) return m.dispatch(req, stream);
-  m.note_fused_fallback(why);
+  m.note_fallback("all_reduce_add_rmsnorm: all-reduce, then add + RMSNorm", why);
   return m.add_rmsnorm_fallback(call, stream);
 }
 

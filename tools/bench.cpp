@@ -61,19 +61,26 @@ struct Measure {
 /// Runs one collective on whichever path the row asks for.
 class Runner {
  public:
-  Runner(Bootstrap& boot, int device, const BenchOptions& o, const BenchAlgo& algo)
+  /// `exchange_bytes`: the largest input of an exchange in the sweep, which the group's
+  /// exchange staging is prepared for.
+  Runner(Bootstrap& boot, int device, const BenchOptions& o, const BenchAlgo& algo,
+         std::int64_t exchange_bytes)
       : o_(o), algo_(algo) {
     Options opt = Options::from_env();
     // The `auto` row keeps what TPCOMM_ALGO says; every other group row pins its own.
     if (algo.kind == BenchAlgo::Kind::kGroup && algo.name != "auto") opt.algo = algo.name;
+    if (algo.kind == BenchAlgo::Kind::kLmHeadAllGather) opt.lm_head_a2a = Switch::kOff;
+    world_ = boot.world_size();
     if (algo.kind == BenchAlgo::Kind::kMemcpy) {
       // nothing to build
     } else if (algo.kind == BenchAlgo::Kind::kNcclDirect) {
       direct_ = std::make_unique<NcclComm>(boot, device, opt);
     } else {
       group_ = std::make_unique<Group>(boot, device, opt);
+      if (exchange_op(o))
+        group_->prepare_exchange(
+            std::max<std::int64_t>(std::int64_t{4} << 20, (exchange_bytes + world_ - 1) / world_));
     }
-    world_ = boot.world_size();
     if (o.add_rmsnorm) allocate_fused();
   }
 
@@ -91,7 +98,8 @@ class Runner {
   Status run(const void* in, void* out, const Shape& s, Stream stream) {
     const DType t = o_.dtype;
     if (algo_.kind == BenchAlgo::Kind::kMemcpy) {
-      const auto bytes = static_cast<std::size_t>(s.in) * dtype_size(t);
+      // The bytes this rank receives: its output for the LM head, else its input.
+      const auto bytes = static_cast<std::size_t>(o_.lm_head ? s.out : s.in) * dtype_size(t);
       return cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice,
                              reinterpret_cast<cudaStream_t>(stream)) == cudaSuccess
                  ? Status::kOk
@@ -115,6 +123,13 @@ class Runner {
     }
     Group& g = *group_;
     if (o_.add_rmsnorm) return run_fused(in, out, s, stream);
+    if (o_.lm_head) {
+      const LmHead h = lm_head(s);
+      return g.lm_head_exchange(
+          TensorView::contiguous(const_cast<void*>(in), t, {h.total, h.cols}, g.device()),
+          TensorView::contiguous(out, t, {h.rows, o_.vocab}, g.device()),
+          LmHeadLayout::equal(h.rows), stream);
+    }
     auto iv = TensorView::flat(const_cast<void*>(in), t, s.in, g.device());
     auto ov = TensorView::flat(out, t, s.out, g.device());
     switch (o_.op) {
@@ -142,6 +157,23 @@ class Runner {
       const std::string reduce = group_->backend_for_all_reduce(x, x, o_.graph);
       return algo_.kind == BenchAlgo::Kind::kUnfused ? reduce + "+add_rmsnorm" : reduce;
     }
+    if (o_.lm_head) {
+      const LmHead h = lm_head(s);
+      const auto p = reinterpret_cast<void*>(256);
+      return group_->backend_for_lm_head_exchange(
+          TensorView::contiguous(p, o_.dtype, {h.total, h.cols}, group_->device()),
+          TensorView::contiguous(reinterpret_cast<char*>(p) + (std::int64_t{1} << 40), o_.dtype,
+                                 {h.rows, o_.vocab}, group_->device()),
+          LmHeadLayout::equal(h.rows));
+    }
+    if (o_.op == Collective::kAllGather || o_.op == Collective::kAllToAll) {
+      const auto in =
+          TensorView::flat(reinterpret_cast<void*>(256), o_.dtype, s.in, group_->device());
+      const auto out = TensorView::flat(reinterpret_cast<char*>(256) + (std::int64_t{1} << 40),
+                                        o_.dtype, s.out, group_->device());
+      return o_.op == Collective::kAllGather ? group_->backend_for_all_gather(in, out)
+                                             : group_->backend_for_all_to_all(in, out);
+    }
     if (o_.op != Collective::kAllReduce) return group_->world_size() == 1 ? "local" : "nccl";
     auto v = TensorView::flat(reinterpret_cast<void*>(256), o_.dtype, s.in, group_->device());
     return group_->backend_for_all_reduce(v, v, o_.graph);
@@ -155,6 +187,15 @@ class Runner {
   std::string last_error() const {
     if (group_) return group_->last_error();
     return direct_ ? direct_->last_error() : std::string();
+  }
+
+  /// The LM head's shapes for a shape of the sweep: [total, cols] shards, [rows, vocab] out.
+  struct LmHead {
+    std::int64_t rows, total, cols;
+  };
+  LmHead lm_head(const Shape& s) const {
+    const std::int64_t rows = s.out / o_.vocab;
+    return {rows, rows * world_, s.in / (rows * world_)};
   }
 
  private:
@@ -250,7 +291,7 @@ class Bench {
       std::optional<Runner> runner;
       std::string why;
       try {
-        runner.emplace(boot_, device_, o_, algo);
+        runner.emplace(boot_, device_, o_, algo, max_input_bytes_);
       } catch (const Error& e) {
         why = e.what();
       }
@@ -281,12 +322,13 @@ class Bench {
     graph_ = std::make_unique<GraphTimer>(stream());
     TPCOMM_CUDA_CHECK(cudaEventCreate(&start_));
     TPCOMM_CUDA_CHECK(cudaEventCreate(&stop_));
-    const int world = boot_.world_size();
     const auto es = static_cast<std::int64_t>(dtype_size(o_.dtype));
-    const std::int64_t max_count = o_.add_rmsnorm
-                                       ? fused_count(o_.max_bytes, o_.dtype, o_.hidden)
-                                       : bench_count(o_.op, o_.max_bytes, o_.dtype, world);
-    const Shape max_shape = shape_of(o_.op, max_count, world);
+    Shape max_shape{0, 0};
+    for (std::size_t k = 0; k < sweep_size(); ++k) {
+      const Shape sh = shape_at(k);
+      max_shape = {std::max(max_shape.in, sh.in), std::max(max_shape.out, sh.out)};
+    }
+    max_input_bytes_ = max_shape.in * es;
     // In-place all-gather/reduce-scatter work inside the larger buffer, so size both alike.
     const std::int64_t elems = std::max(max_shape.in, max_shape.out) + o_.unalign + 64;
     bufs_.in_bytes = elems * es;
@@ -324,6 +366,20 @@ class Bench {
                     algo.name.c_str());
       return false;
     }
+    if (algo.kind == BenchAlgo::Kind::kExchange && !exchange_op(o_)) {
+      if (boot_.rank() == 0)
+        std::printf(
+            "#\n# %s: skipped: the exchange serves allgather, alltoall and lm_head_exchange\n",
+            algo.name.c_str());
+      return false;
+    }
+    if ((algo.kind == BenchAlgo::Kind::kLmHeadAllGather && !o_.lm_head) ||
+        (o_.lm_head && algo.kind == BenchAlgo::Kind::kNcclDirect)) {
+      if (boot_.rank() == 0)
+        std::printf("#\n# %s: skipped: %s\n", algo.name.c_str(),
+                    o_.lm_head ? "NCCL has no LM-head exchange" : "a row of --op lm_head_exchange");
+      return false;
+    }
     if (algo.pins_custom() && o_.op != Collective::kAllReduce) {
       if (boot_.rank() == 0)
         std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",
@@ -337,19 +393,28 @@ class Bench {
   /// failure.
   bool sweep(Runner& runner, const BenchAlgo& algo, nlohmann::json& rows,
              std::int64_t& total_wrong) {
-    const int world = boot_.world_size();
     const auto es = static_cast<std::int64_t>(dtype_size(o_.dtype));
     print_header(algo);
-    const auto sizes = bench_sizes(o_);
-    for (std::size_t k = 0; k < sizes.size(); ++k) {
-      const std::int64_t count = o_.add_rmsnorm ? fused_count(sizes[k], o_.dtype, o_.hidden)
-                                                : bench_count(o_.op, sizes[k], o_.dtype, world);
+    const std::size_t sizes = sweep_size();
+    for (std::size_t k = 0; k < sizes; ++k) {
+      const Shape s = shape_at(k);
+      // The reported count: of the output for the LM head, of the operation otherwise.
+      const std::int64_t count =
+          o_.lm_head ? s.out : (o_.add_rmsnorm ? s.in : std::max(s.in, s.out));
       const std::int64_t bytes = count * es;
-      const Shape s = shape_of(o_.op, count, world);
-      Measure oop = measure(runner, s, false, k);
+      Measure oop;
+      if (algo.kind == BenchAlgo::Kind::kExchange &&
+          runner.served_by(s).rfind("custom_ar:" + algo.name, 0) != 0) {
+        oop.ran = true;
+        oop.failure =
+            "the custom exchange does not serve this size (served by " + runner.served_by(s) + ")";
+      } else {
+        oop = measure(runner, s, false, k);
+      }
       // The fused operation's in-place form would add the residual into itself every iteration.
-      const bool no_in_place =
-          o_.op == Collective::kAllToAll || algo.kind == BenchAlgo::Kind::kMemcpy || o_.add_rmsnorm;
+      const bool no_in_place = o_.op == Collective::kAllToAll ||
+                               algo.kind == BenchAlgo::Kind::kMemcpy || o_.add_rmsnorm ||
+                               !oop.failure.empty();
       Measure ip = no_in_place ? Measure{} : measure(runner, s, true, k);
       total_wrong += static_cast<std::int64_t>(oop.wrong + ip.wrong);
       const bool failed = !oop.failure.empty() || !ip.failure.empty();
@@ -358,7 +423,7 @@ class Bench {
         print_row(bytes, count, oop, ip, served);
         rows.push_back(row_json(algo, bytes, count, oop, ip, served));
         std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n", algo.name.c_str(),
-                     op_name().c_str(), k + 1, sizes.size());
+                     op_name().c_str(), k + 1, sizes);
       }
       if (failed) return false;
     }
@@ -383,7 +448,40 @@ class Bench {
   Stream stream() const { return reinterpret_cast<Stream>(stream_); }
 
   std::string op_name() const {
+    if (o_.lm_head) return "lm_head_exchange";
     return o_.add_rmsnorm ? "allreduce_add_rmsnorm" : std::string(collective_name(o_.op));
+  }
+
+  /// Points of the sweep: the sizes, or the LM head's token counts.
+  std::size_t sweep_size() const { return o_.lm_head ? o_.tokens.size() : bench_sizes(o_).size(); }
+
+  /// Element counts of both buffers at point `k` of the sweep. The LM head: every rank's
+  /// [world x tokens, ceil(vocab / world)] shards in, [tokens, vocab] out.
+  Shape shape_at(std::size_t k) const {
+    const int world = boot_.world_size();
+    if (o_.lm_head) {
+      const std::int64_t rows = o_.tokens[k];
+      return {world * rows * ((o_.vocab + world - 1) / world), rows * o_.vocab};
+    }
+    const std::int64_t size = bench_sizes(o_)[k];
+    if (o_.add_rmsnorm) {
+      const std::int64_t count = fused_count(size, o_.dtype, o_.hidden);
+      return {count, count};
+    }
+    return shape_of(o_.op, bench_count(o_.op, size, o_.dtype, world), world);
+  }
+
+  /// Counts the wrong elements of `out` after one operation on `fill_data(seed)` inputs.
+  void check_output(const void* out, const Shape& s, std::uint64_t seed) {
+    const int world = boot_.world_size();
+    if (o_.lm_head) {
+      const std::int64_t rows = s.out / o_.vocab;
+      kernels::check_lm_head(out, o_.dtype, rows, o_.vocab, s.in / (rows * world),
+                             rows * boot_.rank(), seed, bufs_.wrong, stream());
+      return;
+    }
+    kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), world, o_.redop, o_.op, o_.root,
+                        bufs_.wrong, stream());
   }
 
   /// Input and output pointers of one column: in place, the output is the input buffer
@@ -412,7 +510,6 @@ class Bench {
   /// Fresh exact input, poisoned output, one operation, bitwise check.
   std::uint64_t check_once(Runner& runner, const Shape& s, bool in_place, std::uint64_t seed,
                            std::string& failure) {
-    const int world = boot_.world_size();
     auto [in, out] = pointers(s, in_place);
     *bufs_.wrong_host = 0;  // nothing in flight reads it: the last check ended synchronised
     kernels::poison(bufs_.out, bufs_.out_bytes, stream());
@@ -424,8 +521,7 @@ class Bench {
       failure = std::string(to_string(st)) + ": " + runner.last_error();
       return 0;
     }
-    kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), world, o_.redop, o_.op, o_.root,
-                        bufs_.wrong, stream());
+    check_output(out, s, seed);
     if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
       failure = cudaGetErrorString(e);
     return bufs_.read_wrong();
@@ -530,8 +626,7 @@ class Bench {
     boot_.barrier();
     if (std::string f = graph_->replay(); !f.empty()) return f;
     cudaStreamSynchronize(stream_);
-    kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), boot_.world_size(), o_.redop,
-                        o_.op, o_.root, bufs_.wrong, stream());
+    check_output(out, s, seed);
     if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
       return cudaGetErrorString(e);
     wrong += bufs_.read_wrong();
@@ -607,6 +702,7 @@ class Bench {
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;
   std::unique_ptr<GraphTimer> graph_;  // on `stream_`
+  std::int64_t max_input_bytes_ = 0;   // the sweep's largest input per rank
 };
 
 void print_banner(const BenchOptions& o, int world, const char* mode, std::uint64_t seed) {
@@ -615,13 +711,20 @@ void print_banner(const BenchOptions& o, int world, const char* mode, std::uint6
   cudaGetDeviceCount(&devices);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
+  const std::string op = o.lm_head ? "lm_head_exchange, vocab " + std::to_string(o.vocab)
+                         : o.add_rmsnorm
+                             ? "allreduce_add_rmsnorm, hidden " + std::to_string(o.hidden)
+                             : std::string(collective_name(o.op));
   std::printf("# tpcomm bench %s: %s, %d rank(s) (%s), %d GPU(s) visible: %s, driver %d\n",
-              TPCOMM_VERSION,
-              o.add_rmsnorm ? ("allreduce_add_rmsnorm, hidden " + std::to_string(o.hidden)).c_str()
-                            : std::string(collective_name(o.op)).c_str(),
-              world, mode, devices, prop.name, driver);
-  std::printf("# sizes %lld..%lld B, %s, iters %d, warmup %d, check %d, unalign %lld, seed %llu\n",
-              static_cast<long long>(o.min_bytes), static_cast<long long>(o.max_bytes),
+              TPCOMM_VERSION, op.c_str(), world, mode, devices, prop.name, driver);
+  std::string sweep =
+      "sizes " + std::to_string(o.min_bytes) + ".." + std::to_string(o.max_bytes) + " B";
+  if (o.lm_head) {
+    sweep = "tokens per rank";
+    for (std::size_t i = 0; i < o.tokens.size(); ++i)
+      sweep += (i == 0 ? " " : ",") + std::to_string(o.tokens[i]);
+  }
+  std::printf("# %s, %s, iters %d, warmup %d, check %d, unalign %lld, seed %llu\n", sweep.c_str(),
               o.graph ? "CUDA graph replay (median)" : "eager (mean)", o.iters, o.warmup, o.check,
               static_cast<long long>(o.unalign), static_cast<unsigned long long>(seed));
 }

@@ -80,8 +80,9 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
       "--op",
       [&o](const std::string& name) {
         o.add_rmsnorm = name == "allreduce_add_rmsnorm";
-        if (o.add_rmsnorm) {
-          o.op = kernels::Collective::kAllReduce;
+        o.lm_head = name == "lm_head_exchange";
+        if (o.add_rmsnorm || o.lm_head) {
+          o.op = o.lm_head ? kernels::Collective::kAllToAll : kernels::Collective::kAllReduce;
           return;
         }
         for (const auto& [k, n] : kCollNames) {
@@ -94,8 +95,15 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
       },
       "collective: allreduce, allgather, reducescatter, alltoall, broadcast, "
       "allreduce_add_rmsnorm (the fused all-reduce + residual add + RMSNorm; sizes are of x, "
-      "whole rows of --hidden)");
+      "whole rows of --hidden), lm_head_exchange (the vocabulary-sharded LM head's exchange of "
+      "--vocab columns, swept over --tokens rows per rank; sizes are of each rank's output)");
   cmd.add_option("--hidden", o.hidden, "row length of allreduce_add_rmsnorm, in elements")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  cmd.add_option("--vocab", o.vocab, "vocabulary of lm_head_exchange (columns of the output)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  cmd.add_option("--tokens", o.tokens, "rows per rank of lm_head_exchange, comma-separated")
+      ->delimiter(',')
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   cmd.add_option("-r,--root", o.root, "root of broadcast")->check(CLI::NonNegativeNumber);
 }
@@ -119,22 +127,25 @@ void add_algo_option(CLI::App& cmd, BenchOptions& o) {
            o.algos.clear();
            for (const std::string& n : names) {
              if (n == "all") {
-               for (const BenchAlgo& a : all_bench_algos(o.add_rmsnorm)) o.algos.push_back(a);
+               for (const BenchAlgo& a : all_bench_algos(o)) o.algos.push_back(a);
                continue;
              }
              auto a = parse_bench_algo(n);
              if (!a)
                throw CLI::ValidationError("--algo", "unknown algorithm " + n + " (" +
-                                                        pinned_names() +
-                                                        ", nccl_direct, memcpy, all)");
+                                                        pinned_names() + ", " + exchange_names() +
+                                                        ", all_gather, nccl_direct, memcpy, all)");
              o.algos.push_back(*a);
            }
          },
          "how to serve the collective, comma-separated: " + pinned_names() +
-             " (a custom algorithm is pinned where it can serve; elsewhere the built-in choice), "
+             " (a custom algorithm is pinned where it can serve; elsewhere the built-in choice), " +
+             exchange_names() +
+             " (the custom exchange of allgather, alltoall and lm_head_exchange), "
              "nccl_direct, memcpy (a device copy of the same bytes, for reference), unfused and "
              "allreduce (with --op allreduce_add_rmsnorm: the all-reduce then add_rmsnorm, and the "
-             "all-reduce alone), all (give --op first)")
+             "all-reduce alone), all_gather (with --op lm_head_exchange: an all-gather of the "
+             "shards, then a copy of the local rows), all (give --op first)")
       ->delimiter(',');
 }
 
@@ -165,9 +176,29 @@ void add_sweep_checks(CLI::App& cmd, BenchOptions& o) {
 
 }  // namespace
 
-std::vector<BenchAlgo> all_bench_algos(bool add_rmsnorm) {
+bool exchange_op(const BenchOptions& o) noexcept {
+  return o.lm_head || (!o.add_rmsnorm && (o.op == kernels::Collective::kAllGather ||
+                                          o.op == kernels::Collective::kAllToAll));
+}
+
+std::vector<BenchAlgo> all_bench_algos(const BenchOptions& o) {
   std::vector<BenchAlgo> out{BenchAlgo{}};
-  if (add_rmsnorm) {
+  if (exchange_op(o)) {
+    for (const ExchangeInfo& e : kExchangeAlgorithms)
+      out.push_back({BenchAlgo::Kind::kExchange, std::string(e.name)});
+    if (o.lm_head) out.push_back({BenchAlgo::Kind::kLmHeadAllGather, "all_gather"});
+    out.push_back({BenchAlgo::Kind::kGroup, "nccl"});
+    if (!o.lm_head) out.push_back({BenchAlgo::Kind::kNcclDirect, "nccl_direct"});
+    out.push_back({BenchAlgo::Kind::kMemcpy, "memcpy"});
+    return out;
+  }
+  if (o.op != kernels::Collective::kAllReduce) {
+    out.push_back({BenchAlgo::Kind::kGroup, "nccl"});
+    out.push_back({BenchAlgo::Kind::kNcclDirect, "nccl_direct"});
+    out.push_back({BenchAlgo::Kind::kMemcpy, "memcpy"});
+    return out;
+  }
+  if (o.add_rmsnorm) {
     for (const AlgoInfo& a : kAlgorithms)
       if (kernels::fuses(a.kernel)) out.push_back({BenchAlgo::Kind::kGroup, std::string(a.name)});
     out.push_back({BenchAlgo::Kind::kUnfused, "unfused"});
@@ -188,6 +219,10 @@ std::optional<BenchAlgo> parse_bench_algo(std::string_view name) {
   if (name == "memcpy") return BenchAlgo{BenchAlgo::Kind::kMemcpy, "memcpy"};
   if (name == "unfused") return BenchAlgo{BenchAlgo::Kind::kUnfused, "unfused"};
   if (name == "allreduce") return BenchAlgo{BenchAlgo::Kind::kAllReduceOnly, "allreduce"};
+  if (name == "all_gather" || name == "all-gather")
+    return BenchAlgo{BenchAlgo::Kind::kLmHeadAllGather, "all_gather"};
+  for (const ExchangeInfo& e : kExchangeAlgorithms)
+    if (name == e.name) return BenchAlgo{BenchAlgo::Kind::kExchange, std::string(e.name)};
   Pinned pinned;
   if (!parse_pinned(name, &pinned)) return std::nullopt;
   return BenchAlgo{BenchAlgo::Kind::kGroup, std::string(to_string(pinned))};

@@ -30,21 +30,23 @@ struct BenchAlgo {
     kUnfused,
     /// With `--op allreduce_add_rmsnorm`: the group's plain all-reduce of the same bytes.
     kAllReduceOnly,
+    /// With `--op allgather`, `alltoall` or `lm_head_exchange`: a group whose custom exchange
+    /// algorithm `name` serves (the row fails where it cannot).
+    kExchange,
+    /// With `--op lm_head_exchange`: SGLang's path before the all-to-all, an all-gather of the
+    /// shards (tpcomm's own) and a separate copy of the local rows into place.
+    kLmHeadAllGather,
   };
   Kind kind = Kind::kGroup;
   /// The row's name, as `--algo` spells it canonically.
   std::string name = "auto";
 
-  /// True for a group row pinned to one custom algorithm.
+  /// True for a group row pinned to one custom all-reduce algorithm.
   [[nodiscard]] bool pins_custom() const noexcept {
     return kind == Kind::kGroup && name != "auto" && name != "nccl";
   }
   friend bool operator==(const BenchAlgo&, const BenchAlgo&) = default;
 };
-
-/// Every row `--algo all` runs: auto, the registry's algorithms, nccl, nccl_direct, memcpy; with
-/// `add_rmsnorm`, auto, the algorithms that fuse, unfused and allreduce.
-std::vector<BenchAlgo> all_bench_algos(bool add_rmsnorm = false);
 
 /// A `--algo` name (any case, '-' for '_', the registry's aliases), or nullopt.
 std::optional<BenchAlgo> parse_bench_algo(std::string_view name);
@@ -63,18 +65,33 @@ struct BenchOptions {
   /// --op allreduce_add_rmsnorm: the fused all-reduce + residual add + RMSNorm over rows of
   /// `hidden` elements (`op` stays kAllReduce: residual_out is checked as the all-reduce).
   bool add_rmsnorm = false;
-  std::int64_t hidden = 4096;                 // --hidden
-  int root = 0;                               // -r
-  bool graph = false;                         // --graph
-  int graph_replays = 10;                     // --graph-replays
-  std::int64_t unalign = 0;                   // -u (elements)
-  std::vector<BenchAlgo> algos{BenchAlgo{}};  // --algo
-  std::string json;                           // --json FILE
-  int gpus = 0;                               // -g N: launch N processes, one per GPU
-  int virtual_ranks = 0;                      // --virtual-ranks N: N threads on GPU 0
-  int timeout_s = 600;                        // deadline of a self-launched run
-  std::uint64_t seed = 0;                     // --seed (0 = random)
+  std::int64_t hidden = 4096;  // --hidden
+  /// --op lm_head_exchange: the vocabulary-sharded LM head's exchange of `vocab` columns
+  /// (`op` is kAllToAll, for the bus factor), swept over `tokens` rows per rank instead of sizes.
+  bool lm_head = false;
+  std::int64_t vocab = 129280;                   // --vocab
+  std::vector<std::int64_t> tokens{1, 36, 120};  // --tokens
+  int root = 0;                                  // -r
+  bool graph = false;                            // --graph
+  int graph_replays = 10;                        // --graph-replays
+  std::int64_t unalign = 0;                      // -u (elements)
+  std::vector<BenchAlgo> algos{BenchAlgo{}};     // --algo
+  std::string json;                              // --json FILE
+  int gpus = 0;                                  // -g N: launch N processes, one per GPU
+  int virtual_ranks = 0;                         // --virtual-ranks N: N threads on GPU 0
+  int timeout_s = 600;                           // deadline of a self-launched run
+  std::uint64_t seed = 0;                        // --seed (0 = random)
 };
+
+/// Every row `--algo all` runs for the collective `o` describes: for all-reduce auto, the
+/// registry's all-reduce algorithms, nccl, nccl_direct, memcpy; for allreduce_add_rmsnorm auto,
+/// the algorithms that fuse, unfused and allreduce; for allgather and alltoall auto, the exchange
+/// algorithms, nccl, nccl_direct, memcpy; for lm_head_exchange auto, the exchange algorithms,
+/// all_gather, nccl and memcpy; for the others auto, nccl, nccl_direct, memcpy.
+std::vector<BenchAlgo> all_bench_algos(const BenchOptions& o);
+
+/// True for the collectives the custom exchange serves (all-gather, all-to-all, the LM head's).
+[[nodiscard]] bool exchange_op(const BenchOptions& o) noexcept;
 
 /// Adds the options to `cmd` (the `bench` subcommand) and validates them after parsing.
 void add_bench_options(CLI::App& cmd, BenchOptions& o);

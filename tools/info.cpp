@@ -140,6 +140,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_DISABLE_CUSTOM_AR", o.disable_custom_ar ? "1" : "0"},
       {"TPCOMM_DISABLE_NCCL", o.disable_nccl ? "1" : "0"},
       {"TPCOMM_PDL", o.programmatic_launch ? "1" : "0"},
+      {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
       // The token is a secret: say whether it is set, never what it is.
       {"TPCOMM_STORE_TOKEN", o.store_token.empty() ? "(unset)" : "(set)"},
       {"TPCOMM_STORE_BIND", o.store_bind.empty() ? "(default)" : o.store_bind},
@@ -374,6 +375,9 @@ void print_algorithms(std::ostream& out) {
   out << "custom all-reduce algorithms (TPCOMM_ALGO, bench --algo)\n";
   for (const AlgoInfo& a : kAlgorithms)
     out << "  " << pad(std::string(a.name), 18) << a.summary << "\n";
+  out << "custom exchange algorithms (all-gather, all-to-all, LM head; bench --algo)\n";
+  for (const ExchangeInfo& e : kExchangeAlgorithms)
+    out << "  " << pad(std::string(e.name), 18) << e.summary << "\n";
 }
 
 void print_knobs(const Report& r, std::ostream& out) {
@@ -473,6 +477,9 @@ json to_json(const Report& r) {
   j["algorithms"] = json::array();
   for (const AlgoInfo& a : kAlgorithms)
     j["algorithms"].push_back({{"name", a.name}, {"summary", a.summary}});
+  j["exchange_algorithms"] = json::array();
+  for (const ExchangeInfo& e : kExchangeAlgorithms)
+    j["exchange_algorithms"].push_back({{"name", e.name}, {"summary", e.summary}});
   json knobs = json::object();
   for (const Knob& k : r.knobs) knobs[k.variable] = k.value;
   j["knobs"] = knobs;

@@ -2,11 +2,14 @@
 // The group coordinator: one communicator per process group, picking the fastest path.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "tpcomm/bootstrap.hpp"
+#include "tpcomm/lm_head.hpp"
 #include "tpcomm/norm.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
@@ -68,8 +71,10 @@ class Group {
   /// elements and are contiguous; `out == in` (in place) is allowed. Any alignment.
   [[nodiscard]] Status all_reduce(const TensorView& in, const TensorView& out, Stream stream,
                                   ReduceOp op = ReduceOp::kSum) noexcept;
-  /// out = the concatenation of every rank's `in` (rank order); out has world_size() times
-  /// the elements of `in`.
+  /// out = the concatenation of every rank's `in` (rank order, along the first dimension of
+  /// the flattened tensors); out has world_size() times the elements of `in`. Any dtype. Served
+  /// over peer memory by the custom exchange (world size 2..8, inputs the exchange's staging
+  /// holds, `prepare_exchange`), else by NCCL. In place when `in` is rank()'s block of `out`.
   [[nodiscard]] Status all_gather(const TensorView& in, const TensorView& out,
                                   Stream stream) noexcept;
   /// out = rank r's slice of the reduction of `in` (`in` has world_size() times the elements of
@@ -77,9 +82,46 @@ class Group {
   [[nodiscard]] Status reduce_scatter(const TensorView& in, const TensorView& out, Stream stream,
                                       ReduceOp op = ReduceOp::kSum) noexcept;
   /// Equal-split all-to-all over the flattened tensors: chunk j of `in` (numel / world_size
-  /// elements) goes to rank j, and chunk i of `out` comes from rank i.
+  /// elements) goes to rank j, and chunk i of `out` comes from rank i. Any dtype; `in` and `out`
+  /// must not overlap. Served like `all_gather`.
   [[nodiscard]] Status all_to_all(const TensorView& in, const TensorView& out,
                                   Stream stream) noexcept;
+  /// All-to-all with per-peer counts: `counts[s * world_size() + d]` elements go from rank s to
+  /// rank d. `counts` has world_size()^2 entries, each >= 0, and is the same on every rank (an
+  /// engine knows every rank's batch). `in` holds this rank's sends in order of destination
+  /// (row `rank()` of `counts` summed), `out` its receives in order of source (column `rank()`
+  /// summed); flattened, same dtype, no overlap. Served like `all_gather` (NCCL: grouped
+  /// send/receive). The counts are read when the call is made, also under capture.
+  [[nodiscard]] Status all_to_all(const TensorView& in, const TensorView& out,
+                                  std::span<const std::int64_t> counts, Stream stream) noexcept;
+  /// The vocabulary-sharded LM head's exchange (data-parallel attention with a tensor-parallel
+  /// LM head, tp == dp): every rank computed logits for every rank's tokens on its vocabulary
+  /// shard and gets back its own tokens over the whole vocabulary.
+  ///
+  /// `shard_logits` is [T, S]: T = the sum of `layout`'s rows, in rank-block order (rank j's
+  /// rows form the j-th contiguous block), S the columns of one shard. `out` is [rows of this
+  /// rank, vocab], row-major, with `vocab` <= world_size() * S: shard s lands in columns
+  /// [s * S, min((s + 1) * S, vocab)), and columns of the padded vocabulary past `vocab` are
+  /// not written. Same dtype (any), no overlap. The same `layout` (equal rows, the CUDA-graph
+  /// case, or per-rank counts, a rank may hold none) and shapes on every rank.
+  ///
+  /// The custom exchange copies each peer's rows straight into their columns: the reassembly
+  /// happens in the exchange, with no pass after it. Where it cannot serve (world size 1 or
+  /// above 8, no custom kernels, an input larger than the exchange's staging, or
+  /// `Options::lm_head_a2a` off), an all-gather of the shards and a local copy of this rank's
+  /// rows give the same result; each reason is logged once. Collective, graph-capturable,
+  /// bounded waits.
+  [[nodiscard]] Status lm_head_exchange(const TensorView& shard_logits, const TensorView& out,
+                                        const LmHeadLayout& layout, Stream stream) noexcept;
+  /// Sets up what the exchanges need before the engine sizes its memory, so that nothing is
+  /// allocated later (during capture above all): the custom exchange's staging grows to hold
+  /// `bytes_per_peer` x world_size() bytes per rank's input (4 MiB per peer holds DeepSeek-V3's
+  /// LM head at 120 tokens and 8 ranks), and with NCCL in the chain one all-to-all of that size
+  /// runs on `stream` (and is waited for) so that NCCL builds its peer-to-peer buffers now.
+  /// Collective; not graph-safe. Throws `Error` when a rank cannot allocate (every rank alike)
+  /// or the warm-up fails. Call it before capturing graphs that use the exchanges.
+  void prepare_exchange(std::int64_t bytes_per_peer = std::int64_t{4} << 20,
+                        Stream stream = nullptr);
   /// out = root's `in` on every rank (`in` is only read on the root; may be empty elsewhere).
   [[nodiscard]] Status broadcast(const TensorView& in, const TensorView& out, int root,
                                  Stream stream) noexcept;
@@ -157,6 +199,19 @@ class Group {
   /// "local+add_rmsnorm"), or "none". Pure.
   [[nodiscard]] std::string backend_for_add_rmsnorm(const TensorView& x, const TensorView& norm_out,
                                                     bool capturing = false) const noexcept;
+
+  /// The backend that would serve this `all_gather` / equal-split `all_to_all`:
+  /// "custom_ar:<name>" with the exchange algorithm, "local", "nccl" or "none". Pure.
+  [[nodiscard]] std::string backend_for_all_gather(const TensorView& in,
+                                                   const TensorView& out) const noexcept;
+  [[nodiscard]] std::string backend_for_all_to_all(const TensorView& in,
+                                                   const TensorView& out) const noexcept;
+
+  /// The path that would serve this `lm_head_exchange`: "custom_ar:<name>" (the custom
+  /// exchange), or "all_gather:<backend>+copy" (the fallback), or "none". Pure.
+  [[nodiscard]] std::string backend_for_lm_head_exchange(const TensorView& shard_logits,
+                                                         const TensorView& out,
+                                                         const LmHeadLayout& layout) const noexcept;
 
   /// kOk while usable; otherwise the sticky failure.
   [[nodiscard]] Status health() noexcept;

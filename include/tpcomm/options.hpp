@@ -56,7 +56,9 @@ struct Options {
   std::int64_t custom_ar_max_bytes = std::int64_t{8} << 20;
   /// Inside a capture scope, custom all-reduces of at least this many bytes read the caller's
   /// buffers in place (registered when the scope closes, plus an end barrier); smaller ones copy
-  /// into the workspace inside the kernel, which costs less than the extra barrier.
+  /// into the workspace inside the kernel, which costs less than the extra barrier. The same for
+  /// the custom exchanges (all-gather, all-to-all, the LM head's), by the largest rank's input;
+  /// they stage smaller inputs with a copy kernel of their own.
   std::int64_t custom_ar_register_min_bytes = std::int64_t{2} << 20;
   /// Largest all-reduce, in bytes, that the Lamport kernel serves (0: no Lamport buffers). Each
   /// rank holds 3 x world size x this many bytes of receive buffers.
@@ -69,7 +71,9 @@ struct Options {
   /// The user's setting for assembling a vocabulary-sharded LM head's logits with one
   /// all-to-all, to pass as `LmHeadA2aInputs::lm_head_a2a` (tpcomm/policy.hpp): auto lets
   /// `decide_lm_head_a2a` decide, 1 and 0 force it on and off. Accepted, in any case: auto;
-  /// 1, on, true, yes; 0, off, false, no.
+  /// 1, on, true, yes; 0, off, false, no. Off also makes `Group::lm_head_exchange` take its
+  /// fallback (an all-gather of the shards, then a copy of the local rows: SGLang's path before
+  /// the all-to-all); auto and on let the custom exchange serve where it can.
   Switch lm_head_a2a = Switch::kAuto;
   /// Shared secret every store client must present; empty disables the check.
   std::string store_token;

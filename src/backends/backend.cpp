@@ -23,6 +23,8 @@ std::string_view to_string(Op op) noexcept {
       return "recv";
     case Op::kAllReduceAddRmsNorm:
       return "all_reduce_add_rmsnorm";
+    case Op::kLmHeadExchange:
+      return "lm_head_exchange";
   }
   return "unknown";
 }

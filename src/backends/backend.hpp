@@ -14,6 +14,8 @@
 
 namespace tpcomm {
 
+struct ExchangePlan;
+
 /// The collective a request asks for.
 enum class Op : std::uint8_t {
   kAllReduce,
@@ -25,7 +27,10 @@ enum class Op : std::uint8_t {
   kRecv,
   /// All-reduce, residual add and RMSNorm in one kernel (`Request::fusion`); only the custom
   /// backend serves it (the group falls back to all-reduce + the local kernel otherwise).
-  kAllReduceAddRmsNorm
+  kAllReduceAddRmsNorm,
+  /// The vocabulary-sharded LM head's exchange (`Request::plan`); only the custom backend serves
+  /// it (the group falls back to an all-gather and a local copy otherwise).
+  kLmHeadExchange
 };
 
 std::string_view to_string(Op op) noexcept;
@@ -43,6 +48,12 @@ struct Request {
   bool capturing = false;
   /// kAllReduceAddRmsNorm: the epilogue's arguments (`in` is x, `out` is residual_out).
   const kernels::FusionParams* fusion = nullptr;
+  /// kAllToAll with per-peer counts: `counts[s * world + d]` elements go from rank s to rank d
+  /// (the same matrix on every rank); nullptr for the equal split.
+  const std::int64_t* counts = nullptr;
+  /// kAllGather, kAllToAll, kLmHeadExchange: what this rank copies from each rank, when the
+  /// group may serve it with the custom kernels (world size 2..8); nullptr otherwise.
+  const ExchangePlan* plan = nullptr;
 };
 
 /// A backend's answer to "can you serve this?": `reason` says why not (a static string); `plan`

@@ -12,9 +12,11 @@
 #include "core/cuda_check.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/log.hpp"
+#include "exchange_plan.hpp"
 #include "ipc/layout.hpp"
 #include "ipc/peer_buffer.hpp"
 #include "kernels/kernels.hpp"
+#include "norm.hpp"
 #include "tune/graph_timer.hpp"
 #include "tune/tuner.hpp"
 
@@ -44,8 +46,8 @@ constexpr std::int64_t kRegistrySlots = 8192;
 
 /// Launches every kernel a group of `world` ranks may run once on `stream`, each with nothing to
 /// do (NOTE [first launch]): every algorithm of the registry for every dtype and epilogue it
-/// serves, the local add + RMSNorm, the Lamport refill, and the test-data kernels of `tpcomm
-/// bench` and the tests.
+/// serves, the local add + RMSNorm, the Lamport refill, the exchange kernels, and the test-data
+/// kernels of `tpcomm bench` and the tests.
 Status launch_every_kernel(int world, Stream stream) noexcept {
   kernels::AllReduceParams empty{};  // count 0: the kernels return at once
   empty.world_size = world;
@@ -69,6 +71,7 @@ Status launch_every_kernel(int world, Stream stream) noexcept {
     }
   }
   TPCOMM_TRY(kernels::fill_lamport_empty(nullptr, 0, stream));
+  TPCOMM_TRY(kernels::warm_up_exchange(world, stream));
   return kernels::warm_up_test_data(stream);
 }
 
@@ -101,13 +104,17 @@ struct CustomAllReduce::Impl {
   cudaStream_t side_stream = nullptr;  // for reading the pads after a failure
   std::vector<const void*> recorded;   // this scope's buffers; nullptr = staged
   std::int64_t scope_first_slot = 0;
-  std::optional<PeerMappings> registered;  // peers' captured buffers, mapped here
+  std::optional<PeerMappings> registered;     // peers' captured buffers, mapped here
+  std::optional<PeerBuffer> exchange_buffer;  // `prepare_exchange`'s staging, if larger
+  std::array<char*, kMaxRanks> exchange_staging{};
+  std::int64_t exchange_half = 0;
 
   ~Impl() {
     int previous = 0;
     cudaGetDevice(&previous);
     cudaSetDevice(device);
     registered.reset();
+    exchange_buffer.reset();
     workspace.reset();  // collective: barrier before free
     if (registry != nullptr) cudaFree(registry);
     if (side_stream != nullptr) cudaStreamDestroy(side_stream);
@@ -185,6 +192,7 @@ struct CustomAllReduce::Impl {
               per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, threads, fusion));
       }
     }
+    per_sm = std::min(per_sm, kernels::exchange_max_blocks_per_sm(world, 1024));
     return std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
   }
 
@@ -361,6 +369,10 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   caps.custom_available = true;
   caps.max_bytes = options.custom_ar_max_bytes;
   caps.lamport_max_bytes = lamport_max_bytes;
+  caps.exchange_max_bytes = impl->layout.half_bytes;
+  impl->exchange_half = impl->layout.half_bytes;
+  for (int r = 0; r < world; ++r)
+    impl->exchange_staging[r] = impl->workspaces[r] + impl->layout.staging;
   caps.max_blocks = std::min(kMaxBlocks, impl->resident_blocks(sharing));
   // The smallest of the ranks' limits, so every rank launches the same grid.
   std::int32_t mine = caps.max_blocks;
@@ -461,6 +473,58 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
   return kernels::launch_all_reduce(p, kernel, choice.shape(), m.programmatic, stream);
 }
 
+Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
+                                 const TensorView& out, ExchangeChoice choice, bool capturing,
+                                 Stream stream) noexcept {
+  if (Status h = health(); h != Status::kOk) return h;
+  Impl& m = *impl_;
+  kernels::ExchangeParams p{};
+  p.input = in.data;
+  p.input_bytes = plan.input_bytes;
+  p.output = out.data;
+  for (int r = 0; r < m.world; ++r) {
+    p.staging[r] = m.exchange_staging[r];
+    p.pads[r] = reinterpret_cast<SignalPad*>(m.workspaces[r] + m.layout.signal);
+    p.from[r] = plan.from[r];
+  }
+  p.half_bytes = m.exchange_half;
+  p.rank = m.rank;
+  p.world_size = m.world;
+  p.timeout_ns = m.timeout_ns;
+  p.error = m.error_dev;
+  p.abort_flag = m.abort_dev;
+  bool stage = true;
+  // Registered (NOTE [staging]) where the input is large enough that the end barrier costs less
+  // than the staging copy, like the all-reduce; the slot is filled when the scope closes. The
+  // threshold is the same on every rank; an input the kernel cannot read in place is still
+  // staged, by this rank alone.
+  if (capturing && capture_open_ && plan.largest_input >= m.register_min_bytes) {
+    if (next_slot_ >= kRegistrySlots) return Status::kUnsupported;
+    p.registered = m.registry + next_slot_;
+    p.end_barrier = true;
+    stage = !in.is_aligned(16) || overlaps(in, out);
+    m.recorded.push_back(stage ? nullptr : in.data);
+    ++next_slot_;
+  }
+  return kernels::launch_exchange(p, choice.shape(), stage, m.programmatic, stream);
+}
+
+void CustomAllReduce::prepare_exchange(std::int64_t bytes) {
+  Impl& m = *impl_;
+  if (bytes <= m.exchange_half) return;
+  DeviceGuard guard(m.device);
+  const WorkspaceLayout layout = WorkspaceLayout::make(bytes);
+  PeerBuffer buffer(*m.boot, m.device, static_cast<std::size_t>(2 * layout.half_bytes));
+  m.exchange_buffer.reset();  // collective: every rank frees the old one alike
+  m.exchange_buffer.emplace(std::move(buffer));
+  for (int r = 0; r < m.world; ++r)
+    m.exchange_staging[r] = static_cast<char*>(m.exchange_buffer->peer(r));
+  m.exchange_half = layout.half_bytes;
+  caps_.exchange_max_bytes = layout.half_bytes;
+  TPCOMM_LOG_INFO("exchange staging: rank ", m.rank, " holds inputs of up to ", m.exchange_half,
+                  " bytes");
+}
+
 TuneTable CustomAllReduce::tune(const TuneKey& key) {
   constexpr int kOpsPerGraph = 20;
   constexpr int kReplays = 5;
@@ -475,9 +539,10 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
       if (stream != nullptr) cudaStreamDestroy(stream);
     }
   } r;
+  const auto most = static_cast<std::size_t>(std::max(caps_.max_bytes, caps_.exchange_max_bytes));
   for (void*& p : r.buffers) {
-    TPCOMM_CUDA_CHECK(cudaMalloc(&p, static_cast<std::size_t>(caps_.max_bytes)));
-    TPCOMM_CUDA_CHECK(cudaMemset(p, 0, static_cast<std::size_t>(caps_.max_bytes)));
+    TPCOMM_CUDA_CHECK(cudaMalloc(&p, most));
+    TPCOMM_CUDA_CHECK(cudaMemset(p, 0, most));
   }
   void* in = r.buffers[0];
   void* out = r.buffers[1];
@@ -489,7 +554,7 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
                                   ReduceOp::kSum, 0, stream) == Status::kOk,
                Status::kCudaError, "tuning: filling the input failed");
   // `kOpsPerGraph` launches of `launch()` captured, replayed and timed: microseconds each.
-  auto time_ops = [&](const Choice& c, auto&& launch) {
+  auto time_ops = [&](const auto& c, auto&& launch) {
     GraphTimer graph(stream);  // destroyed on return, before the collective that follows
     std::string failure = graph.capture([&] {
       for (int i = 0; i < kOpsPerGraph; ++i)
@@ -532,8 +597,19 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
       return kernels::launch_add_rmsnorm(out, out, f, count, DType::kBF16, stream);
     });
   };
+  // The exchanges: an equal-split all-to-all whose every rank's input is `bytes` (in whole
+  // 16-byte accesses per chunk).
+  auto time_exchange = [&](const ExchangeChoice& c, std::int64_t bytes) {
+    const std::int64_t chunk = std::max<std::int64_t>(16, bytes / m.world / 16 * 16);
+    const ExchangePlan plan = plan_all_to_all(chunk * m.world, m.world, m.rank);
+    const auto iv = TensorView::flat(in, DType::kU8, chunk * m.world, m.device);
+    const auto ov = TensorView::flat(out, DType::kU8, chunk * m.world, m.device);
+    return time_ops(c, [&] { return exchange(plan, iv, ov, c, /*capturing=*/false, stream); });
+  };
   TuneTable plain = tune_all_reduce(caps_, *m.boot, key, time);
-  return TuneTable(key, plain.entries(), tune_fused(caps_, *m.boot, time_fused));
+  std::vector<TuneEntry> fused = tune_fused(caps_, *m.boot, time_fused);
+  return TuneTable(key, plain.entries(), std::move(fused),
+                   tune_exchange(caps_, *m.boot, time_exchange));
 }
 
 void CustomAllReduce::begin_capture() noexcept {

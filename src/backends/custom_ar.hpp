@@ -17,6 +17,8 @@
 
 namespace tpcomm {
 
+struct ExchangePlan;
+
 /// One rank's share of a custom all-reduce group: its workspace (a `PeerBuffer` laid out as
 /// `WorkspaceLayout`), host-mapped error and abort words, and the registry of buffers used
 /// inside CUDA graphs.
@@ -45,6 +47,24 @@ class CustomAllReduce {
   [[nodiscard]] Status run(const TensorView& in, const TensorView& out, Choice choice,
                            bool capturing, Stream stream,
                            const kernels::FusionParams* fusion = nullptr) noexcept;
+
+  /// Runs this rank's part of an exchange (all-gather, all-to-all, the LM-head exchange):
+  /// copies `plan.from[s]` of rank s's input into `out` for every rank s (NOTE [exchange] in
+  /// kernels/exchange.cu). `in` is this rank's whole input (`plan.input_bytes`), any alignment;
+  /// it must not overlap `out`. `capturing` as for `run`: inside an open capture scope an
+  /// aligned input is read in place and recorded for registration. Every rank must call it with
+  /// the same `choice`. Sticky failure status as for `run`; kUnsupported when the registry is
+  /// full.
+  [[nodiscard]] Status exchange(const ExchangePlan& plan, const TensorView& in,
+                                const TensorView& out, ExchangeChoice choice, bool capturing,
+                                Stream stream) noexcept;
+
+  /// Collective: makes the exchange's staging buffer hold inputs of at least `bytes` bytes (an
+  /// extra peer buffer, two halves of `bytes`; nothing when the all-reduce's staging already
+  /// holds them or an earlier call made one as large), so that nothing is allocated later. All
+  /// ranks vote: throws `Error` on every rank when any rank cannot allocate or map it. Not
+  /// graph-safe.
+  void prepare_exchange(std::int64_t bytes);
 
   /// Collective, once per stream (later calls return at once): launches every kernel of the
   /// group once on `stream` with nothing to do, waits for the stream (and so for the caller's

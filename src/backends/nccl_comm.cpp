@@ -10,6 +10,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "backends/nccl_lib.hpp"
 #include "core/check.hpp"
@@ -177,12 +178,17 @@ struct NcclComm::Impl {
     return Status::kOk;
   }
 
-  /// `all_to_all` as grouped `ncclSend`/`ncclRecv`, for an NCCL without `ncclAlltoAll`.
-  Status all_to_all_grouped(const void* in, void* out, std::size_t count, DType dtype,
-                            ncclDataType_t type, Stream stream) noexcept {
-    const std::size_t block = count * dtype_size(dtype);
+  /// An all-to-all as grouped `ncclSend`/`ncclRecv`: `counts[s * world_size + d]` elements
+  /// from rank s to rank d, taken in order of d from `in` and stored in order of s in `out`.
+  /// For an NCCL without `ncclAlltoAll`, and for per-peer counts.
+  Status all_to_all_grouped(const void* in, void* out, std::span<const std::int64_t> counts,
+                            DType dtype, ncclDataType_t type, Stream stream) noexcept {
+    const auto elem = static_cast<std::size_t>(dtype_size(dtype));
     const auto* src = static_cast<const std::byte*>(in);
     auto* dst = static_cast<std::byte*>(out);
+    auto count = [&](int from, int to) {
+      return static_cast<std::size_t>(counts[static_cast<std::size_t>(from) * world_size + to]);
+    };
     if (ncclResult_t r = lib->ncclGroupStart(); r != ncclSuccess) {
       return finish(r, "ncclGroupStart");
     }
@@ -191,20 +197,25 @@ struct NcclComm::Impl {
     // progress" is an error.
     ncclResult_t first = ncclSuccess;
     const char* first_call = "";
+    std::size_t sent = 0;
+    std::size_t received = 0;
     for (int peer = 0; peer < world_size; ++peer) {
-      const std::size_t offset = static_cast<std::size_t>(peer) * block;
-      ncclResult_t r = lib->ncclSend(src + offset, count, type, peer, comm, stream);
+      const std::size_t out_count = count(rank, peer);
+      const std::size_t in_count = count(peer, rank);
+      ncclResult_t r = lib->ncclSend(src + sent * elem, out_count, type, peer, comm, stream);
       if (r != ncclSuccess && r != ncclInProgress) {
         first = r;
         first_call = "ncclSend (all_to_all)";
         break;
       }
-      r = lib->ncclRecv(dst + offset, count, type, peer, comm, stream);
+      r = lib->ncclRecv(dst + received * elem, in_count, type, peer, comm, stream);
       if (r != ncclSuccess && r != ncclInProgress) {
         first = r;
         first_call = "ncclRecv (all_to_all)";
         break;
       }
+      sent += out_count;
+      received += in_count;
     }
     // The group is closed even after an error, or this thread's next NCCL call would join it.
     const ncclResult_t end = lib->ncclGroupEnd();
@@ -456,8 +467,32 @@ Status NcclComm::all_to_all(const void* in, void* out, std::size_t count, DType 
                             Stream stream) noexcept {
   return call(dtype, [&](Impl& s, ncclDataType_t type) {
     TPCOMM_TRY(s.check_in_out("all_to_all", count, in, out));
-    if (!s.lib->has_all_to_all) return s.all_to_all_grouped(in, out, count, dtype, type, stream);
+    if (!s.lib->has_all_to_all) {
+      const std::vector<std::int64_t> counts(
+          static_cast<std::size_t>(s.world_size) * static_cast<std::size_t>(s.world_size),
+          static_cast<std::int64_t>(count));
+      return s.all_to_all_grouped(in, out, counts, dtype, type, stream);
+    }
     return s.finish(s.lib->ncclAlltoAll(in, out, count, type, s.comm, stream), "ncclAlltoAll");
+  });
+}
+
+Status NcclComm::all_to_all(const void* in, void* out, std::span<const std::int64_t> counts,
+                            DType dtype, Stream stream) noexcept {
+  return call(dtype, [&](Impl& s, ncclDataType_t type) {
+    if (counts.size() !=
+        static_cast<std::size_t>(s.world_size) * static_cast<std::size_t>(s.world_size))
+      return s.refuse(Status::kInvalidArgument,
+                      "all_to_all: the counts do not have world size x world size entries");
+    std::int64_t sent = 0;
+    std::int64_t received = 0;
+    for (int peer = 0; peer < s.world_size; ++peer) {
+      sent += counts[static_cast<std::size_t>(s.rank) * s.world_size + peer];
+      received += counts[static_cast<std::size_t>(peer) * s.world_size + s.rank];
+    }
+    TPCOMM_TRY(s.check_buffer("all_to_all", "in", static_cast<std::size_t>(sent), in));
+    TPCOMM_TRY(s.check_buffer("all_to_all", "out", static_cast<std::size_t>(received), out));
+    return s.all_to_all_grouped(in, out, counts, dtype, type, stream);
   });
 }
 

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "tpcomm/status.hpp"
@@ -99,6 +101,11 @@ class NcclComm {
   /// NCCL has it, grouped `ncclSend`/`ncclRecv` otherwise (same result).
   [[nodiscard]] Status all_to_all(const void* in, void* out, std::size_t count, DType dtype,
                                   Stream stream) noexcept;
+  /// All-to-all with per-peer counts, as grouped `ncclSend`/`ncclRecv`: `counts[s * world_size()
+  /// + d]` elements go from rank s to rank d (world size x world size entries, the same on every
+  /// rank), taken in order of d from `in` and stored in order of s in `out`.
+  [[nodiscard]] Status all_to_all(const void* in, void* out, std::span<const std::int64_t> counts,
+                                  DType dtype, Stream stream) noexcept;
   /// Opens an NCCL group (thread-wide, nestable): the operations up to `group_end` are
   /// launched together.
   [[nodiscard]] Status group_start() noexcept;

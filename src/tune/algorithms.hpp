@@ -223,6 +223,78 @@ inline std::string to_string(const Choice& c) {
   return s;
 }
 
+// ---- the exchange: all-gather, all-to-all and the LM-head exchange ------------------------
+
+/// A custom exchange algorithm: a row of `kExchangeAlgorithms`, or `kNone` (NCCL serves).
+enum class ExchangeAlgo : std::uint8_t { kNone, kPull };
+
+/// One exchange algorithm: what it is called and where the built-in choice takes it.
+struct ExchangeInfo {
+  ExchangeAlgo algo;
+  /// As written in `tpcomm bench --algo`.
+  std::string_view name;
+  std::string_view summary;
+  /// Most blocks one rank's kernel may launch (one flag row per block in the signal pad).
+  int max_blocks;
+  /// By the bytes of the largest rank's input, within the staging buffer (NOTE [exchange] in
+  /// kernels/exchange.cu): a copy at the memory's speed, with no host cost but the launch, so
+  /// unbounded; NCCL serves what the staging buffer cannot hold.
+  BuiltIn built_in;
+};
+
+/// The exchange algorithms, in the order `tpcomm bench --algo all` runs them. They serve
+/// `Group::all_gather`, `Group::all_to_all` (equal split and per-peer counts) and
+/// `Group::lm_head_exchange`, any dtype.
+inline constexpr std::array<ExchangeInfo, 1> kExchangeAlgorithms{{
+    {ExchangeAlgo::kPull, "pull",
+     "barrier, then every rank copies what it receives from each peer's buffer straight to its "
+     "place in the output (the LM head's reassembly included)",
+     kMaxBlocks, BuiltIn{1, kUnbounded, kUnbounded, kUnbounded}},
+}};
+
+/// The row of `a`; `a` must not be `kNone`.
+constexpr const ExchangeInfo& info(ExchangeAlgo a) noexcept {
+  return kExchangeAlgorithms[static_cast<std::size_t>(a) - 1];
+}
+static_assert(
+    [] {
+      for (std::size_t i = 0; i < kExchangeAlgorithms.size(); ++i)
+        if (static_cast<std::size_t>(kExchangeAlgorithms[i].algo) != i + 1) return false;
+      return true;
+    }(),
+    "kExchangeAlgorithms is indexed by ExchangeAlgo");
+
+/// The algorithm's name, or "none" for `kNone`.
+constexpr std::string_view to_string(ExchangeAlgo a) noexcept {
+  return a == ExchangeAlgo::kNone ? std::string_view("none") : info(a).name;
+}
+
+/// Every exchange algorithm's name, separated by ", ".
+inline std::string exchange_names() {
+  std::string out;
+  for (const ExchangeInfo& e : kExchangeAlgorithms)
+    out += (out.empty() ? "" : ", ") + std::string(e.name);
+  return out;
+}
+
+/// An exchange algorithm and its launch shape; both 0 for `ExchangeAlgo::kNone`.
+struct ExchangeChoice {
+  ExchangeAlgo algo = ExchangeAlgo::kNone;
+  int blocks = 0;
+  int threads = 0;
+
+  [[nodiscard]] constexpr kernels::LaunchShape shape() const noexcept { return {blocks, threads}; }
+  friend bool operator==(const ExchangeChoice&, const ExchangeChoice&) = default;
+};
+
+/// "pull 8x512" (blocks x threads), or "none".
+inline std::string to_string(const ExchangeChoice& c) {
+  std::string s(to_string(c.algo));
+  if (c.algo != ExchangeAlgo::kNone)
+    s += ' ' + std::to_string(c.blocks) + 'x' + std::to_string(c.threads);
+  return s;
+}
+
 inline std::ostream& operator<<(std::ostream& os, Algo a) { return os << to_string(a); }
 inline std::ostream& operator<<(std::ostream& os, const Choice& c) { return os << to_string(c); }
 

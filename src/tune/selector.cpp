@@ -153,4 +153,32 @@ const char* why_not_fused(std::int64_t rows, std::int64_t hidden, DType dtype,
   return why;
 }
 
+ExchangeChoice select_exchange(std::int64_t largest_input, const SelectorCaps& caps, Pinned pinned,
+                               const TuneTable* table) noexcept {
+  if (!caps.custom_available || caps.world_size < 2 || caps.world_size > kMaxRanks ||
+      caps.max_blocks < 1 || largest_input <= 0 || largest_input > caps.exchange_max_bytes ||
+      largest_input >= (std::int64_t{1} << 32))
+    return {};
+  if (pinned && *pinned == Algo::kNone) return {};
+  if (table != nullptr && table->key().world_size == caps.world_size) {
+    if (auto tuned = table->lookup_exchange(largest_input)) {
+      if (tuned->algo == ExchangeAlgo::kNone) return {};
+      tuned->blocks =
+          std::clamp(tuned->blocks, 1, std::min(caps.max_blocks, info(tuned->algo).max_blocks));
+      return *tuned;
+    }
+  }
+  const ExchangeInfo* best = nullptr;
+  for (const ExchangeInfo& e : kExchangeAlgorithms)
+    if (e.built_in.order > 0 && e.built_in.bound(caps.world_size) >= largest_input &&
+        (best == nullptr || e.built_in.order < best->built_in.order))
+      best = &e;
+  if (best == nullptr) return {};
+  constexpr std::int64_t kBytesPerBlock = std::int64_t{32} << 10;
+  const auto blocks =
+      std::clamp<std::int64_t>((largest_input + kBytesPerBlock - 1) / kBytesPerBlock, 1,
+                               std::min(caps.max_blocks, best->max_blocks));
+  return {best->algo, static_cast<int>(blocks), kDefaultThreads};
+}
+
 }  // namespace tpcomm

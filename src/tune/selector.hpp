@@ -27,6 +27,10 @@ struct SelectorCaps {
   /// Largest all-reduce the Lamport kernel serves, in bytes (its buffers' slot size); 0 when
   /// the group has no Lamport buffers.
   std::int64_t lamport_max_bytes = 0;
+  /// Largest input, in bytes, that one rank's exchange stages (all-gather, all-to-all, the
+  /// LM-head exchange): the larger of the all-reduce's staging half and the exchange buffer
+  /// `Group::prepare_exchange` adds.
+  std::int64_t exchange_max_bytes = 0;
 };
 
 /// Blocks the built-in launch shapes never exceed (a default, not a limit: the tuner may pick
@@ -114,5 +118,19 @@ inline constexpr int kDefaultThreads = 512;
 [[nodiscard]] const char* why_not_fused(std::int64_t rows, std::int64_t hidden, DType dtype,
                                         const SelectorCaps& caps, Pinned pinned,
                                         const TuneTable* table) noexcept;
+
+/// Chooses how the custom backend serves an exchange (all-gather, all-to-all, the LM-head
+/// exchange) whose largest rank's input is `largest_input` bytes, or `ExchangeAlgo::kNone`
+/// (NCCL then serves it). Pure and fed only rank-invariant inputs, like `select_all_reduce`:
+/// 1. hard requirements, else `kNone`: `caps.custom_available`; 2 <= world size <= 8;
+///    `caps.max_blocks` >= 1; 0 < `largest_input` <= `caps.exchange_max_bytes` and below 4 GiB;
+/// 2. `pinned` "nccl" gives `kNone` (an all-reduce algorithm pins nothing here);
+/// 3. the tuned table's exchange bucket for `largest_input`, where `table` is not null, was
+///    tuned for this world size and has exchange buckets that cover it (`none` there: NCCL);
+/// 4. the lowest `ExchangeInfo::built_in` order whose bound holds `largest_input`, with
+///    `kDefaultThreads` threads and one block per 32 KiB of `largest_input`;
+/// `blocks` always clamped to [1, min(caps.max_blocks, the algorithm's max_blocks)].
+[[nodiscard]] ExchangeChoice select_exchange(std::int64_t largest_input, const SelectorCaps& caps,
+                                             Pinned pinned, const TuneTable* table) noexcept;
 
 }  // namespace tpcomm

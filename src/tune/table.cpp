@@ -28,6 +28,8 @@ constexpr std::string_view kHeaderPrefix = "# tpcomm tune table v";
 constexpr std::string_view kColumns = "# max_bytes algo blocks threads time_us";
 /// The first word of a bucket line of the fused all-reduce + add + RMSNorm.
 constexpr std::string_view kFused = "fused";
+/// The first word of a bucket line of the exchanges.
+constexpr std::string_view kExchange = "exchange";
 constexpr int kVersion = 1;
 /// A version-1 table is a few kilobytes; anything much larger is not one (or is /dev/zero).
 constexpr std::size_t kMaxFileBytes = std::size_t{1} << 20;
@@ -315,7 +317,6 @@ std::string parse_entry(std::string_view line, TuneEntry* e) {
   return {};
 }
 
-/// Parses the whole text form. Returns the error ("line N: ..."), empty on success.
 /// `entry_error`, and for a fused bucket an algorithm that fuses (or none).
 std::string fused_entry_error(const TuneEntry& e, const TuneEntry* prev) {
   if (e.choice.algo != Algo::kNone && !kernels::fuses(info(e.choice.algo).kernel))
@@ -324,8 +325,65 @@ std::string fused_entry_error(const TuneEntry& e, const TuneEntry* prev) {
   return entry_error(e, prev);
 }
 
+/// An exchange bucket's errors, as `entry_error`'s.
+std::string exchange_entry_error(const ExchangeEntry& e, const ExchangeEntry* prev) {
+  using detail::concat;
+  if (e.max_bytes <= 0) return concat("max_bytes ", e.max_bytes, " is not positive");
+  if (prev != nullptr && e.max_bytes <= prev->max_bytes)
+    return concat("bucket ", e.max_bytes, " follows bucket ", prev->max_bytes,
+                  ": buckets must be in strictly increasing order");
+  const ExchangeChoice& c = e.choice;
+  if (static_cast<std::size_t>(c.algo) > kExchangeAlgorithms.size())
+    return concat("unknown exchange algorithm code ", static_cast<int>(c.algo));
+  if (c.algo == ExchangeAlgo::kNone) {
+    if (c.blocks != 0 || c.threads != 0)
+      return concat("algorithm none takes blocks 0 and threads 0, got ", c.blocks, " and ",
+                    c.threads);
+  } else {
+    const int max_blocks = info(c.algo).max_blocks;
+    if (c.blocks < 1 || c.blocks > max_blocks)
+      return concat("blocks ", c.blocks, " out of range 1..", max_blocks);
+    if (!is_valid_threads(c.threads))
+      return concat("threads ", c.threads, " is not one of 64, 128, 256, 512, 1024");
+  }
+  if (!std::isfinite(e.time_us) || e.time_us < 0.0)
+    return concat("time_us ", e.time_us, " is not a finite number >= 0");
+  return {};
+}
+
+/// Parses an exchange bucket line (after the word `exchange`). Returns the error.
+std::string parse_exchange_entry(std::string_view line, ExchangeEntry* e) {
+  using detail::concat;
+  // The same fields as an all-reduce bucket, with an exchange algorithm's name.
+  auto fields = split_fields(line);
+  if (fields.size() != 5)
+    return concat("expected 5 fields (max_bytes algo blocks threads time_us), got ", fields.size());
+  std::optional<ExchangeAlgo> algo;
+  if (fields[1] == "none") algo = ExchangeAlgo::kNone;
+  for (const ExchangeInfo& i : kExchangeAlgorithms)
+    if (fields[1] == i.name) algo = i.algo;
+  if (!algo)
+    return concat("unknown exchange algorithm ", shown(fields[1]), " (expected none, ",
+                  exchange_names(), ")");
+  // The numbers as an all-reduce bucket's, with a placeholder algorithm.
+  TuneEntry numbers;
+  const std::string placeholder =
+      detail::concat(fields[0], " none ", fields[2], ' ', fields[3], ' ', fields[4]);
+  if (auto err = parse_entry(placeholder, &numbers); !err.empty()) return err;
+  *e = ExchangeEntry{numbers.max_bytes,
+                     ExchangeChoice{*algo, numbers.choice.blocks, numbers.choice.threads},
+                     numbers.time_us};
+  return {};
+}
+
+/// True when `line` starts with the word `word` followed by a blank.
+bool starts_with_word(std::string_view line, std::string_view word) {
+  return line.starts_with(word) && line.size() > word.size() && is_space(line[word.size()]);
+}
+
+/// Parses the whole text form. Returns the error ("line N: ..."), empty on success.
 std::string parse_text(std::string_view text, TuneKey* key, std::vector<TuneEntry>* entries,
-                       std::vector<TuneEntry>* fused) {
+                       std::vector<TuneEntry>* fused, std::vector<ExchangeEntry>* exchange) {
   using detail::concat;
   bool have_key = false;
   int number = 0;
@@ -353,8 +411,18 @@ std::string parse_text(std::string_view text, TuneKey* key, std::vector<TuneEntr
       continue;
     }
     if (!have_key) return concat("line ", number, ": a bucket line before the key line");
+    if (starts_with_word(line, kExchange)) {
+      ExchangeEntry x;
+      if (auto err = parse_exchange_entry(trim(line.substr(kExchange.size())), &x); !err.empty())
+        return concat("line ", number, ": ", err);
+      if (auto err = exchange_entry_error(x, exchange->empty() ? nullptr : &exchange->back());
+          !err.empty())
+        return concat("line ", number, ": ", err);
+      exchange->push_back(x);
+      continue;
+    }
     TuneEntry e;
-    if (line.starts_with(kFused) && line.size() > kFused.size() && is_space(line[kFused.size()])) {
+    if (starts_with_word(line, kFused)) {
       if (auto err = parse_entry(trim(line.substr(kFused.size())), &e); !err.empty())
         return concat("line ", number, ": ", err);
       if (auto err = fused_entry_error(e, fused->empty() ? nullptr : &fused->back()); !err.empty())
@@ -425,8 +493,12 @@ std::string TuneKey::difference(const TuneKey& other) const {
   return out;
 }
 
-TuneTable::TuneTable(TuneKey key, std::vector<TuneEntry> entries, std::vector<TuneEntry> fused)
-    : key_(std::move(key)), entries_(std::move(entries)), fused_(std::move(fused)) {
+TuneTable::TuneTable(TuneKey key, std::vector<TuneEntry> entries, std::vector<TuneEntry> fused,
+                     std::vector<ExchangeEntry> exchange)
+    : key_(std::move(key)),
+      entries_(std::move(entries)),
+      fused_(std::move(fused)),
+      exchange_(std::move(exchange)) {
   TPCOMM_CHECK(key_.world_size >= 1, Status::kInvalidArgument, "TuneTable: world_size ",
                key_.world_size, " must be at least 1");
   for (std::size_t i = 0; i < entries_.size(); ++i) {
@@ -436,6 +508,10 @@ TuneTable::TuneTable(TuneKey key, std::vector<TuneEntry> entries, std::vector<Tu
   for (std::size_t i = 0; i < fused_.size(); ++i) {
     std::string err = fused_entry_error(fused_[i], i == 0 ? nullptr : &fused_[i - 1]);
     TPCOMM_CHECK(err.empty(), Status::kInvalidArgument, "TuneTable: fused entry ", i, ": ", err);
+  }
+  for (std::size_t i = 0; i < exchange_.size(); ++i) {
+    std::string err = exchange_entry_error(exchange_[i], i == 0 ? nullptr : &exchange_[i - 1]);
+    TPCOMM_CHECK(err.empty(), Status::kInvalidArgument, "TuneTable: exchange entry ", i, ": ", err);
   }
 }
 
@@ -460,6 +536,14 @@ std::optional<Choice> TuneTable::lookup(std::int64_t bytes) const noexcept {
 
 std::optional<Choice> TuneTable::lookup_fused(std::int64_t bytes) const noexcept {
   return lookup_in(fused_, bytes);
+}
+
+std::optional<ExchangeChoice> TuneTable::lookup_exchange(std::int64_t bytes) const noexcept {
+  auto it =
+      std::lower_bound(exchange_.begin(), exchange_.end(), bytes,
+                       [](const ExchangeEntry& e, std::int64_t b) { return e.max_bytes < b; });
+  if (it == exchange_.end()) return std::nullopt;
+  return it->choice;
 }
 
 std::vector<std::int64_t> TuneTable::bucket_bounds(std::int64_t max_bytes) {
@@ -495,15 +579,20 @@ std::string TuneTable::to_text() const {
     out += ' ';
     line(e);
   }
+  for (const ExchangeEntry& e : exchange_)
+    out +=
+        detail::concat(kExchange, ' ', e.max_bytes, ' ', to_string(e.choice.algo), ' ',
+                       e.choice.blocks, ' ', e.choice.threads, ' ', format_double(e.time_us), '\n');
   return out;
 }
 
 TuneTable TuneTable::parse(std::string_view text) {
   TuneKey key;
   std::vector<TuneEntry> entries, fused;
-  std::string err = parse_text(text, &key, &entries, &fused);
+  std::vector<ExchangeEntry> exchange;
+  std::string err = parse_text(text, &key, &entries, &fused, &exchange);
   if (!err.empty()) TPCOMM_THROW(Status::kProtocolError, "tune table ", err);
-  return TuneTable(std::move(key), std::move(entries), std::move(fused));
+  return TuneTable(std::move(key), std::move(entries), std::move(fused), std::move(exchange));
 }
 
 std::optional<TuneTable> TuneTable::load(const std::string& path, const TuneKey& expected,
@@ -536,10 +625,11 @@ std::optional<TuneTable> TuneTable::load(const std::string& path, const TuneKey&
   if (too_large) return fail(detail::concat("larger than ", format_bytes(kMaxFileBytes)));
   TuneKey key;
   std::vector<TuneEntry> entries, fused;
-  if (std::string err = parse_text(text, &key, &entries, &fused); !err.empty())
+  std::vector<ExchangeEntry> exchange;
+  if (std::string err = parse_text(text, &key, &entries, &fused, &exchange); !err.empty())
     return fail("malformed: " + err);
   if (key != expected) return fail("key differs: " + key.difference(expected));
-  return TuneTable(std::move(key), std::move(entries), std::move(fused));
+  return TuneTable(std::move(key), std::move(entries), std::move(fused), std::move(exchange));
 }
 
 void TuneTable::save(const std::string& path) const {

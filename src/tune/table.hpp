@@ -57,6 +57,16 @@ struct TuneEntry {
   friend bool operator==(const TuneEntry&, const TuneEntry&) = default;
 };
 
+/// One size bucket of the exchanges (all-gather, all-to-all, the LM head's), by the bytes of
+/// the largest rank's input: the exchange algorithm and launch shape that was fastest.
+struct ExchangeEntry {
+  std::int64_t max_bytes = 0;
+  ExchangeChoice choice;
+  double time_us = 0.0;
+
+  friend bool operator==(const ExchangeEntry&, const ExchangeEntry&) = default;
+};
+
 /// The tuned all-reduce table of one group: a key and size buckets sorted by upper bound.
 ///
 /// The tuner fills one entry per bound of `bucket_bounds(max)`; a lookup is a binary search.
@@ -83,20 +93,27 @@ struct TuneEntry {
 /// >= 0). Bucket lines of the fused all-reduce + residual add + RMSNorm (sized by the bytes of
 /// its input) are the same five fields after the word `fused`, with their own increasing
 /// bounds and an algorithm that fuses (or `none`: the fallback won); a table without them is
-/// still valid.
+/// still valid. Bucket lines of the exchanges (by the bytes of the largest rank's input) are the
+/// same five fields after the word `exchange`, with an exchange algorithm's name
+/// (`kExchangeAlgorithms`) or `none` (NCCL serves); also optional.
 class TuneTable {
  public:
   /// An empty table: it covers no size.
   TuneTable() = default;
   /// Throws `Error(kInvalidArgument)` when the entries break the rules of the text format
   /// (unsorted or duplicate bounds, a launch shape out of range, a negative time).
-  TuneTable(TuneKey key, std::vector<TuneEntry> entries, std::vector<TuneEntry> fused = {});
+  TuneTable(TuneKey key, std::vector<TuneEntry> entries, std::vector<TuneEntry> fused = {},
+            std::vector<ExchangeEntry> exchange = {});
 
   [[nodiscard]] const TuneKey& key() const noexcept { return key_; }
   /// Sorted by strictly increasing `max_bytes`.
   [[nodiscard]] const std::vector<TuneEntry>& entries() const noexcept { return entries_; }
   /// The fused operation's buckets, sorted like `entries`; may be empty.
   [[nodiscard]] const std::vector<TuneEntry>& fused_entries() const noexcept { return fused_; }
+  /// The exchanges' buckets, sorted like `entries`; may be empty.
+  [[nodiscard]] const std::vector<ExchangeEntry>& exchange_entries() const noexcept {
+    return exchange_;
+  }
   /// The largest size the table covers, in bytes; 0 when empty.
   [[nodiscard]] std::int64_t max_bytes() const noexcept;
 
@@ -106,6 +123,8 @@ class TuneTable {
   [[nodiscard]] std::optional<Choice> lookup(std::int64_t bytes) const noexcept;
   /// The same over the fused operation's buckets.
   [[nodiscard]] std::optional<Choice> lookup_fused(std::int64_t bytes) const noexcept;
+  /// The same over the exchanges' buckets.
+  [[nodiscard]] std::optional<ExchangeChoice> lookup_exchange(std::int64_t bytes) const noexcept;
 
   /// The bucket bounds a tuner measures up to `max_bytes`: 512, 1024, 2048, ... up to and
   /// including the largest power of two <= `max_bytes`, then `max_bytes` itself when it is not
@@ -140,6 +159,7 @@ class TuneTable {
   TuneKey key_;
   std::vector<TuneEntry> entries_;
   std::vector<TuneEntry> fused_;
+  std::vector<ExchangeEntry> exchange_;
 };
 
 /// Where the table of `key` is cached by default: the directory `$XDG_CACHE_HOME/tpcomm/`, else

@@ -43,11 +43,12 @@ std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps
 namespace {
 
 /// Times `candidates` (not empty) for one bucket; rank 0's times decide.
-TuneEntry pick(const std::vector<Choice>& candidates, std::int64_t bytes, Bootstrap& boot,
-               const TimeCandidate& time, const char* what) {
+template <class C, class Time>
+std::pair<C, double> pick_one(const std::vector<C>& candidates, std::int64_t bytes, Bootstrap& boot,
+                              const Time& time, const char* what) {
   std::vector<double> times;
   times.reserve(candidates.size());
-  for (const Choice& c : candidates) times.push_back(time(c, bytes));
+  for (const C& c : candidates) times.push_back(time(c, bytes));
   // Rank 0's measurements decide for everyone.
   auto shared = boot.broadcast(std::as_bytes(std::span(times)), 0);
   std::memcpy(times.data(), shared.data(), std::min(shared.size(), times.size() * sizeof(double)));
@@ -56,7 +57,13 @@ TuneEntry pick(const std::vector<Choice>& candidates, std::int64_t bytes, Bootst
   while (times[i] > best * (1.0 + kTie)) ++i;
   TPCOMM_LOG_INFO("tune ", what, bytes, " B: ", to_string(candidates[i]), ", ", times[i], " us (",
                   candidates.size(), " candidates)");
-  return {bytes, candidates[i], times[i]};
+  return {candidates[i], times[i]};
+}
+
+TuneEntry pick(const std::vector<Choice>& candidates, std::int64_t bytes, Bootstrap& boot,
+               const TimeCandidate& time, const char* what) {
+  const auto [choice, us] = pick_one(candidates, bytes, boot, time, what);
+  return {bytes, choice, us};
 }
 
 }  // namespace
@@ -95,6 +102,37 @@ std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
           fits(a.algo, rows * hidden * 2, DType::kBF16, caps.world_size, caps.lamport_max_bytes))
         candidates.push_back(fused_launch(a.algo, rows, hidden, caps.max_blocks));
     entries.push_back(pick(candidates, bytes, boot, time, "fused "));
+  }
+  return entries;
+}
+
+std::vector<ExchangeChoice> exchange_candidates(std::int64_t bytes, const SelectorCaps& caps) {
+  std::vector<ExchangeChoice> out;
+  const std::int64_t accesses = (bytes + 15) / 16;
+  for (const ExchangeInfo& e : kExchangeAlgorithms) {
+    const int max_blocks = std::min(caps.max_blocks, e.max_blocks);
+    for (int threads : kTunerThreads) {
+      const std::int64_t useful = std::max<std::int64_t>(1, (accesses + threads - 1) / threads);
+      for (int blocks : kTunerBlocks) {
+        if (blocks > max_blocks || blocks > 2 * useful) break;
+        out.push_back({e.algo, blocks, threads});
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const ExchangeChoice& a, const ExchangeChoice& b) {
+    return a.blocks < b.blocks;
+  });
+  return out;
+}
+
+std::vector<ExchangeEntry> tune_exchange(const SelectorCaps& caps, Bootstrap& boot,
+                                         const TimeExchange& time) {
+  std::vector<ExchangeEntry> entries;
+  if (caps.exchange_max_bytes <= 0) return entries;
+  for (std::int64_t bytes : TuneTable::bucket_bounds(caps.exchange_max_bytes)) {
+    const auto [choice, us] =
+        pick_one(exchange_candidates(bytes, caps), bytes, boot, time, "exchange ");
+    entries.push_back({bytes, choice, us});
   }
   return entries;
 }

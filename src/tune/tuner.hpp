@@ -39,6 +39,22 @@ constexpr std::int64_t tune_fused_hidden(std::int64_t bytes) noexcept {
 std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
                                   const TimeCandidate& time);
 
+/// Microseconds per exchange with `choice` whose largest input is `bytes` bytes. Collective, as
+/// `TimeCandidate`.
+using TimeExchange = std::function<double(const ExchangeChoice& choice, std::int64_t bytes)>;
+
+/// Times every `exchange_candidates` per size bucket of `TuneTable::bucket_bounds(
+/// caps.exchange_max_bytes)` with `time`; rank 0's times decide, as in `tune_all_reduce`. The
+/// buckets of the table's `exchange` lines. Only the custom exchange is measured (NCCL is not a
+/// candidate here: it serves what the staging cannot hold). Collective.
+std::vector<ExchangeEntry> tune_exchange(const SelectorCaps& caps, Bootstrap& boot,
+                                         const TimeExchange& time);
+
+/// The exchange's candidates for one bucket, fewest blocks first: every exchange algorithm in
+/// every launch shape of `kTunerThreads` x `kTunerBlocks` up to the algorithm's and the group's
+/// block limits and one step past one 16-byte access per thread.
+std::vector<ExchangeChoice> exchange_candidates(std::int64_t bytes, const SelectorCaps& caps);
+
 /// The candidates measured for one bucket, fewest blocks first (so ties go to fewer blocks):
 /// every algorithm of the registry that fits `bytes` bytes of bf16 (the dtype the tuner
 /// measures) with `caps`, in every launch shape of `kTunerThreads` x `kTunerBlocks` up to the

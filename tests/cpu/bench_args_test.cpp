@@ -74,6 +74,32 @@ TEST(BenchArgs, AlgorithmLists) {
   EXPECT_FALSE(parse({"--algo", "nccl"}).algos[0].pins_custom());
   // auto, every algorithm of the registry, nccl, nccl_direct, memcpy.
   EXPECT_EQ(parse({"--algo", "all"}).algos.size(), kAlgorithms.size() + 4);
+  // auto, the exchange algorithms, nccl, nccl_direct, memcpy; the LM head adds all_gather and
+  // has no direct NCCL call.
+  EXPECT_EQ(parse({"--op", "allgather", "--algo", "all"}).algos.size(),
+            kExchangeAlgorithms.size() + 4);
+  EXPECT_EQ(names(parse({"--op", "lm_head_exchange", "--algo", "all"}).algos),
+            (std::vector<std::string>{"auto", "pull", "all_gather", "nccl", "memcpy"}));
+  EXPECT_EQ(parse({"--algo", "pull"}).algos[0].kind, BenchAlgo::Kind::kExchange);
+  EXPECT_FALSE(parse({"--algo", "pull"}).algos[0].pins_custom());
+}
+
+TEST(BenchArgs, LmHeadExchange) {
+  BenchOptions o = parse({"--op", "lm_head_exchange", "--vocab", "1000", "--tokens", "1,36,120"});
+  EXPECT_TRUE(o.lm_head);
+  EXPECT_FALSE(o.add_rmsnorm);
+  EXPECT_EQ(o.op, kernels::Collective::kAllToAll);
+  EXPECT_EQ(o.vocab, 1000);
+  EXPECT_EQ(o.tokens, (std::vector<std::int64_t>{1, 36, 120}));
+  EXPECT_TRUE(exchange_op(o));
+  EXPECT_TRUE(exchange_op(parse({"--op", "allgather"})));
+  EXPECT_FALSE(exchange_op(parse({"--op", "reducescatter"})));
+  EXPECT_EQ(parse({"--algo", "all_gather"}).algos[0].kind, BenchAlgo::Kind::kLmHeadAllGather);
+  for (std::vector<std::string> bad :
+       std::vector<std::vector<std::string>>{{"--op", "lm_head_exchange", "--vocab", "0"},
+                                             {"--op", "lm_head_exchange", "--tokens", "0"},
+                                             {"--op", "lm_head_exchange", "--tokens", "1,x"}})
+    EXPECT_THROW(parse(bad), CLI::Error) << bad[2] << " " << bad[3];
 }
 
 TEST(BenchArgs, BadInputIsRefused) {

@@ -555,5 +555,32 @@ TEST(TuneTableText, FusedBucketsRoundTripAndAreChecked) {
   EXPECT_THROW(TuneTable(key, {}, {{512, Choice{Algo::kTwoShot, 1, 512}, 1.0}}), Error);
 }
 
+TEST(TuneTableText, ExchangeBucketsRoundTripAndAreChecked) {
+  const TuneKey key{"NVIDIA H200", 8, "one-gpu", 12040, 22703, "0.1.0"};
+  const TuneTable t(key, {{512, Choice{Algo::kOneShot, 1, 512}, 2.5}}, {},
+                    {{4096, ExchangeChoice{ExchangeAlgo::kPull, 1, 256}, 9.5},
+                     {1 << 20, ExchangeChoice{ExchangeAlgo::kPull, 16, 512}, 15.25},
+                     {1 << 21, ExchangeChoice{}, 20.0}});
+  const std::string text = t.to_text();
+  EXPECT_NE(text.find("\nexchange 1048576 pull 16 512 15.25\n"), std::string::npos) << text;
+  EXPECT_EQ(TuneTable::parse(text), t);
+  EXPECT_EQ(t.lookup_exchange(1), (ExchangeChoice{ExchangeAlgo::kPull, 1, 256}));
+  EXPECT_EQ(t.lookup_exchange(4097), (ExchangeChoice{ExchangeAlgo::kPull, 16, 512}));
+  EXPECT_EQ(t.lookup_exchange(1 << 21), ExchangeChoice{});
+  EXPECT_EQ(t.lookup_exchange((1 << 21) + 1), std::nullopt);
+  EXPECT_EQ(TuneTable(key, {}).lookup_exchange(1), std::nullopt);
+  const std::string head = "# tpcomm tune table v1\nkey " + key.to_text() + "\n";
+  for (const char* bad : {"exchange 512 one_shot 1 512 1\n",  // an all-reduce algorithm
+                          "exchange 512 pull 0 512 1\n",      // blocks out of range
+                          "exchange 512 pull 1 100 1\n",      // threads not a block size
+                          "exchange 512 none 1 512 1\n",      // none with a shape
+                          "exchange 512 pull 1 512\n",        // a field missing
+                          "exchange 512 pull 1 512 -1\n",     // a negative time
+                          "exchange 1024 pull 1 512 1\nexchange 512 pull 1 512 1\n"})
+    EXPECT_THROW((void)TuneTable::parse(head + bad), Error) << bad;
+  EXPECT_THROW(TuneTable(key, {}, {}, {{512, ExchangeChoice{ExchangeAlgo::kPull, 65, 512}, 1.0}}),
+               Error);
+}
+
 }  // namespace
 }  // namespace tpcomm

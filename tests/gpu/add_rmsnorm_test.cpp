@@ -219,16 +219,22 @@ struct RankBuffers {
 void run_fused(Group& g, int rank, const FusedCase& c, const Reference& ref, RankBuffers& b,
                Stream s, Got* got) {
   const std::size_t es = dtype_size(c.dtype);
+  // In order on the rank's stream: a plain cudaMemcpy from pageable memory may return before
+  // its copy reaches the device, unordered with the non-blocking stream.
+  const auto cs = reinterpret_cast<cudaStream_t>(s);
   const auto n = static_cast<std::size_t>(c.count());
   const auto x_host = host_tensor(ref.x[static_cast<std::size_t>(rank)], c.dtype);
   const auto residual_host = host_tensor(ref.residual, c.dtype);
   const auto gamma_host = host_tensor(ref.gamma, c.dtype);
-  ASSERT_EQ(cudaMemcpy(b.x.get(), x_host.data(), n * es, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(b.residual.get(), residual_host.data(), n * es, cudaMemcpyHostToDevice),
+  ASSERT_EQ(cudaMemcpyAsync(b.x.get(), x_host.data(), n * es, cudaMemcpyHostToDevice, cs),
             cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(b.gamma.get(), gamma_host.data(), gamma_host.size(), cudaMemcpyHostToDevice),
+  ASSERT_EQ(
+      cudaMemcpyAsync(b.residual.get(), residual_host.data(), n * es, cudaMemcpyHostToDevice, cs),
+      cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(b.gamma.get(), gamma_host.data(), gamma_host.size(),
+                            cudaMemcpyHostToDevice, cs),
             cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(b.scale.get(), &ref.scale, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(b.scale.get(), &ref.scale, 4, cudaMemcpyHostToDevice, cs), cudaSuccess);
   for (DeviceBuffer* p : {&b.norm_out, &b.residual_out, &b.row_scales})
     ASSERT_EQ(kernels::poison(p->get(), static_cast<std::int64_t>(p->size()), s), Status::kOk);
 
@@ -417,12 +423,14 @@ TEST(AllReduceAddRmsNorm, GraphReplayWithNewInputs) {
         const auto x = host_tensor(ref.x[static_cast<std::size_t>(rank)], c.dtype);
         const auto residual = host_tensor(ref.residual, c.dtype);
         const auto gamma_host = host_tensor(ref.gamma, c.dtype);
-        ASSERT_EQ(cudaMemcpy(b.x.get(), x.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(b.residual.get(), residual.data(), bytes, cudaMemcpyHostToDevice),
+        ASSERT_EQ(cudaMemcpyAsync(b.x.get(), x.data(), bytes, cudaMemcpyHostToDevice, s),
                   cudaSuccess);
         ASSERT_EQ(
-            cudaMemcpy(b.gamma.get(), gamma_host.data(), gamma_host.size(), cudaMemcpyHostToDevice),
+            cudaMemcpyAsync(b.residual.get(), residual.data(), bytes, cudaMemcpyHostToDevice, s),
             cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(b.gamma.get(), gamma_host.data(), gamma_host.size(),
+                                  cudaMemcpyHostToDevice, s),
+                  cudaSuccess);
         ASSERT_EQ(
             kernels::poison(b.norm_out.get(), static_cast<std::int64_t>(bytes), stream.stream()),
             Status::kOk);

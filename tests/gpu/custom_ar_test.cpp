@@ -406,7 +406,9 @@ TEST_P(LamportNegativeZero, InputsDoNotStall) {
           i % 2 == 0 ? std::uint16_t{0x8000} : static_cast<std::uint16_t>(bits >> 16);
     }
     DeviceBuffer in(count * 2), out(count * 2);
-    ASSERT_EQ(cudaMemcpy(in.get(), host.data(), count * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpyAsync(in.get(), host.data(), count * 2, cudaMemcpyHostToDevice, stream.get()),
+        cudaSuccess);
     ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), DType::kBF16, count, 0),
                            TensorView::flat(out.get(), DType::kBF16, count, 0), stream.stream()),
               Status::kOk);

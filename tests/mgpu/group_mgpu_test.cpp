@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/kernels.hpp"
@@ -222,6 +224,114 @@ TEST(MultiProcess, RegistrationAfterCapture) {
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+/// Sum over ranks of the wrong elements of this rank's LM-head exchange output.
+std::uint64_t lm_head_wrong(const void* out, DType t, std::int64_t rows, std::int64_t vocab,
+                            std::int64_t cols, std::int64_t first, std::uint64_t seed, Stream s) {
+  DeviceBuffer wrong(8);
+  EXPECT_EQ(cudaMemsetAsync(wrong.get(), 0, 8, reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
+  EXPECT_EQ(kernels::check_lm_head(out, t, rows, vocab, cols, first, seed,
+                                   static_cast<unsigned long long*>(wrong.get()), s),
+            Status::kOk);
+  EXPECT_EQ(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
+  std::uint64_t mine = 0;
+  cudaMemcpy(&mine, wrong.get(), 8, cudaMemcpyDeviceToHost);
+  std::uint64_t total = 0;
+  for (std::uint64_t w : g_boot->all_gather_value(mine)) total += w;
+  return total;
+}
+
+// The LM-head exchange across processes (IPC-mapped staging, and inputs registered after
+// capture), per-rank rows with a rank holding none, the fallback through the all-gather; and the
+// plain all-gather and all-to-all over peer memory.
+TEST(MultiProcess, LmHeadExchangeAndExchanges) {
+  const int rank = g_boot->rank();
+  const int world = g_boot->world_size();
+  StreamHolder stream;
+  const Stream s = stream.stream();
+  const std::int64_t vocab = 129280;
+  const std::int64_t cols = (vocab + world - 1) / world;
+  for (Switch a2a : {Switch::kAuto, Switch::kOff}) {
+    Options o = mgpu_options("auto");
+    o.lm_head_a2a = a2a;
+    // Captured exchanges read the inputs in place (IPC-registered when the scope closes).
+    o.custom_ar_register_min_bytes = 0;
+    Group g(*g_boot, g_device, o);
+    g.prepare_exchange();
+    for (bool equal : {true, false}) {
+      std::vector<std::int64_t> rows(static_cast<std::size_t>(world), 7);
+      if (!equal)
+        for (int r = 0; r < world; ++r) rows[static_cast<std::size_t>(r)] = r == 1 ? 0 : 3 + 2 * r;
+      std::int64_t total = 0;
+      std::int64_t first = 0;
+      for (int r = 0; r < world; ++r) {
+        if (r == rank) first = total;
+        total += rows[static_cast<std::size_t>(r)];
+      }
+      const std::int64_t mine = rows[static_cast<std::size_t>(rank)];
+      const LmHeadLayout layout = equal ? LmHeadLayout::equal(7) : LmHeadLayout::counts(rows);
+      DeviceBuffer in(total * cols * 2), out(std::max<std::int64_t>(mine, 1) * vocab * 2);
+      const auto shards = TensorView::contiguous(in.get(), DType::kBF16, {total, cols}, g_device);
+      const auto result = TensorView::contiguous(out.get(), DType::kBF16, {mine, vocab}, g_device);
+      const std::string path = g.backend_for_lm_head_exchange(shards, result, layout);
+      EXPECT_EQ(path, a2a == Switch::kOff ? "all_gather:custom_ar:pull+copy" : "custom_ar:pull");
+      // Eager.
+      const std::uint64_t seed = 7100 + (equal ? 0u : 1u);
+      ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, total * cols, seed, rank, ReduceOp::kSum,
+                                   0, s),
+                Status::kOk);
+      ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), s), Status::kOk);
+      ASSERT_EQ(g.lm_head_exchange(shards, result, layout, s), Status::kOk) << g.last_error();
+      EXPECT_EQ(lm_head_wrong(out.get(), DType::kBF16, mine, vocab, cols, first, seed, s), 0u)
+          << path << (equal ? " equal" : " uneven");
+      // Captured once, replayed with new data.
+      cudaGraph_t graph = nullptr;
+      {
+        auto scope = g.capture(s);
+        ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
+                  cudaSuccess);
+        ASSERT_EQ(g.lm_head_exchange(shards, result, layout, s), Status::kOk) << g.last_error();
+        ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+        ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+      }
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      for (int replay = 0; replay < 2; ++replay) {
+        const std::uint64_t fresh = seed + 10 + static_cast<std::uint64_t>(replay);
+        ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, total * cols, fresh, rank,
+                                     ReduceOp::kSum, 0, s),
+                  Status::kOk);
+        ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), s),
+                  Status::kOk);
+        ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+        EXPECT_EQ(lm_head_wrong(out.get(), DType::kBF16, mine, vocab, cols, first, fresh, s), 0u)
+            << path << " replay " << replay;
+        EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+    // The plain exchanges over the same peer memory.
+    const std::int64_t n = 100003;
+    DeviceBuffer in(n * world * 4), out(n * world * 4);
+    for (kernels::Collective c :
+         {kernels::Collective::kAllGather, kernels::Collective::kAllToAll}) {
+      const bool gather = c == kernels::Collective::kAllGather;
+      const std::int64_t in_count = gather ? n : n * world;
+      const auto iv = TensorView::flat(in.get(), DType::kF32, in_count, g_device);
+      const auto ov = TensorView::flat(out.get(), DType::kF32, n * world, g_device);
+      EXPECT_EQ(gather ? g.backend_for_all_gather(iv, ov) : g.backend_for_all_to_all(iv, ov),
+                "custom_ar:pull");
+      ASSERT_EQ(kernels::fill_data(in.get(), DType::kF32, in_count, 77, rank, ReduceOp::kSum, 0, s),
+                Status::kOk);
+      ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), s), Status::kOk);
+      ASSERT_EQ(gather ? g.all_gather(iv, ov, s) : g.all_to_all(iv, ov, s), Status::kOk)
+          << g.last_error();
+      EXPECT_EQ(count_wrong(out.get(), DType::kF32, n * world, 77, c, 0, s), 0u)
+          << (gather ? "all_gather" : "all_to_all");
+    }
+  }
 }
 
 // NCCL through the group: every collective exact. Needs one GPU per rank (NCCL refuses two

@@ -1,0 +1,325 @@
+// SPDX-License-Identifier: Apache-2.0
+// The exchange (pull): after one barrier every rank copies what it receives straight out of each
+// peer's buffer into its own output. All-gather, all-to-all and the LM-head exchange are this one
+// kernel with different copy regions.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/check.hpp"
+#include "kernels/common/dispatch.cuh"
+#include "kernels/common/sync.cuh"
+#include "kernels/kernels.hpp"
+
+namespace tpcomm::kernels {
+
+// NOTE [exchange]
+// Each rank describes, per source rank, the rows it takes from that source's input and where
+// they land in its own output (`CopyRegion`): an all-gather takes all of every input, an
+// all-to-all one chunk of each, the LM-head exchange this rank's rows of every vocabulary shard,
+// written at that shard's column offset of the output, so the reassembly that SGLang does with a
+// separate permute and copy happens in the addressing of the one copy. The regions are computed
+// on every rank from the same shapes (src/exchange_plan.hpp), so every rank runs the same
+// barriers whatever it reads.
+//
+// A rank's input reaches its peers as in the barrier all-reduce (NOTE [staging] in
+// ipc/layout.hpp): registered inside a capture scope, else staged. Peers read any part of a
+// staged input, not only what the same block of this rank copied, so the staging copy is a kernel
+// of its own that completes before the exchange kernel starts (the exchange kernel's
+// `begin_launch` waits for it); the half it writes is chosen by the same operation count, read
+// from the signal pad on the device (a graph replays host-side counts wrongly).
+//
+// Accesses are `V` bytes wide, the widest that every region's offsets, pitches and row bytes,
+// and the output pointer, allow (16 for the usual shapes). Each source's region is a flat range
+// of accesses (row-major), split over every thread of the grid; sources are visited starting
+// with this rank's own and going round, so that ranks do not all read from one peer at once.
+
+namespace {
+
+template <int V>
+struct Access;
+template <>
+struct Access<16> {
+  using type = uint4;
+};
+template <>
+struct Access<8> {
+  using type = uint2;
+};
+template <>
+struct Access<4> {
+  using type = std::uint32_t;
+};
+template <>
+struct Access<2> {
+  using type = std::uint16_t;
+};
+template <>
+struct Access<1> {
+  using type = std::uint8_t;
+};
+
+/// Copies region `c` of `src` into `out` with `V`-byte accesses, four in flight per thread.
+template <int V>
+__device__ __forceinline__ void copy_region(const char* src, char* out, const CopyRegion& c,
+                                            std::uint64_t first, std::uint64_t stride) {
+  using A = typename Access<V>::type;
+  const auto per_row = static_cast<std::uint32_t>(c.row_bytes / V);
+  if (per_row == 0 || c.rows == 0) return;
+  const std::uint64_t n = static_cast<std::uint64_t>(c.rows) * per_row;  // < 2^32 (launcher)
+  src += c.src_offset;
+  out += c.dst_offset;
+  constexpr int kUnroll = 4;
+  for (std::uint64_t i = first; i < n; i += kUnroll * stride) {
+    A v[kUnroll];
+    std::int64_t at[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::uint64_t k = i + u * stride;
+      if (k < n) {
+        const std::uint32_t row = static_cast<std::uint32_t>(k) / per_row;
+        const std::uint32_t col = static_cast<std::uint32_t>(k) - row * per_row;
+        v[u] = *reinterpret_cast<const A*>(src + row * c.src_pitch + std::int64_t{col} * V);
+        at[u] = row * c.dst_pitch + std::int64_t{col} * V;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (i + u * stride < n) *reinterpret_cast<A*>(out + at[u]) = v[u];
+  }
+}
+
+__device__ __forceinline__ char* staging_half(const ExchangeParams& p, int rank,
+                                              std::uint32_t seq) {
+  return p.staging[rank] + static_cast<std::int64_t>(seq & 1u) * p.half_bytes;
+}
+
+/// Copies this rank's input into its staging half of the coming operation (NOTE [exchange]).
+template <int V>
+__global__ void __launch_bounds__(1024) exchange_stage_kernel(ExchangeParams p) {
+  begin_launch();
+  if (p.world_size == 0) return;  // a warm-up launch (NOTE [first launch])
+  // The coming operation's number: every entry holds the last count after a complete launch.
+  const std::uint32_t seq = p.pads[p.rank]->seq[0] + 1u;
+  CopyRegion all{0, 0, 0, 0, 1, p.input_bytes / V * V};
+  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  char* dst = staging_half(p, p.rank, seq);
+  const char* in = static_cast<const char*>(p.input);
+  copy_region<V>(in, dst, all, first, stride);
+  if (first == 0)
+    for (std::int64_t b = all.row_bytes; b < p.input_bytes; ++b) dst[b] = in[b];
+}
+
+template <int R, int V>
+__global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
+  begin_launch();
+  if (p.world_size == 0) return;  // a warm-up launch (NOTE [first launch])
+  __shared__ std::uint32_t seq_shared;
+  if (threadIdx.x == 0) seq_shared = p.pads[p.rank]->seq[blockIdx.x] + 1u;
+  const void* registered[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    registered[r] = p.registered != nullptr ? p.registered->ptr[r] : nullptr;
+  __syncthreads();
+  const std::uint32_t seq = seq_shared;
+  const char* src[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    src[r] = registered[r] != nullptr ? static_cast<const char*>(registered[r])
+                                      : staging_half(p, r, seq);
+  const WaitContext wait{p.timeout_ns, p.abort_flag, p.error, p.rank};
+  // Pattern 2 of NOTE [memory ordering]: every peer's input (staged by a kernel that completed
+  // before its exchange kernel began, or registered) is complete once its flag arrives.
+  if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 1, wait)) return;
+  if (!p.end_barrier) allow_next_launch();
+
+  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  char* out = static_cast<char*>(p.output);
+#pragma unroll
+  for (int k = 0; k < R; ++k) {
+    const int s = p.rank + k < R ? p.rank + k : p.rank + k - R;
+    // Chosen by comparison, not by indexing `src` at run time, which would move it to local
+    // memory; `p.from` stays in parameter space.
+    const char* base = src[0];
+#pragma unroll
+    for (int r = 1; r < R; ++r)
+      if (r == s) base = src[r];
+    copy_region<V>(base, out, p.from[s], first, stride);
+  }
+
+  // Registered inputs belong to their callers again when the kernel ends.
+  if (p.end_barrier) {
+    if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 3, wait)) return;
+    allow_next_launch();
+  }
+  end_launch(p.pads[p.rank]->seq, seq);
+}
+
+/// The local copy of `RegionCopyParams`: no peer, no barrier.
+template <int V>
+__global__ void __launch_bounds__(1024) region_copy_kernel(RegionCopyParams p) {
+  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  for (int i = 0; i < p.regions; ++i)
+    copy_region<V>(p.sources[i], static_cast<char*>(p.output), p.from[i], first, stride);
+}
+
+/// `f.template operator()<V>()` for an access width of 16, 8, 4, 2 or 1 bytes.
+template <class F>
+const void* dispatch_access(int bytes, F&& f) {
+  switch (bytes) {
+    case 16:
+      return f.template operator()<16>();
+    case 8:
+      return f.template operator()<8>();
+    case 4:
+      return f.template operator()<4>();
+    case 2:
+      return f.template operator()<2>();
+    case 1:
+      return f.template operator()<1>();
+    default:
+      return nullptr;
+  }
+}
+
+const void* exchange_function(int world_size, int access) noexcept {
+  const void* out = nullptr;
+  (void)dispatch_world_size(world_size, [&]<int R>() {
+    out = dispatch_access(
+        access, [&]<int V>() { return reinterpret_cast<const void*>(&exchange_kernel<R, V>); });
+    return Status::kOk;
+  });
+  return out;
+}
+
+const void* stage_function(int access) noexcept {
+  return dispatch_access(
+      access, [&]<int V>() { return reinterpret_cast<const void*>(&exchange_stage_kernel<V>); });
+}
+
+/// The widest access (16 down to 1 bytes) that divides every value of `values`.
+int widest_access(std::initializer_list<std::int64_t> values) {
+  int access = 16;
+  for (std::int64_t v : values)
+    while (v % access != 0) access /= 2;
+  return access;
+}
+
+std::int64_t address(const void* p) {
+  return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p));
+}
+
+/// The widest access that every one of `regions` regions of `from`, `output` and `sources`
+/// (when given) allow; 0 when a region is malformed or needs 2^32 accesses or more.
+int access_for(const CopyRegion* from, int regions, const void* output,
+               const char* const* sources) {
+  int access = widest_access({address(output)});
+  for (int r = 0; r < regions; ++r) {
+    const CopyRegion& c = from[r];
+    if (c.rows < 0 || c.row_bytes < 0) return 0;
+    if (c.rows == 0 || c.row_bytes == 0) continue;
+    access = std::min(
+        access, widest_access({c.src_offset, c.src_pitch, c.dst_offset, c.dst_pitch, c.row_bytes}));
+    if (sources != nullptr) access = std::min(access, widest_access({address(sources[r])}));
+  }
+  for (int r = 0; r < regions; ++r) {
+    const CopyRegion& c = from[r];
+    if (c.rows > 0 && c.rows * (c.row_bytes / access) >= (std::int64_t{1} << 32)) return 0;
+  }
+  return access;
+}
+
+Status launch(const void* function, const ExchangeParams& params, LaunchShape shape,
+              bool programmatic, Stream stream) noexcept {
+  ExchangeParams copy = params;
+  void* args[] = {&copy};
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(shape.blocks);
+  config.blockDim = dim3(shape.threads);
+  config.stream = reinterpret_cast<cudaStream_t>(stream);
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelExC(&config, function, args) == cudaSuccess ? Status::kOk
+                                                                     : Status::kCudaError;
+}
+
+}  // namespace
+
+Status launch_exchange(const ExchangeParams& params, LaunchShape shape, bool stage,
+                       bool programmatic, Stream stream) noexcept {
+  const int world = params.world_size;
+  if (world < 2 || world > kMaxRanks || params.rank < 0 || params.rank >= world ||
+      shape.blocks < 1 || shape.blocks > kMaxBlocks || shape.threads < 32 || shape.threads > 1024 ||
+      shape.threads % 32 != 0 || shape.threads < world)
+    return Status::kInvalidArgument;
+  // Staged and registered inputs are 16-byte aligned (registration requires it).
+  const int access = access_for(params.from, world, params.output, nullptr);
+  if (access == 0) return Status::kInvalidArgument;
+  if (stage) {
+    if (params.input_bytes > params.half_bytes) return Status::kInvalidArgument;
+    const int in_access = widest_access({address(params.input)});
+    if (params.input_bytes / in_access >= (std::int64_t{1} << 32)) return Status::kInvalidArgument;
+    TPCOMM_TRY(launch(stage_function(in_access), params, shape, programmatic, stream));
+  }
+  return launch(exchange_function(world, access), params, shape, programmatic, stream);
+}
+
+Status launch_region_copy(const RegionCopyParams& params, Stream stream) noexcept {
+  if (params.regions < 0 || params.regions > kMaxRanks) return Status::kInvalidArgument;
+  const int access = access_for(params.from, params.regions, params.output, params.sources);
+  if (access == 0) return Status::kInvalidArgument;
+  std::int64_t most = 0;
+  for (int r = 0; r < params.regions; ++r)
+    most = std::max(most, params.from[r].rows * (params.from[r].row_bytes / access));
+  constexpr int kThreads = 512;
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<std::int64_t>((most + 4 * kThreads - 1) / (4 * kThreads), 1, 1024));
+  RegionCopyParams copy = params;
+  void* args[] = {&copy};
+  const void* function = dispatch_access(
+      access, [&]<int V>() { return reinterpret_cast<const void*>(&region_copy_kernel<V>); });
+  return cudaLaunchKernel(function, dim3(blocks), dim3(kThreads), args, 0,
+                          reinterpret_cast<cudaStream_t>(stream)) == cudaSuccess
+             ? Status::kOk
+             : Status::kCudaError;
+}
+
+Status warm_up_exchange(int world_size, Stream stream) noexcept {
+  ExchangeParams empty{};  // world size 0: the kernels return at once
+  for (int access : {16, 8, 4, 2, 1}) {
+    const void* exchange = exchange_function(world_size, access);
+    if (exchange == nullptr) return Status::kInvalidArgument;
+    TPCOMM_TRY(launch(exchange, empty, {1, 32}, false, stream));
+    TPCOMM_TRY(launch(stage_function(access), empty, {1, 32}, false, stream));
+  }
+  // The region copy takes its access width from the output's alignment among others: an
+  // address of that alignment, never dereferenced (no region has rows), picks each width.
+  RegionCopyParams none{};
+  for (std::uintptr_t width : {16u, 8u, 4u, 2u, 1u}) {
+    none.output = reinterpret_cast<void*>(width);
+    TPCOMM_TRY(launch_region_copy(none, stream));
+  }
+  return Status::kOk;
+}
+
+int exchange_max_blocks_per_sm(int world_size, int threads) noexcept {
+  int most = 0;
+  for (int access : {16, 8, 4, 2, 1}) {
+    const void* function = exchange_function(world_size, access);
+    int blocks = 0;
+    if (function == nullptr ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, function, threads, 0) != cudaSuccess)
+      return 0;
+    most = most == 0 ? blocks : std::min(most, blocks);
+  }
+  return most;
+}
+
+}  // namespace tpcomm::kernels

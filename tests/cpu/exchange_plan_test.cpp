@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// The exchanges' copy regions (src/exchange_plan.hpp) against hand-computed tables, and the
+// exchange's selector.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "exchange_plan.hpp"
+#include "tune/selector.hpp"
+#include "tune/tuner.hpp"
+
+namespace tpcomm {
+namespace {
+
+using kernels::CopyRegion;
+
+bool same(const CopyRegion& a, const CopyRegion& b) {
+  return a.src_offset == b.src_offset && a.src_pitch == b.src_pitch &&
+         a.dst_offset == b.dst_offset && a.dst_pitch == b.dst_pitch && a.rows == b.rows &&
+         a.row_bytes == b.row_bytes;
+}
+
+TEST(ExchangePlan, AllGatherPlacesEachInputAtItsRank) {
+  const ExchangePlan p = plan_all_gather(100, 3, 1);
+  for (int s = 0; s < 3; ++s) EXPECT_TRUE(same(p.from[s], {0, 100, s * 100, 100, 1, 100})) << s;
+  EXPECT_EQ(p.input_bytes, 100);
+  EXPECT_EQ(p.largest_input, 100);
+}
+
+TEST(ExchangePlan, AllToAllTakesThisRanksChunk) {
+  const ExchangePlan p = plan_all_to_all(120, 4, 2);  // chunks of 30 bytes
+  for (int s = 0; s < 4; ++s) EXPECT_TRUE(same(p.from[s], {60, 30, s * 30, 30, 1, 30})) << s;
+  EXPECT_EQ(p.input_bytes, 120);
+}
+
+TEST(ExchangePlan, AllToAllWithCounts) {
+  // 3 ranks; counts[s][d] elements of 2 bytes from s to d.
+  const std::vector<std::int64_t> counts{1, 2, 3,  //
+                                         4, 0, 6,  //
+                                         7, 8, 9};
+  const ExchangePlan p = plan_all_to_all(counts, 2, 3, 1);
+  // Rank 1 receives 2 from rank 0 (after rank 0's 1 for rank 0), 0 from itself, 8 from rank 2.
+  EXPECT_TRUE(same(p.from[0], {2, 4, 0, 4, 1, 4}));
+  EXPECT_TRUE(same(p.from[1], {8, 0, 4, 0, 1, 0}));
+  EXPECT_TRUE(same(p.from[2], {14, 16, 4, 16, 1, 16}));
+  EXPECT_EQ(p.input_bytes, (4 + 0 + 6) * 2);
+  EXPECT_EQ(p.largest_input, (7 + 8 + 9) * 2);
+}
+
+TEST(ExchangePlan, LmHeadWritesEachShardAtItsColumns) {
+  // 4 ranks, rows {2, 0, 3, 1} (T = 6), shards of 10 columns, vocabulary 33 (padded to 40),
+  // 2-byte elements. Rank 2's rows are rows 2..4 of every shard.
+  const std::int64_t rows[] = {2, 0, 3, 1};
+  const ExchangePlan p = plan_lm_head(LmHeadLayout::counts(rows), 10, 33, 2, 4, 2);
+  EXPECT_TRUE(same(p.from[0], {40, 20, 0, 66, 3, 20}));
+  EXPECT_TRUE(same(p.from[1], {40, 20, 20, 66, 3, 20}));
+  EXPECT_TRUE(same(p.from[2], {40, 20, 40, 66, 3, 20}));
+  EXPECT_TRUE(same(p.from[3], {40, 20, 60, 66, 3, 6}));  // columns 30..32 only
+  EXPECT_EQ(p.input_bytes, 6 * 20);
+  EXPECT_EQ(p.largest_input, 6 * 20);
+  // A rank without rows copies nothing but still stages its shard for the others.
+  const ExchangePlan none = plan_lm_head(LmHeadLayout::counts(rows), 10, 33, 2, 4, 1);
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(none.from[s].rows, 0);
+  EXPECT_EQ(none.input_bytes, 6 * 20);
+}
+
+TEST(ExchangePlan, LmHeadEqualLayoutAndEmptyShards) {
+  // Vocabulary 1 over 8 ranks in shards of 8: only shard 0 has a column.
+  const ExchangePlan p = plan_lm_head(LmHeadLayout::equal(3), 8, 1, 4, 8, 5);
+  EXPECT_TRUE(same(p.from[0], {15 * 32, 32, 0, 4, 3, 4}));
+  for (int s = 1; s < 8; ++s) EXPECT_EQ(p.from[s].row_bytes, 0) << s;
+  EXPECT_EQ(lm_head_columns(0, 16160, 129280), 16160);
+  EXPECT_EQ(lm_head_columns(7, 16160, 129280), 16160);
+  EXPECT_EQ(lm_head_columns(7, 19008, 152000), 152000 - 7 * 19008);
+  EXPECT_EQ(lm_head_columns(8, 16160, 129280), 0);
+}
+
+SelectorCaps exchange_caps(int world) {
+  SelectorCaps caps;
+  caps.world_size = world;
+  caps.custom_available = true;
+  caps.max_bytes = 8 << 20;
+  caps.max_blocks = 24;
+  caps.exchange_max_bytes = 32 << 20;
+  return caps;
+}
+
+TEST(ExchangeSelector, ServesWhatTheStagingHolds) {
+  const SelectorCaps caps = exchange_caps(8);
+  EXPECT_EQ(select_exchange(1, caps, {}, nullptr), (ExchangeChoice{ExchangeAlgo::kPull, 1, 512}));
+  EXPECT_EQ(select_exchange(64 << 10, caps, {}, nullptr),
+            (ExchangeChoice{ExchangeAlgo::kPull, 2, 512}));
+  EXPECT_EQ(select_exchange(32 << 20, caps, {}, nullptr),
+            (ExchangeChoice{ExchangeAlgo::kPull, 24, 512}));
+  EXPECT_EQ(select_exchange((32 << 20) + 1, caps, {}, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(select_exchange(0, caps, {}, nullptr).algo, ExchangeAlgo::kNone);
+  // "nccl" pins the exchange too; an all-reduce algorithm does not.
+  EXPECT_EQ(select_exchange(1024, caps, Algo::kNone, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(select_exchange(1024, caps, Algo::kLamport, nullptr).algo, ExchangeAlgo::kPull);
+  SelectorCaps off = caps;
+  off.custom_available = false;
+  EXPECT_EQ(select_exchange(1024, off, {}, nullptr).algo, ExchangeAlgo::kNone);
+  SelectorCaps huge = caps;
+  huge.exchange_max_bytes = std::int64_t{8} << 30;
+  EXPECT_EQ(select_exchange(std::int64_t{4} << 30, huge, {}, nullptr).algo, ExchangeAlgo::kNone);
+}
+
+TEST(ExchangeSelector, TunedTableDecidesWithinTheCaps) {
+  const SelectorCaps caps = exchange_caps(8);
+  const TuneKey key{"NVIDIA H200", 8, "one-gpu", 12040, 22703, "0.1.0"};
+  const TuneTable table(key, {}, {},
+                        {{1 << 20, ExchangeChoice{ExchangeAlgo::kPull, 64, 1024}, 10.0},
+                         {2 << 20, ExchangeChoice{}, 12.0}});
+  // The tuned shape, with blocks clamped to the group's limit.
+  EXPECT_EQ(select_exchange(1000, caps, {}, &table),
+            (ExchangeChoice{ExchangeAlgo::kPull, 24, 1024}));
+  // `none`: NCCL won that bucket.
+  EXPECT_EQ(select_exchange(2 << 20, caps, {}, &table).algo, ExchangeAlgo::kNone);
+  // Past the table, or a table of another world size: the built-in choice.
+  EXPECT_EQ(select_exchange((2 << 20) + 1, caps, {}, &table),
+            select_exchange((2 << 20) + 1, caps, {}, nullptr));
+  const TuneTable other(TuneKey{"NVIDIA H200", 4, "one-gpu", 12040, 22703, "0.1.0"}, {}, {},
+                        table.exchange_entries());
+  EXPECT_EQ(select_exchange(1000, caps, {}, &other), select_exchange(1000, caps, {}, nullptr));
+  // "nccl" wins over the table.
+  EXPECT_EQ(select_exchange(1000, caps, Algo::kNone, &table).algo, ExchangeAlgo::kNone);
+}
+
+TEST(ExchangeTuner, CandidatesStayWithinTheLimits) {
+  SelectorCaps caps = exchange_caps(4);
+  caps.max_blocks = 12;
+  const auto small = exchange_candidates(512, caps);
+  ASSERT_FALSE(small.empty());
+  for (const ExchangeChoice& c : small) {
+    EXPECT_EQ(c.algo, ExchangeAlgo::kPull);
+    EXPECT_LE(c.blocks, 2);  // 32 accesses: one block of any size, and one step past it
+  }
+  const auto large = exchange_candidates(8 << 20, caps);
+  int most = 0;
+  for (std::size_t i = 0; i < large.size(); ++i) {
+    most = std::max(most, large[i].blocks);
+    if (i > 0) {
+      EXPECT_LE(large[i - 1].blocks, large[i].blocks) << "fewest blocks first";
+    }
+  }
+  EXPECT_EQ(most, 12);
+}
+
+TEST(ExchangeRegistry, NamesAreUniqueAndApartFromTheAllReduce) {
+  for (const ExchangeInfo& e : kExchangeAlgorithms) {
+    EXPECT_EQ(info(e.algo).name, e.name);
+    EXPECT_EQ(to_string(e.algo), e.name);
+    EXPECT_GE(e.max_blocks, 1);
+    EXPECT_LE(e.max_blocks, kMaxBlocks);
+    EXPECT_FALSE(parse_algo(e.name).has_value()) << e.name << " is also an all-reduce name";
+  }
+  EXPECT_EQ(to_string(ExchangeAlgo::kNone), "none");
+}
+
+}  // namespace
+}  // namespace tpcomm
