@@ -14,12 +14,14 @@
 namespace tpcomm {
 
 /// One rank's exchange: the region it copies from each rank, the bytes of its own input (what
-/// it stages for its peers), and the largest input of any rank, which every rank computes
-/// alike and which decides whether the custom kernels serve the call.
+/// it stages for its peers), and, computed alike on every rank, the largest input of any rank
+/// (which decides whether the staging holds the call) and the most bytes any rank receives
+/// (which sizes the launch).
 struct ExchangePlan {
   std::array<kernels::CopyRegion, kMaxRanks> from{};
   std::int64_t input_bytes = 0;
   std::int64_t largest_input = 0;
+  std::int64_t largest_output = 0;
 };
 
 /// All-gather of `bytes` bytes per rank: rank r's input lands at byte `r * bytes` of the output.

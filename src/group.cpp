@@ -66,7 +66,8 @@ class CustomArBackend final : public Backend {
     return select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, ar_->caps(), pinned_, *table_);
   }
   ExchangeChoice choose_exchange(const Request& r) const noexcept {
-    return select_exchange(r.plan->largest_input, ar_->caps(), pinned_, *table_);
+    return select_exchange(r.plan->largest_input, r.plan->largest_output, ar_->caps(), pinned_,
+                           *table_);
   }
   static bool exchanges(Op op) noexcept {
     return op == Op::kAllGather || op == Op::kAllToAll || op == Op::kLmHeadExchange;
@@ -594,6 +595,7 @@ Status Group::all_gather(const TensorView& in, const TensorView& out, Stream str
   Impl& m = *impl_;
   TPCOMM_TRY(m.poll_health());
   TPCOMM_TRY(m.check_pair(in, out, 1, world_size(), "all_gather"));
+  if (in.numel() == 0) return Status::kOk;  // the same on every rank
   Request req{Op::kAllGather, in, out, ReduceOp::kSum, -1, false};
   ExchangePlan plan;
   if (m.custom != nullptr) {
@@ -621,6 +623,7 @@ Status Group::all_to_all(const TensorView& in, const TensorView& out, Stream str
                                  world_size(), " ranks"));
   if (overlaps(in, out))
     return m.fail(Status::kInvalidArgument, "all_to_all: input and output overlap");
+  if (in.numel() == 0) return Status::kOk;  // the same on every rank
   Request req{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false};
   ExchangePlan plan;
   if (m.custom != nullptr) {
@@ -643,12 +646,14 @@ Status Group::all_to_all(const TensorView& in, const TensorView& out,
                                  world, " (elements from each rank to each rank)"));
   std::int64_t sent = 0;
   std::int64_t received = 0;
+  std::int64_t moved = 0;  // by every rank: zero means nothing to do anywhere
   for (int s = 0; s < world; ++s) {
     for (int d = 0; d < world; ++d) {
       const std::int64_t c = counts[static_cast<std::size_t>(s) * world + d];
       if (c < 0)
         return m.fail(Status::kInvalidArgument,
                       detail::concat("all_to_all: count from rank ", s, " to rank ", d, " is ", c));
+      moved += c;
     }
     sent += counts[static_cast<std::size_t>(rank()) * world + s];
     received += counts[static_cast<std::size_t>(s) * world + rank()];
@@ -664,6 +669,7 @@ Status Group::all_to_all(const TensorView& in, const TensorView& out,
                                  " and the output ", out.numel()));
   if (overlaps(in, out))
     return m.fail(Status::kInvalidArgument, "all_to_all: input and output overlap");
+  if (moved == 0) return Status::kOk;
   Request req{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false};
   req.counts = counts.data();
   ExchangePlan plan;

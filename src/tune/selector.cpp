@@ -153,7 +153,8 @@ const char* why_not_fused(std::int64_t rows, std::int64_t hidden, DType dtype,
   return why;
 }
 
-ExchangeChoice select_exchange(std::int64_t largest_input, const SelectorCaps& caps, Pinned pinned,
+ExchangeChoice select_exchange(std::int64_t largest_input, std::int64_t largest_output,
+                               const SelectorCaps& caps, Pinned pinned,
                                const TuneTable* table) noexcept {
   if (!caps.custom_available || caps.world_size < 2 || caps.world_size > kMaxRanks ||
       caps.max_blocks < 1 || largest_input <= 0 || largest_input > caps.exchange_max_bytes ||
@@ -161,7 +162,7 @@ ExchangeChoice select_exchange(std::int64_t largest_input, const SelectorCaps& c
     return {};
   if (pinned && *pinned == Algo::kNone) return {};
   if (table != nullptr && table->key().world_size == caps.world_size) {
-    if (auto tuned = table->lookup_exchange(largest_input)) {
+    if (auto tuned = table->lookup_exchange(largest_output)) {
       if (tuned->algo == ExchangeAlgo::kNone) return {};
       tuned->blocks =
           std::clamp(tuned->blocks, 1, std::min(caps.max_blocks, info(tuned->algo).max_blocks));
@@ -176,7 +177,7 @@ ExchangeChoice select_exchange(std::int64_t largest_input, const SelectorCaps& c
   if (best == nullptr) return {};
   constexpr std::int64_t kBytesPerBlock = std::int64_t{32} << 10;
   const auto blocks =
-      std::clamp<std::int64_t>((largest_input + kBytesPerBlock - 1) / kBytesPerBlock, 1,
+      std::clamp<std::int64_t>((largest_output + kBytesPerBlock - 1) / kBytesPerBlock, 1,
                                std::min(caps.max_blocks, best->max_blocks));
   return {best->algo, static_cast<int>(blocks), kDefaultThreads};
 }

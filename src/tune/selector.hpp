@@ -120,17 +120,20 @@ inline constexpr int kDefaultThreads = 512;
                                         const TuneTable* table) noexcept;
 
 /// Chooses how the custom backend serves an exchange (all-gather, all-to-all, the LM-head
-/// exchange) whose largest rank's input is `largest_input` bytes, or `ExchangeAlgo::kNone`
-/// (NCCL then serves it). Pure and fed only rank-invariant inputs, like `select_all_reduce`:
+/// exchange) whose largest rank's input is `largest_input` bytes and in which no rank receives
+/// more than `largest_output` bytes, or `ExchangeAlgo::kNone` (NCCL then serves it). Pure and
+/// fed only rank-invariant inputs, like `select_all_reduce`:
 /// 1. hard requirements, else `kNone`: `caps.custom_available`; 2 <= world size <= 8;
 ///    `caps.max_blocks` >= 1; 0 < `largest_input` <= `caps.exchange_max_bytes` and below 4 GiB;
 /// 2. `pinned` "nccl" gives `kNone` (an all-reduce algorithm pins nothing here);
-/// 3. the tuned table's exchange bucket for `largest_input`, where `table` is not null, was
-///    tuned for this world size and has exchange buckets that cover it (`none` there: NCCL);
+/// 3. the tuned table's exchange bucket for `largest_output` (the work of the busiest rank),
+///    where `table` is not null, was tuned for this world size and has exchange buckets that
+///    cover it (`none` there: NCCL);
 /// 4. the lowest `ExchangeInfo::built_in` order whose bound holds `largest_input`, with
-///    `kDefaultThreads` threads and one block per 32 KiB of `largest_input`;
+///    `kDefaultThreads` threads and one block per 32 KiB of `largest_output`;
 /// `blocks` always clamped to [1, min(caps.max_blocks, the algorithm's max_blocks)].
-[[nodiscard]] ExchangeChoice select_exchange(std::int64_t largest_input, const SelectorCaps& caps,
+[[nodiscard]] ExchangeChoice select_exchange(std::int64_t largest_input,
+                                             std::int64_t largest_output, const SelectorCaps& caps,
                                              Pinned pinned, const TuneTable* table) noexcept;
 
 }  // namespace tpcomm

@@ -57,8 +57,8 @@ struct TuneEntry {
   friend bool operator==(const TuneEntry&, const TuneEntry&) = default;
 };
 
-/// One size bucket of the exchanges (all-gather, all-to-all, the LM head's), by the bytes of
-/// the largest rank's input: the exchange algorithm and launch shape that was fastest.
+/// One size bucket of the exchanges (all-gather, all-to-all, the LM head's), by the most bytes
+/// any rank receives: the exchange algorithm and launch shape that was fastest.
 struct ExchangeEntry {
   std::int64_t max_bytes = 0;
   ExchangeChoice choice;
@@ -93,7 +93,7 @@ struct ExchangeEntry {
 /// >= 0). Bucket lines of the fused all-reduce + residual add + RMSNorm (sized by the bytes of
 /// its input) are the same five fields after the word `fused`, with their own increasing
 /// bounds and an algorithm that fuses (or `none`: the fallback won); a table without them is
-/// still valid. Bucket lines of the exchanges (by the bytes of the largest rank's input) are the
+/// still valid. Bucket lines of the exchanges (by the most bytes any rank receives) are the
 /// same five fields after the word `exchange`, with an exchange algorithm's name
 /// (`kExchangeAlgorithms`) or `none` (NCCL serves); also optional.
 class TuneTable {

@@ -39,14 +39,14 @@ constexpr std::int64_t tune_fused_hidden(std::int64_t bytes) noexcept {
 std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
                                   const TimeCandidate& time);
 
-/// Microseconds per exchange with `choice` whose largest input is `bytes` bytes. Collective, as
-/// `TimeCandidate`.
+/// Microseconds per exchange with `choice` in which every rank receives `bytes` bytes.
+/// Collective, as `TimeCandidate`.
 using TimeExchange = std::function<double(const ExchangeChoice& choice, std::int64_t bytes)>;
 
-/// Times every `exchange_candidates` per size bucket of `TuneTable::bucket_bounds(
-/// caps.exchange_max_bytes)` with `time`; rank 0's times decide, as in `tune_all_reduce`. The
-/// buckets of the table's `exchange` lines. Only the custom exchange is measured (NCCL is not a
-/// candidate here: it serves what the staging cannot hold). Collective.
+/// Times every `exchange_candidates` per size bucket (bytes received by a rank) of
+/// `TuneTable::bucket_bounds(caps.exchange_max_bytes)` with `time`; rank 0's times decide, as in
+/// `tune_all_reduce`. The buckets of the table's `exchange` lines. Only the custom exchange is
+/// measured (NCCL is not a candidate here: it serves what the staging cannot hold). Collective.
 std::vector<ExchangeEntry> tune_exchange(const SelectorCaps& caps, Bootstrap& boot,
                                          const TimeExchange& time);
 

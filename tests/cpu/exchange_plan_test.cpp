@@ -88,22 +88,25 @@ SelectorCaps exchange_caps(int world) {
 
 TEST(ExchangeSelector, ServesWhatTheStagingHolds) {
   const SelectorCaps caps = exchange_caps(8);
-  EXPECT_EQ(select_exchange(1, caps, {}, nullptr), (ExchangeChoice{ExchangeAlgo::kPull, 1, 512}));
-  EXPECT_EQ(select_exchange(64 << 10, caps, {}, nullptr),
+  EXPECT_EQ(select_exchange(1, 1, caps, {}, nullptr),
+            (ExchangeChoice{ExchangeAlgo::kPull, 1, 512}));
+  EXPECT_EQ(select_exchange(64 << 10, 64 << 10, caps, {}, nullptr),
             (ExchangeChoice{ExchangeAlgo::kPull, 2, 512}));
-  EXPECT_EQ(select_exchange(32 << 20, caps, {}, nullptr),
+  EXPECT_EQ(select_exchange(32 << 20, 32 << 20, caps, {}, nullptr),
             (ExchangeChoice{ExchangeAlgo::kPull, 24, 512}));
-  EXPECT_EQ(select_exchange((32 << 20) + 1, caps, {}, nullptr).algo, ExchangeAlgo::kNone);
-  EXPECT_EQ(select_exchange(0, caps, {}, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(select_exchange((32 << 20) + 1, (32 << 20) + 1, caps, {}, nullptr).algo,
+            ExchangeAlgo::kNone);
+  EXPECT_EQ(select_exchange(0, 0, caps, {}, nullptr).algo, ExchangeAlgo::kNone);
   // "nccl" pins the exchange too; an all-reduce algorithm does not.
-  EXPECT_EQ(select_exchange(1024, caps, Algo::kNone, nullptr).algo, ExchangeAlgo::kNone);
-  EXPECT_EQ(select_exchange(1024, caps, Algo::kLamport, nullptr).algo, ExchangeAlgo::kPull);
+  EXPECT_EQ(select_exchange(1024, 1024, caps, Algo::kNone, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(select_exchange(1024, 1024, caps, Algo::kLamport, nullptr).algo, ExchangeAlgo::kPull);
   SelectorCaps off = caps;
   off.custom_available = false;
-  EXPECT_EQ(select_exchange(1024, off, {}, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(select_exchange(1024, 1024, off, {}, nullptr).algo, ExchangeAlgo::kNone);
   SelectorCaps huge = caps;
   huge.exchange_max_bytes = std::int64_t{8} << 30;
-  EXPECT_EQ(select_exchange(std::int64_t{4} << 30, huge, {}, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(select_exchange(std::int64_t{4} << 30, std::int64_t{4} << 30, huge, {}, nullptr).algo,
+            ExchangeAlgo::kNone);
 }
 
 TEST(ExchangeSelector, TunedTableDecidesWithinTheCaps) {
@@ -113,18 +116,19 @@ TEST(ExchangeSelector, TunedTableDecidesWithinTheCaps) {
                         {{1 << 20, ExchangeChoice{ExchangeAlgo::kPull, 64, 1024}, 10.0},
                          {2 << 20, ExchangeChoice{}, 12.0}});
   // The tuned shape, with blocks clamped to the group's limit.
-  EXPECT_EQ(select_exchange(1000, caps, {}, &table),
+  EXPECT_EQ(select_exchange(1000, 1000, caps, {}, &table),
             (ExchangeChoice{ExchangeAlgo::kPull, 24, 1024}));
   // `none`: NCCL won that bucket.
-  EXPECT_EQ(select_exchange(2 << 20, caps, {}, &table).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(select_exchange(2 << 20, 2 << 20, caps, {}, &table).algo, ExchangeAlgo::kNone);
   // Past the table, or a table of another world size: the built-in choice.
-  EXPECT_EQ(select_exchange((2 << 20) + 1, caps, {}, &table),
-            select_exchange((2 << 20) + 1, caps, {}, nullptr));
+  EXPECT_EQ(select_exchange((2 << 20) + 1, (2 << 20) + 1, caps, {}, &table),
+            select_exchange((2 << 20) + 1, (2 << 20) + 1, caps, {}, nullptr));
   const TuneTable other(TuneKey{"NVIDIA H200", 4, "one-gpu", 12040, 22703, "0.1.0"}, {}, {},
                         table.exchange_entries());
-  EXPECT_EQ(select_exchange(1000, caps, {}, &other), select_exchange(1000, caps, {}, nullptr));
+  EXPECT_EQ(select_exchange(1000, 1000, caps, {}, &other),
+            select_exchange(1000, 1000, caps, {}, nullptr));
   // "nccl" wins over the table.
-  EXPECT_EQ(select_exchange(1000, caps, Algo::kNone, &table).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(select_exchange(1000, 1000, caps, Algo::kNone, &table).algo, ExchangeAlgo::kNone);
 }
 
 TEST(ExchangeTuner, CandidatesStayWithinTheLimits) {

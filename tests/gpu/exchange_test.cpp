@@ -460,6 +460,13 @@ TEST(LmHeadExchange, BadArguments) {
                            stream.stream()),
               Status::kInvalidArgument);
     EXPECT_NE(g.last_error().find("expected 2 x 2"), std::string::npos) << g.last_error();
+    // Nothing to move anywhere: done at once, on every rank alike.
+    const std::int64_t zeros[] = {0, 0, 0, 0};
+    const auto none = TensorView::flat(in.get(), DType::kBF16, 0, 0);
+    const auto none_out = TensorView::flat(out.get(), DType::kBF16, 0, 0);
+    EXPECT_EQ(g.all_to_all(none, none_out, zeros, stream.stream()), Status::kOk) << g.last_error();
+    EXPECT_EQ(g.all_gather(none, none_out, stream.stream()), Status::kOk) << g.last_error();
+    EXPECT_EQ(g.all_to_all(none, none_out, stream.stream()), Status::kOk) << g.last_error();
     boot.barrier();
   });
 }
