@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -380,6 +381,56 @@ TEST(Exchange, AllGatherAndAllToAll) {
         }
       }
       boot.barrier();
+    });
+  }
+}
+
+// World size 1: the exchange is a copy of the rows into place, through the local backend or,
+// with TPCOMM_ALGO=nccl, through NCCL (which runs at world size 1 on one GPU), whose
+// peer-to-peer buffers `prepare_exchange` sets up with a warm-up all-to-all.
+TEST(LmHeadExchange, WorldSizeOneLocallyAndThroughNccl) {
+  for (const char* algo : {"auto", "nccl"}) {
+    SCOPED_TRACE(algo);
+    run_ranks(1, [&](int, Bootstrap& boot) {
+      Options o = exchange_options();
+      o.algo = algo;
+      std::unique_ptr<Group> g;
+      try {
+        g = std::make_unique<Group>(boot, 0, o);
+        g->prepare_exchange(std::int64_t{1} << 20);
+      } catch (const Error& e) {
+        if (std::string(algo) == "nccl") GTEST_SKIP() << "no NCCL here: " << e.what();
+        throw;
+      }
+      StreamHolder stream;
+      const LmCase c{1000, 5, true, DType::kBF16};
+      const std::int64_t cols = shard_cols(c.vocab, 1);
+      DeviceBuffer in(static_cast<std::size_t>(c.rows * cols * 2));
+      DeviceBuffer out(static_cast<std::size_t>(c.rows * c.vocab * 2));
+      const std::uint64_t seed = fresh_seed();
+      ASSERT_EQ(upload(in.get(), input_of(seed, 0, c.rows * cols, 2), stream.get()), cudaSuccess);
+      ASSERT_EQ(kernels::poison(out.get(), c.rows * c.vocab * 2, stream.stream()), Status::kOk);
+      const auto shards = TensorView::contiguous(in.get(), c.dtype, {c.rows, cols}, 0);
+      const auto result = TensorView::contiguous(out.get(), c.dtype, {c.rows, c.vocab}, 0);
+      EXPECT_EQ(g->backend_for_lm_head_exchange(shards, result, LmHeadLayout::equal(c.rows)),
+                std::string(algo) == "nccl" ? "all_gather:nccl+copy" : "all_gather:local+copy");
+      ASSERT_EQ(g->lm_head_exchange(shards, result, LmHeadLayout::equal(c.rows), stream.stream()),
+                Status::kOk)
+          << g->last_error();
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      const auto got = testing::to_host(out.get(), static_cast<std::size_t>(c.rows * c.vocab * 2));
+      EXPECT_EQ(lm_head_wrong(got, c, rows_per_rank(1, c.rows, true), 1, 0, seed), 0);
+      // An all-to-all with per-peer counts, to itself: its 7 elements land at the output's start.
+      const std::int64_t counts[] = {7};
+      ASSERT_EQ(
+          g->all_to_all(TensorView::flat(in.get(), DType::kBF16, 7, 0),
+                        TensorView::flat(out.get(), DType::kBF16, 7, 0), counts, stream.stream()),
+          Status::kOk)
+          << g->last_error();
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      const auto seven = testing::to_host(out.get(), 14);
+      for (std::int64_t i = 0; i < 7; ++i)
+        EXPECT_TRUE(equals(seven.data() + i * 2, seed, 0, i, 2)) << "element " << i;
     });
   }
 }
