@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bootstrap/socket.hpp"
+#include "core/check.hpp"
 #include "tools/commands.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/store.hpp"
@@ -28,6 +29,15 @@ int run_store(const StoreArgs& args) {
                                               : "127.0.0.1";
   config.port = args.port;
   config.token = options.store_token;
+  if (args.bind.empty() && !options.store_bind.empty()) {
+    // Resolved here first so that an address that does not resolve names its variable.
+    try {
+      (void)net::resolve(options.store_bind, 0, /*passive=*/true);
+    } catch (const Error& e) {
+      TPCOMM_THROW(e.status(), "TPCOMM_STORE_BIND=\"", options.store_bind,
+                   "\" is not valid: ", e.what());
+    }
+  }
 
   // Block the signals before the server's threads start, so they inherit the mask and only
   // sigwait below sees them.

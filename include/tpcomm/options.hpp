@@ -26,7 +26,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// |---|---|---|
 /// | `TPCOMM_LOG` | `log_level` | `warn` |
 /// | `TPCOMM_NCCL_PATH` | `nccl_path` | `libnccl.so.2` |
-/// | `TPCOMM_TIMEOUT_MS` | `timeout_ms` | 30000 |
+/// | `TPCOMM_TIMEOUT_MS` | `timeout_ms` | 30000 (at most `kMaxTimeoutMs`, 365 days) |
 /// | `TPCOMM_ALGO` | `algo` | `auto` |
 /// | `TPCOMM_TUNE_FILE` | `tune_file` | `$XDG_CACHE_HOME/tpcomm/tune-w<world>-<gpu>.txt` |
 /// | `TPCOMM_CUSTOM_AR_MAX_BYTES` | `custom_ar_max_bytes` | 8 MiB |
@@ -36,13 +36,19 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
 /// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
-/// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication) |
+/// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
 struct Options {
   LogLevel log_level = LogLevel::kWarn;
   /// Path or soname handed to dlopen for NCCL.
   std::string nccl_path = "libnccl.so.2";
+  /// Longest `timeout_ms`, in milliseconds: 365 days. `from_env` refuses a larger
+  /// `TPCOMM_TIMEOUT_MS` with an error naming the variable (it does not clamp it); a larger value
+  /// set in code is used as this cap. Every deadline (`now + timeout`, in nanoseconds for the
+  /// kernels and NCCL) stays far from overflowing at the cap.
+  static constexpr std::int64_t kMaxTimeoutMs = std::int64_t{365} * 24 * 3600 * 1000;
   /// Deadline for every wait: store operations, kernel spin-waits, NCCL completion polling.
+  /// Positive, at most `kMaxTimeoutMs`.
   std::int64_t timeout_ms = 30000;
   /// The all-reduce algorithm: "auto" (the tuned table, else the built-in choice; NCCL serves
   /// what the custom kernels do not), "nccl" (NCCL for everything), or the name of one custom
@@ -75,7 +81,9 @@ struct Options {
   /// fallback (an all-gather of the shards, then a copy of the local rows: SGLang's path before
   /// the all-to-all); auto and on let the custom exchange serve where it can.
   Switch lm_head_a2a = Switch::kAuto;
-  /// Shared secret every store client must present; empty disables the check.
+  /// Shared secret every store client must present, at most 1024 bytes (`from_env` refuses a
+  /// longer `TPCOMM_STORE_TOKEN`, naming the variable); empty disables the check, and an empty
+  /// `TPCOMM_STORE_TOKEN=` counts as unset.
   std::string store_token;
   /// Address the store server binds to; empty means the default rule above.
   std::string store_bind;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <vector>
@@ -333,7 +334,11 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   impl->world = world;
   impl->register_min_bytes = options.custom_ar_register_min_bytes;
   impl->programmatic = options.programmatic_launch;
-  impl->timeout_ns = static_cast<std::uint64_t>(options.timeout_ms) * 1000000ull;
+  // Clamped as Options documents, so that the product cannot overflow (far from it).
+  static_assert(Options::kMaxTimeoutMs <= std::numeric_limits<std::int64_t>::max() / 1000000);
+  impl->timeout_ns = static_cast<std::uint64_t>(
+                         std::clamp<std::int64_t>(options.timeout_ms, 1, Options::kMaxTimeoutMs)) *
+                     1000000ull;
   const std::int64_t lamport_max_bytes =
       std::min(options.lamport_max_bytes, options.custom_ar_max_bytes);
   impl->layout = WorkspaceLayout::make(options.custom_ar_max_bytes, lamport_max_bytes, world);

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <span>
@@ -230,7 +231,9 @@ struct NcclComm::Impl {
       return refuse(Status::kInvalidArgument,
                     "wait: the stream is being captured into a CUDA graph");
     }
-    const auto deadline = Clock::now() + limit;
+    // The caller's limit may be anything; clamped, `now + limit` cannot overflow.
+    const auto deadline =
+        Clock::now() + std::clamp(limit, Milliseconds{0}, Milliseconds{Options::kMaxTimeoutMs});
     Backoff backoff;
     for (;;) {
       const cudaError_t e = cudaStreamQuery(stream);
@@ -344,7 +347,7 @@ NcclComm::NcclComm(Bootstrap& bootstrap, int device, const Options& options, boo
   s.rank = bootstrap.rank();
   s.world_size = bootstrap.world_size();
   s.device = device;
-  s.timeout = Milliseconds(options.timeout_ms);
+  s.timeout = Milliseconds(std::clamp<std::int64_t>(options.timeout_ms, 1, Options::kMaxTimeoutMs));
   s.enabled = enabled;
   const ncclUniqueId id = s.share_id(bootstrap, options);
   const std::string who =

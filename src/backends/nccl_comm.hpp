@@ -116,7 +116,8 @@ class NcclComm {
   /// asynchronous error: `kOk` when the stream is done; on an NCCL error (`kNcclError`), a
   /// CUDA error (`kCudaError`) or when `timeout` passes first (`kTimeout`) the communicator is
   /// aborted and the status returned. `kInvalidArgument` on a stream under capture. Works
-  /// whether or not the communicator is enabled. Not collective.
+  /// whether or not the communicator is enabled. Not collective. `timeout` is clamped to
+  /// 0..`Options::kMaxTimeoutMs`.
   [[nodiscard]] Status wait(Stream stream, Milliseconds timeout) noexcept;
   /// `wait` with the communicator's timeout (`Options::timeout_ms`).
   [[nodiscard]] Status wait(Stream stream) noexcept;

@@ -250,6 +250,13 @@ Bootstrap Bootstrap::from_launch_info(const LaunchInfo& info, const Options& opt
     config.host_server = true;
     config.server.token = options.store_token;
     if (!options.store_bind.empty()) {
+      // Resolved here first so that an address that does not resolve names its variable.
+      try {
+        (void)net::resolve(options.store_bind, 0, /*passive=*/true);
+      } catch (const Error& e) {
+        TPCOMM_THROW(e.status(), "TPCOMM_STORE_BIND=\"", options.store_bind,
+                     "\" is not valid: ", e.what());
+      }
       config.server.bind = options.store_bind;
     } else if (net::is_loopback(info.store_host)) {
       config.server.bind = info.store_host.find(':') != std::string::npos ? "::1" : "127.0.0.1";

@@ -8,6 +8,7 @@
 #include <limits>
 #include <utility>
 
+#include "bootstrap/wire.hpp"
 #include "core/check.hpp"
 #include "core/parse.hpp"
 #include "tpcomm/options.hpp"
@@ -117,7 +118,11 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   if (auto v = getenv("TPCOMM_NCCL_PATH"); v && !v->empty()) o.nccl_path = *v;
   if (auto v = getenv("TPCOMM_TIMEOUT_MS")) {
     auto t = parse_int(*v);
-    if (!t || *t <= 0) bad("TPCOMM_TIMEOUT_MS", *v, "a positive number of milliseconds");
+    if (!t || *t <= 0 || *t > kMaxTimeoutMs) {
+      bad("TPCOMM_TIMEOUT_MS", *v,
+          detail::concat("a positive number of milliseconds, at most ", kMaxTimeoutMs,
+                         " (365 days)"));
+    }
     o.timeout_ms = *t;
   }
   if (auto v = getenv("TPCOMM_ALGO")) {
@@ -158,7 +163,14 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
     if (!s) bad("TPCOMM_LM_HEAD_A2A", *v, "auto, 1 or 0 (or on/off, true/false)");
     o.lm_head_a2a = *s;
   }
-  if (auto v = getenv("TPCOMM_STORE_TOKEN")) o.store_token = *v;
+  if (auto v = getenv("TPCOMM_STORE_TOKEN")) {
+    // The value is a secret: the message gives its length, never its bytes.
+    if (v->size() > wire::kMaxTokenBytes) {
+      TPCOMM_THROW(Status::kInvalidArgument, "TPCOMM_STORE_TOKEN is not valid: the store token is ",
+                   v->size(), " bytes, longer than ", wire::kMaxTokenBytes, " bytes");
+    }
+    o.store_token = *v;
+  }
   if (auto v = getenv("TPCOMM_STORE_BIND")) o.store_bind = *v;
   return o;
 }

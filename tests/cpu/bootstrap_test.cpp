@@ -253,6 +253,26 @@ TEST(Bootstrap, ThreeProcessesOverTcp) {
   for (pid_t pid : pids) EXPECT_EQ(testing::wait_child(pid, 30s), 0);
 }
 
+// A store address from TPCOMM_STORE_BIND that does not resolve names the variable.
+TEST(Bootstrap, UnresolvableStoreBindNamesTheVariable) {
+  LaunchInfo info;
+  info.rank = 0;
+  info.world_size = 2;
+  info.source = "explicit";
+  Options options;
+  options.timeout_ms = 1000;
+  options.store_bind = "garbage";
+  try {
+    Bootstrap::from_launch_info(info, options);
+    FAIL() << "bound to \"garbage\"";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("TPCOMM_STORE_BIND=\"garbage\""), std::string::npos) << what;
+    EXPECT_NE(what.find("cannot resolve host"), std::string::npos) << what;
+  }
+}
+
 // Rank 0 hosts the store; when its port is taken (under torchrun, by the agent's own store)
 // the error says so and names the knob that moves it.
 TEST(Bootstrap, TakenStorePortIsAClearError) {

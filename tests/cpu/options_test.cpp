@@ -88,6 +88,39 @@ TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
   }
 }
 
+// Every deadline is computed as now + timeout (nanoseconds for the kernels and NCCL): a value
+// past the cap would overflow there, so it is refused when read.
+TEST(Options, TimeoutIsCappedAtOneYear) {
+  EXPECT_EQ(from({{"TPCOMM_TIMEOUT_MS", "31536000000"}}).timeout_ms, 31536000000);
+  for (const char* value : {"31536000001", "9223372036854775807", "99999999999999999999"}) {
+    SCOPED_TRACE(value);
+    try {
+      from({{"TPCOMM_TIMEOUT_MS", value}});
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("TPCOMM_TIMEOUT_MS"), std::string::npos) << what;
+      EXPECT_NE(what.find("at most 31536000000 (365 days)"), std::string::npos) << what;
+    }
+  }
+}
+
+// The store refuses longer tokens; the error names the variable and never repeats the secret.
+TEST(Options, OverlongStoreTokenNamesTheVariable) {
+  EXPECT_EQ(from({{"TPCOMM_STORE_TOKEN", std::string(1024, 't')}}).store_token.size(), 1024u);
+  try {
+    from({{"TPCOMM_STORE_TOKEN", std::string(1025, 't')}});
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("TPCOMM_STORE_TOKEN"), std::string::npos) << what;
+    EXPECT_NE(what.find("longer than 1024 bytes"), std::string::npos) << what;
+    EXPECT_EQ(what.find("tttt"), std::string::npos) << what;
+  }
+}
+
 TEST(Options, LmHeadA2aSwitch) {
   const std::vector<std::pair<std::string, Switch>> accepted = {
       {"auto", Switch::kAuto}, {"AUTO", Switch::kAuto}, {"Auto", Switch::kAuto},
