@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,52 @@ constexpr std::size_t kMaxFileBytes = std::size_t{1} << 20;
 constexpr std::size_t kMaxShown = 40;
 
 std::string errno_text(int err) { return std::system_category().message(err); }
+
+/// "not a regular file (a FIFO)", for a file of mode `mode` that is not a regular file.
+std::string not_regular(mode_t mode) {
+  const char* kind = S_ISDIR(mode)    ? "a directory"
+                     : S_ISFIFO(mode) ? "a FIFO"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                     : S_ISSOCK(mode) ? "a socket"
+                                      : "a special file";
+  return detail::concat("not a regular file (", kind, ")");
+}
+
+// NOTE [tune temporary files]
+// A save writes `.NAME.tmp-XXXXXX` next to the target, then renames it over the target. A save
+// killed in between leaves that file behind, so each save first removes the temporary files of
+// its own target (that exact prefix and six characters after it) that are regular files last
+// modified more than kStaleTemporary ago. Age, not a process id, decides: the cache directory
+// may be shared by several hosts (a home directory over NFS), where a process id means nothing,
+// and a save takes milliseconds, so a temporary file a minute old belongs to no save in
+// progress.
+constexpr std::string_view kTemporaryInfix = ".tmp-";
+constexpr std::chrono::seconds kStaleTemporary{60};
+
+std::string temporary_prefix(const std::filesystem::path& target) {
+  return "." + target.filename().string() + std::string(kTemporaryInfix);
+}
+
+/// Removes the stale temporary files of `target` in `dir` (see the note above); best effort.
+void remove_stale_temporaries(const std::filesystem::path& dir,
+                              const std::filesystem::path& target) noexcept {
+  try {
+    const std::string prefix = temporary_prefix(target);
+    const auto now = std::chrono::system_clock::now();
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() != prefix.size() + 6 || !name.starts_with(prefix)) continue;
+      struct stat st {};
+      if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      const auto modified = std::chrono::system_clock::from_time_t(st.st_mtime);
+      if (now - modified > kStaleTemporary) ::unlink(it->path().c_str());
+    }
+  } catch (...) {
+    // A cache that cannot be tidied is still a cache.
+  }
+}
 
 bool is_space(char c) noexcept {
   return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
@@ -601,28 +648,39 @@ std::optional<TuneTable> TuneTable::load(const std::string& path, const TuneKey&
     if (why != nullptr) *why = std::move(reason);
     return std::nullopt;
   };
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    int err = errno;
+  // Only a regular file is read: opening a FIFO would wait for a writer, and a device could
+  // block or never end. stat() refuses them before the open; the open cannot block
+  // (O_NONBLOCK), and fstat() on what was opened closes the race with a rename in between.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
     if (err == ENOENT) return fail("no such file");
     return fail("cannot open: " + errno_text(err));
   }
+  if (!S_ISREG(st.st_mode)) return fail(not_regular(st.st_mode));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return fail("no such file");
+    return fail("cannot open: " + errno_text(err));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (::fstat(fd, &st) != 0) return fail("cannot read: " + errno_text(errno));
+  if (!S_ISREG(st.st_mode)) return fail(not_regular(st.st_mode));
   std::string text;
   char buf[8192];
-  bool too_large = false;
-  for (;;) {
-    std::size_t n = std::fread(buf, 1, sizeof(buf), f);
-    text.append(buf, n);
-    if (text.size() > kMaxFileBytes) {
-      too_large = true;
-      break;
-    }
-    if (n < sizeof(buf)) break;
+  while (text.size() <= kMaxFileBytes) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail("cannot read: " + errno_text(errno));
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
   }
-  int read_err = std::ferror(f) ? errno : 0;
-  std::fclose(f);
-  if (read_err != 0) return fail("cannot read: " + errno_text(read_err));
-  if (too_large) return fail(detail::concat("larger than ", format_bytes(kMaxFileBytes)));
+  if (text.size() > kMaxFileBytes)
+    return fail(detail::concat("larger than ", format_bytes(kMaxFileBytes)));
   TuneKey key;
   std::vector<TuneEntry> entries, fused;
   std::vector<ExchangeEntry> exchange;
@@ -637,6 +695,12 @@ void TuneTable::save(const std::string& path) const {
   const fs::path target(path);
   TPCOMM_CHECK(!path.empty() && target.has_filename(), Status::kSystemError,
                "cannot write tune file \"", path, "\": not a file path");
+  // rename() would replace a device node, a FIFO or a directory's entry with a regular file:
+  // only a regular file (or nothing) may be replaced. stat() does not block on any of them.
+  if (struct stat st{}; ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    TPCOMM_THROW(Status::kSystemError, "cannot write tune file \"", path,
+                 "\": ", not_regular(st.st_mode));
+  }
   fs::path dir = target.parent_path();
   if (dir.empty()) dir = ".";
   std::error_code ec;
@@ -644,8 +708,10 @@ void TuneTable::save(const std::string& path) const {
   TPCOMM_CHECK(!ec, Status::kSystemError, "cannot create directory ", dir, " for tune file \"",
                path, "\": ", ec.message());
 
-  // The temporary file sits next to the target so that rename() is atomic (same file system).
-  std::string tmp = (dir / ("." + target.filename().string() + ".XXXXXX")).string();
+  // The temporary file sits next to the target so that rename() is atomic (same file system);
+  // see NOTE [tune temporary files] for its name.
+  remove_stale_temporaries(dir, target);
+  std::string tmp = (dir / (temporary_prefix(target) + "XXXXXX")).string();
   int fd = ::mkstemp(tmp.data());
   TPCOMM_CHECK(fd >= 0, Status::kSystemError, "cannot create a temporary file in ", dir,
                " for tune file \"", path, "\": ", errno_text(errno));

@@ -144,13 +144,18 @@ class TuneTable {
   /// stores the reason in `*why` when `why` is not null, when the file is missing, unreadable,
   /// malformed or its key differs (the reason then reads `key differs: ` followed by
   /// `file_key.difference(expected)`). Never throws for a bad file: a cache is only a hint.
+  /// Reads only a regular file (or a symbolic link to one): anything else (a FIFO, a device, a
+  /// directory) gives the reason `not a regular file (a FIFO)` and so on, without blocking.
   [[nodiscard]] static std::optional<TuneTable> load(const std::string& path,
                                                      const TuneKey& expected, std::string* why);
 
   /// Writes the text form to `path` atomically: a temporary file in the same directory,
   /// flushed to disk, then renamed over `path`; readers see the old file or the new one, never
   /// a part. Creates missing parent directories. Throws `Error(kSystemError)` naming the path
-  /// and the system error text on failure (the temporary file is removed).
+  /// and the system error text on failure (the temporary file is removed), and refuses a `path`
+  /// that exists and is not a regular file (a device node, a FIFO, a directory), leaving it as
+  /// it was. The temporary file is `.NAME.tmp-XXXXXX`; a save also removes those of the same
+  /// target left more than a minute ago by a save that was killed before its rename.
   void save(const std::string& path) const;
 
   friend bool operator==(const TuneTable&, const TuneTable&) = default;

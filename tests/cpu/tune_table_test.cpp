@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -10,9 +14,11 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "support/child.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
 #include "tune/table.hpp"
@@ -456,9 +462,9 @@ TEST_F(TuneFile, MissingMalformedAndUnreadableFiles) {
   EXPECT_FALSE(TuneTable::load(bad.string(), h200_key(), &why).has_value());
   EXPECT_EQ(why.rfind("malformed: line 1", 0), 0u) << why;
 
-  // A directory opens but cannot be read.
+  // A directory is refused before it is opened.
   EXPECT_FALSE(TuneTable::load(dir_.string(), h200_key(), &why).has_value());
-  EXPECT_NE(why.find("cannot"), std::string::npos) << why;
+  EXPECT_EQ(why, "not a regular file (a directory)");
 
   // Something far larger than any table is refused without parsing it.
   write(bad, kGoodHead + std::string(std::size_t{2} << 20, '#'));
@@ -476,13 +482,106 @@ TEST_F(TuneFile, SaveFailuresThrowSystemErrors) {
   // A directory where the file must go: rename cannot replace it.
   fs::create_directory(dir_ / "occupied");
   fs::create_directory(dir_ / "occupied" / "inner");
-  expect_error([&] { t.save((dir_ / "occupied").string()); }, Status::kSystemError, "rename");
+  expect_error([&] { t.save((dir_ / "occupied").string()); }, Status::kSystemError,
+               "not a regular file");
   expect_error([&] { t.save(""); }, Status::kSystemError, "not a file path");
   expect_error([&] { t.save((dir_ / "ends-in-slash/").string()); }, Status::kSystemError,
                "not a file path");
   // The failed rename left no temporary file.
   for (const auto& entry : fs::directory_iterator(dir_))
     EXPECT_NE(entry.path().filename().string().front(), '.') << entry.path();
+}
+
+// Loading a FIFO with no writer must not block: open() of a FIFO waits for a writer.
+TEST_F(TuneFile, LoadRefusesAFifoWithoutBlocking) {
+  const fs::path fifo = dir_ / "fifo.txt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const pid_t pid = testing::fork_child([&] {
+    std::string why;
+    if (TuneTable::load(fifo.string(), h200_key(), &why).has_value())
+      throw std::runtime_error("a FIFO was loaded");
+    if (why != "not a regular file (a FIFO)") throw std::runtime_error("reason: " + why);
+  });
+  EXPECT_EQ(testing::wait_child(pid, std::chrono::seconds(5)), 0)
+      << "load blocked on the FIFO (-1) or gave the wrong reason (1)";
+}
+
+// A save replaces a directory entry by rename(); a device node, a FIFO or a directory there is
+// refused instead, and left as it was.
+TEST_F(TuneFile, SaveRefusesATargetThatIsNotARegularFile) {
+  const TuneTable t = numbered_table(4096);
+  const fs::path fifo = dir_ / "fifo.txt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const pid_t pid = testing::fork_child([&] {
+    try {
+      t.save(fifo.string());
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("not a regular file (a FIFO)") == std::string::npos)
+        throw std::runtime_error(std::string("message: ") + e.what());
+      return;
+    }
+    throw std::runtime_error("a FIFO was replaced");
+  });
+  EXPECT_EQ(testing::wait_child(pid, std::chrono::seconds(5)), 0);
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  fs::create_directory(dir_ / "occupied");
+  expect_error([&] { t.save((dir_ / "occupied").string()); }, Status::kSystemError,
+               "not a regular file (a directory)");
+  EXPECT_TRUE(fs::is_directory(dir_ / "occupied"));
+  // Nothing was created next to them.
+  for (const auto& entry : fs::directory_iterator(dir_))
+    EXPECT_NE(entry.path().filename().string().front(), '.') << entry.path();
+}
+
+// A save killed between creating its temporary file and renaming it leaves that file behind;
+// a later save of the same target removes the ones older than a minute (younger ones may belong
+// to a save still in progress, here or on another host sharing the directory).
+TEST_F(TuneFile, SaveRemovesStaleTemporaryFilesOfItsTarget) {
+  const TuneTable t = numbered_table(4096);
+  const fs::path path = dir_ / "tune.txt";
+  const fs::path other = dir_ / "other.txt";
+  auto crash_saving = [&](const fs::path& target) {
+    const pid_t pid = testing::fork_child([&] {
+      // The first write() past the limit kills the process with SIGXFSZ, mid-save.
+      const rlimit none{0, 0};
+      ::setrlimit(RLIMIT_FSIZE, &none);
+      t.save(target.string());
+    });
+    EXPECT_EQ(testing::wait_child(pid, std::chrono::seconds(5)), 128 + SIGXFSZ);
+  };
+  auto temporaries = [&] {
+    std::vector<fs::path> out;
+    for (const auto& entry : fs::directory_iterator(dir_))
+      if (entry.path().filename().string().front() == '.') out.push_back(entry.path());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  auto age = [](const fs::path& p) {
+    fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::minutes(2));
+  };
+  auto of_other = [&] {
+    int n = 0;
+    for (const fs::path& p : temporaries()) n += p.filename().string().starts_with(".other.txt");
+    return n;
+  };
+  crash_saving(path);
+  crash_saving(path);
+  crash_saving(other);
+  ASSERT_EQ(temporaries().size(), 3u);
+  for (const fs::path& p : temporaries()) age(p);
+  // This save removes the two stale files of its target before it is killed in turn.
+  crash_saving(path);
+  EXPECT_EQ(temporaries().size(), 2u);  // the other target's and the fresh one
+  EXPECT_EQ(of_other(), 1);
+
+  t.save(path.string());  // keeps the fresh one: it could be a save in progress
+  EXPECT_EQ(read(path), t.to_text());
+  EXPECT_EQ(temporaries().size(), 2u);
+
+  for (const fs::path& p : temporaries()) age(p);
+  t.save(path.string());
+  ASSERT_EQ(temporaries().size(), 1u);
+  EXPECT_EQ(of_other(), 1);
 }
 
 // ---------------------------------------------------------------------------------------------
