@@ -2,12 +2,14 @@
 // `tpcomm info`: how tpcomm was built, what this machine has (driver, GPUs, peer access and
 // NVLink, NCCL) and which backends it can therefore use. Everything GPU-related goes through
 // the lazily loaded driver, NVML and NCCL tables, so the program runs, and exits 0, on a
-// machine with none of them.
+// machine with none of them. It exits 1 (after the full report) when a TPCOMM_* variable is
+// invalid.
 #include <cuda.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -112,8 +114,8 @@ struct Report {
   std::vector<BackendInfo> backends;
 
   std::vector<Knob> knobs;
-  /// Non-empty when a TPCOMM_* variable could not be parsed; the knobs then show defaults.
-  std::string knobs_error;
+  /// One message per TPCOMM_* variable that could not be parsed; those knobs show defaults.
+  std::vector<std::string> knobs_errors;
 };
 
 /// "13.0" for a CUDA version code (13000).
@@ -233,14 +235,43 @@ void decide_backends(const Options& options, Report& r) {
   r.backends = {nccl, custom};
 }
 
+/// The options of the environment, with every variable that cannot be parsed left out (so at its
+/// default) and its error appended to `errors`. `Options::from_env` stops at the first bad
+/// variable; here each is parsed on its own so that all of them are reported.
+Options options_reporting_every_error(std::vector<std::string>* errors) {
+  auto env = [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+  std::vector<std::string> bad;
+  for (const Knob& k : knobs_of(Options{})) {
+    try {
+      (void)Options::from_lookup([&](const char* name) -> std::optional<std::string> {
+        if (k.variable != name) return std::nullopt;
+        return env(name);
+      });
+    } catch (const Error& e) {
+      errors->push_back(e.what());
+      bad.push_back(k.variable);
+    }
+  }
+  auto good = [&](const char* name) -> std::optional<std::string> {
+    if (std::find(bad.begin(), bad.end(), name) != bad.end()) return std::nullopt;
+    return env(name);
+  };
+  try {
+    return Options::from_lookup(good);
+  } catch (const Error& e) {
+    // Only a variable that the table of knobs does not list can still fail here.
+    errors->push_back(e.what());
+    return Options{};
+  }
+}
+
 Report collect() {
   Report r;
-  Options options;
-  try {
-    options = Options::from_env();
-  } catch (const Error& e) {
-    r.knobs_error = e.what();
-  }
+  const Options options = options_reporting_every_error(&r.knobs_errors);
   r.knobs = knobs_of(options);
 
   std::string why;
@@ -382,7 +413,7 @@ void print_algorithms(std::ostream& out) {
 
 void print_knobs(const Report& r, std::ostream& out) {
   out << "knobs\n";
-  if (!r.knobs_error.empty()) out << "  invalid: " << r.knobs_error << " (defaults shown)\n";
+  for (const std::string& e : r.knobs_errors) out << "  invalid: " << e << " (default shown)\n";
   std::size_t width = 0;
   for (const Knob& k : r.knobs) width = std::max(width, k.variable.size() + 2);
   for (const Knob& k : r.knobs) out << "  " << pad(k.variable, width) << k.value << "\n";
@@ -483,7 +514,7 @@ json to_json(const Report& r) {
   json knobs = json::object();
   for (const Knob& k : r.knobs) knobs[k.variable] = k.value;
   j["knobs"] = knobs;
-  if (!r.knobs_error.empty()) j["knobs_error"] = r.knobs_error;
+  if (!r.knobs_errors.empty()) j["knobs_errors"] = r.knobs_errors;
   return j;
 }
 
@@ -495,7 +526,9 @@ int run_info(bool as_json) {
     print_text(report, std::cout);
   }
   std::cout.flush();
-  return 0;
+  // The report is printed in full either way; an environment that tpcomm would refuse is not a
+  // healthy one.
+  return report.knobs_errors.empty() ? 0 : 1;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// `tpcomm info` runs anywhere: it exits 0 and reports the driver, even where there is none.
+// `tpcomm info` runs anywhere: it exits 0 and reports the driver, even where there is none; only
+// invalid TPCOMM_* variables make it exit non-zero.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -50,11 +51,28 @@ TEST(InfoCommand, NeverPrintsTheStoreToken) {
   EXPECT_EQ(nlohmann::json::parse(r.output)["knobs"]["TPCOMM_STORE_TOKEN"], "(set)");
 }
 
-TEST(InfoCommand, ReportsAnInvalidKnobAndStillExitsZero) {
-  const auto r =
-      test::run_program("TPCOMM_TIMEOUT_MS=soon " + std::string(TPCOMM_CLI_PATH) + " info");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
+// Every invalid variable is listed, the rest of the report is still printed, and the exit code
+// says that the environment is not usable.
+TEST(InfoCommand, ListsEveryInvalidKnobAndExitsNonZero) {
+  const std::string env = "TPCOMM_TIMEOUT_MS=soon TPCOMM_LOG=loud TPCOMM_PDL=maybe ";
+  const auto r = test::run_program(env + std::string(TPCOMM_CLI_PATH) + " info");
+  EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("TPCOMM_TIMEOUT_MS=\"soon\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("TPCOMM_LOG=\"loud\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("TPCOMM_PDL=\"maybe\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("TPCOMM_NCCL_PATH"), std::string::npos) << r.output;  // the report
+
+  const auto j = test::run_program(env + std::string(TPCOMM_CLI_PATH) + " info --json");
+  EXPECT_NE(j.exit_code, 0) << j.output;
+  const auto parsed = nlohmann::json::parse(j.output);
+  EXPECT_EQ(parsed.at("knobs_errors").size(), 3u) << j.output;
+}
+
+TEST(InfoCommand, ValidKnobsExitZero) {
+  const auto r =
+      test::run_program("TPCOMM_TIMEOUT_MS=1500 " + std::string(TPCOMM_CLI_PATH) + " info");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("invalid:"), std::string::npos) << r.output;
 }
 
 }  // namespace
