@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -20,6 +19,7 @@
 #include "core/log.hpp"
 #include "tools/bench_args.hpp"
 #include "tools/commands.hpp"
+#include "tools/json_file.hpp"
 #include "tools/ranks.hpp"
 #include "tpcomm/group.hpp"
 #include "tpcomm/norm.hpp"
@@ -751,7 +751,11 @@ int finish(const BenchOptions& o, nlohmann::json& rows, std::int64_t wrong, int 
                        {"world_size", world},
                        {"wrong", wrong},
                        {"rows", rows}};
-    std::ofstream(o.json) << doc.dump(2) << "\n";
+    if (const std::string why = write_json_file(o.json, doc); !why.empty()) {
+      std::fprintf(stderr, "tpcomm bench: --json \"%s\": %s\n", o.json.c_str(), why.c_str());
+      // Wrong results keep their own exit code; a lost report alone is a failure.
+      return wrong == 0 ? 1 : 2;
+    }
   }
   return wrong == 0 ? 0 : 2;
 }
