@@ -31,7 +31,8 @@ class Store {
   /// Returns the value of `key`, waiting up to `timeout` for it to be set.
   virtual Bytes get(std::string_view key, Milliseconds timeout) = 0;
   /// Adds `delta` to the 64-bit counter at `key` (created as 0) and returns the new value.
-  /// A key holding a value that is not a counter gives `Error(kInvalidArgument)`.
+  /// A key holding a value that is not a counter, or a sum outside the range of `int64_t`,
+  /// gives `Error(kInvalidArgument)` and leaves the key unchanged.
   virtual std::int64_t add(std::string_view key, std::int64_t delta, Milliseconds timeout) = 0;
   /// Waits up to `timeout` (in total) until every key exists.
   virtual void wait(std::span<const std::string> keys, Milliseconds timeout) = 0;

@@ -81,8 +81,11 @@ std::int64_t InProcessStore::add(std::string_view key, std::int64_t delta, Milli
                    "', which holds a value of ", it->second.size(),
                    " bytes, not a counter (8 bytes)");
     }
-    result = static_cast<std::int64_t>(static_cast<std::uint64_t>(*current) +
-                                       static_cast<std::uint64_t>(delta));
+    if (__builtin_add_overflow(*current, delta, &result)) {
+      TPCOMM_THROW(Status::kInvalidArgument, what, ": ADD of ", delta, " to key '", key,
+                   "', which holds ", *current,
+                   ", overflows a 64-bit counter (the counter is unchanged)");
+    }
     auto bytes = wire::encode_counter(result);
     it->second.assign(bytes.begin(), bytes.end());
   }

@@ -65,10 +65,6 @@ void set_nodelay(int fd) noexcept {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-std::int64_t wrapping_add(std::int64_t a, std::int64_t b) noexcept {
-  return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
-}
-
 }  // namespace
 
 struct TcpStoreServer::Impl {
@@ -132,7 +128,8 @@ struct TcpStoreServer::Impl {
   bool handle(Connection& c, const wire::RequestHeader& h, const std::string& key, Bytes& value);
   WaitResult wait_for_key(int fd, const std::string& key, std::int64_t timeout_ms, Bytes* out);
   /// ADD: adds `delta` to the counter at `key` (created as 0), puts the new value in `result`
-  /// and wakes waiters. Returns why it cannot (the key holds something else), else "".
+  /// and wakes waiters. Returns why it cannot (the key holds something else, or the sum would
+  /// overflow), else "".
   std::string add(const std::string& key, std::int64_t delta, std::int64_t& result);
   bool send_reply(int fd, const wire::ReplyHeader& h, std::span<const std::byte> payload);
   void stop() noexcept;
@@ -333,8 +330,11 @@ std::string TcpStoreServer::Impl::add(const std::string& key, std::int64_t delta
     if (!current) {
       error = concat("ADD on key '", key, "', which holds a value of ", it->second.size(),
                      " bytes, not a counter (8 bytes)");
+    } else if (std::int64_t sum = 0; __builtin_add_overflow(*current, delta, &sum)) {
+      error = concat("ADD of ", delta, " to key '", key, "', which holds ", *current,
+                     ", overflows a 64-bit counter (the counter is unchanged)");
     } else {
-      result = wrapping_add(*current, delta);
+      result = sum;
       auto bytes = wire::encode_counter(result);
       it->second.assign(bytes.begin(), bytes.end());
     }

@@ -65,7 +65,8 @@ enum class ReplyCode : std::uint16_t {
   kOk = 0,
   /// GET/WAIT: the key was not set within the request's timeout. Connection stays open.
   kTimeout = 1,
-  /// A well-formed request the store cannot honour (ADD on a value that is not a counter).
+  /// A well-formed request the store cannot honour (ADD on a value that is not a counter, or one
+  /// that would overflow the counter).
   /// Connection stays open.
   kInvalidArgument = 2,
   /// Malformed frame: bad magic, version, opcode, lengths, or a frame that stalled. Closes.

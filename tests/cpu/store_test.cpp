@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -128,6 +129,18 @@ TEST_P(StoreSemantics, AddCountsAndRefusesNonCounters) {
   expect_error([&] { s->add("text", 1); }, Status::kInvalidArgument, "not a counter");
   // The store (and for TCP the connection) is still usable.
   EXPECT_EQ(s->add("n", 2), 0);
+}
+
+TEST_P(StoreSemantics, AddRefusesToOverflowTheCounter) {
+  auto s = client();
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  EXPECT_EQ(s->add("big", kMax), kMax);
+  expect_error([&] { s->add("big", 1); }, Status::kInvalidArgument, "overflow");
+  EXPECT_EQ(s->add("big", 0), kMax);  // unchanged, and the store is still usable
+  EXPECT_EQ(s->add("small", kMin), kMin);
+  expect_error([&] { s->add("small", -1); }, Status::kInvalidArgument, "overflow");
+  EXPECT_EQ(s->add("small", kMax), -1);
 }
 
 TEST_P(StoreSemantics, EmptyKeysAreInvalid) {
