@@ -174,9 +174,11 @@ class TcpStore final : public Store {
     Milliseconds linger{3000};
   };
 
-  /// Connects (retrying until `timeout`: the server may start later) and presents the token.
-  /// Throws `Error(kTimeout)` when no server accepts in time, `Error(kInvalidArgument)` when
-  /// the server refuses the token, `Error(kSystemError)` when a hosted server cannot bind.
+  /// Connects (retrying until `timeout`: the server may start later, or be at its connection
+  /// limit) and presents the token. Throws `Error(kTimeout)` when no server accepts in time,
+  /// `Error(kUnavailable)` when the server was still at its connection limit at the deadline,
+  /// `Error(kInvalidArgument)` when the server refuses the token, `Error(kSystemError)` when a
+  /// hosted server cannot bind.
 
   explicit TcpStore(Config config);
   ~TcpStore() override;

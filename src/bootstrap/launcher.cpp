@@ -22,6 +22,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <string_view>
 
 #include "bootstrap/deadline.hpp"
 #include "bootstrap/socket.hpp"
@@ -279,15 +280,19 @@ void check_spec(const LaunchSpec& spec) {
 }
 
 // The environment every child shares: the inherited variables, less those the launcher manages
-// or `spec.env` sets; then the job's size, MASTER_ADDR, MASTER_PORT and, unless one is set, a
-// store token; then `spec.env`.
+// or `spec.env` sets; then the job's size, MASTER_ADDR, MASTER_PORT and, unless a non-empty one
+// is set, a store token (an empty one means "no token", which would leave the store open: it
+// is replaced); then `spec.env`.
 std::vector<std::string> common_environment(const LaunchSpec& spec, int port) {
+  constexpr std::string_view kToken = "TPCOMM_STORE_TOKEN";
   std::set<std::string> overridden(kManagedVars.begin(), kManagedVars.end());
   for (const auto& [name, value] : spec.env) overridden.insert(name);
-  const bool has_token = std::getenv("TPCOMM_STORE_TOKEN") != nullptr ||
-                         std::any_of(spec.env.begin(), spec.env.end(), [](const auto& kv) {
-                           return kv.first == "TPCOMM_STORE_TOKEN";
-                         });
+  const char* inherited = std::getenv(kToken.data());
+  const auto given = std::find_if(spec.env.begin(), spec.env.end(),
+                                  [&](const auto& kv) { return kv.first == kToken; });
+  const bool has_token =
+      given != spec.env.end() ? !given->second.empty() : inherited != nullptr && *inherited != '\0';
+  if (!has_token) overridden.insert(std::string(kToken));
   std::vector<std::string> common;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (!overridden.contains(variable_name(*e))) common.emplace_back(*e);
@@ -296,8 +301,9 @@ std::vector<std::string> common_environment(const LaunchSpec& spec, int port) {
   common.push_back(concat("LOCAL_WORLD_SIZE=", spec.nprocs));
   common.push_back(concat("MASTER_ADDR=", spec.master_addr));
   common.push_back(concat("MASTER_PORT=", port));
-  if (!has_token) common.push_back(concat("TPCOMM_STORE_TOKEN=", random_token()));
-  for (const auto& [name, value] : spec.env) common.push_back(concat(name, "=", value));
+  if (!has_token) common.push_back(concat(kToken, "=", random_token()));
+  for (const auto& [name, value] : spec.env)
+    if (has_token || name != kToken) common.push_back(concat(name, "=", value));
   return common;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "bootstrap/deadline.hpp"
 #include "bootstrap/socket.hpp"
@@ -170,11 +171,24 @@ TcpStore::TcpStore(Config config) : impl_(std::make_unique<Impl>()) {
   }
   m.address = net::join_host_port(connect_host, m.port);
   const Deadline deadline = deadline_after(m.config.timeout);
-  m.sock = net::connect_tcp(connect_host, m.port, deadline);
-  // The handshake gets at least a second even when connecting took the whole timeout.
-  const Deadline hello = std::max(deadline, deadline_after(milliseconds{1000}));
-  m.call("store hello", Opcode::kHello, {}, wire::as_bytes(m.config.token), 0, hello,
-         m.config.timeout);
+  // A server at its connection limit answers "busy" and closes: like a refused connection, that
+  // is retried, with a growing pause, until the deadline; then the last refusal is reported.
+  for (milliseconds pause{10};; pause = std::min(2 * pause, milliseconds{500})) {
+    m.sock = net::connect_tcp(connect_host, m.port, deadline);
+    // The handshake gets at least a second even when connecting took the whole timeout.
+    const Deadline hello = std::max(deadline, deadline_after(milliseconds{1000}));
+    try {
+      m.call("store hello", Opcode::kHello, {}, wire::as_bytes(m.config.token), 0, hello,
+             m.config.timeout);
+      break;
+    } catch (const Error& e) {
+      if (e.status() != Status::kUnavailable || SteadyClock::now() >= deadline) throw;
+      m.broken.clear();
+      std::this_thread::sleep_for(
+          std::min<SteadyClock::duration>(pause, deadline - SteadyClock::now()));
+      if (SteadyClock::now() >= deadline) throw;
+    }
+  }
   TPCOMM_LOG_DEBUG("store: connected to ", m.address);
 }
 

@@ -119,6 +119,26 @@ TEST_F(Launcher, KeepsAGivenToken) {
   EXPECT_EQ(env_of(1)["MASTER_PORT"], "12345");
 }
 
+// An empty token means "no authentication": inherited or given, it is replaced by a random one,
+// the same for every rank.
+TEST_F(Launcher, AnEmptyTokenIsReplacedByARandomOne) {
+  for (bool inherited : {true, false}) {
+    SCOPED_TRACE(inherited ? "inherited" : "given");
+    LaunchSpec s = spec(2, {"env:" + path("env.")});
+    if (inherited) {
+      ::setenv("TPCOMM_STORE_TOKEN", "", 1);
+    } else {
+      s.env = {{"TPCOMM_STORE_TOKEN", ""}};
+    }
+    LaunchResult r = launch_local(s);
+    ::unsetenv("TPCOMM_STORE_TOKEN");
+    EXPECT_EQ(r.exit_code, 0) << r.message;
+    const std::string token = env_of(0)["TPCOMM_STORE_TOKEN"];
+    EXPECT_GE(token.size(), 32u) << token;
+    EXPECT_EQ(env_of(1)["TPCOMM_STORE_TOKEN"], token);
+  }
+}
+
 TEST_F(Launcher, OneFailingRankStopsTheOthers) {
   auto t0 = Clock::now();
   LaunchResult r = launch_local(spec(4, {"sleep:60", "sleep:60", "exit:3", "sleep:60"}));

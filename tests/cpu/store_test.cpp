@@ -379,13 +379,41 @@ TEST(TcpStore, RefusesConnectionsBeyondTheLimit) {
   TcpStoreServer server(sc);
   auto a = std::make_unique<TcpStore>(client_config(server.port()));
   TcpStore b(client_config(server.port()));
-  expect_error([&] { TcpStore c(client_config(server.port())); }, Status::kUnavailable,
-               "maximum of 2 connections");
+  // Refused until its deadline (it retries), then the refusal is reported.
+  TcpStore::Config short_wait = client_config(server.port());
+  short_wait.timeout = 300ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { TcpStore c(short_wait); }, Status::kUnavailable, "maximum of 2 connections");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
   a.reset();
   ASSERT_TRUE(eventually([&] { return server.connections() == 1; }, 2s));
   TcpStore d(client_config(server.port()));
   d.set("k", "v");
   EXPECT_EQ(text(b.get("k")), "v");
+}
+
+// A client refused as "busy" retries until its deadline: a slot freed meanwhile lets it in.
+TEST(TcpStore, ABusyServerIsRetriedUntilTheDeadline) {
+  TcpStoreServerConfig sc;
+  sc.max_connections = 1;
+  TcpStoreServer server(sc);
+  auto holder = std::make_unique<TcpStore>(client_config(server.port()));
+  std::thread release([&] {
+    std::this_thread::sleep_for(300ms);
+    holder.reset();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<TcpStore> late;
+  try {
+    late = std::make_unique<TcpStore>(client_config(server.port()));  // 5 s of deadline
+  } catch (const Error& e) {
+    ADD_FAILURE() << "refused at once: " << e.what();
+  }
+  release.join();
+  ASSERT_NE(late, nullptr);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
+  late->set("k", "v");
+  EXPECT_EQ(text(late->get("k")), "v");
 }
 
 // ---------------------------------------------------------------------------------------------
