@@ -182,8 +182,14 @@ std::string format_double(double v) {
   return std::string(buf, p);
 }
 
-/// Why `e` may not follow `prev` (null for the first entry) in a table; empty when it may.
-std::string entry_error(const TuneEntry& e, const TuneEntry* prev) {
+/// The number of algorithms of the registry `a` belongs to (all-reduce or exchange).
+constexpr std::size_t registry_size(Algo) noexcept { return kAlgorithms.size(); }
+constexpr std::size_t registry_size(ExchangeAlgo) noexcept { return kExchangeAlgorithms.size(); }
+
+/// Why `e` may not follow `prev` (null for the first entry) in a table; empty when it may. For
+/// the all-reduce's buckets (`TuneEntry`) and the exchanges' (`ExchangeEntry`) alike.
+template <class Entry>
+std::string entry_error(const Entry& e, const Entry* prev) {
   using detail::concat;
   if (e.max_bytes <= 0) return concat("max_bytes ", e.max_bytes, " is not positive");
   if (prev != nullptr && e.max_bytes == prev->max_bytes)
@@ -191,10 +197,10 @@ std::string entry_error(const TuneEntry& e, const TuneEntry* prev) {
   if (prev != nullptr && e.max_bytes < prev->max_bytes)
     return concat("bucket ", e.max_bytes, " follows bucket ", prev->max_bytes,
                   ": buckets must be in increasing order");
-  const Choice& c = e.choice;
-  if (static_cast<std::size_t>(c.algo) > kAlgorithms.size())
+  const auto& c = e.choice;
+  if (static_cast<std::size_t>(c.algo) > registry_size(c.algo))
     return concat("unknown algorithm code ", static_cast<int>(c.algo));
-  if (c.algo == Algo::kNone) {
+  if (c.algo == decltype(c.algo){}) {
     if (c.blocks != 0 || c.threads != 0)
       return concat("algorithm none takes blocks 0 and threads 0, got ", c.blocks, " and ",
                     c.threads);
@@ -372,32 +378,6 @@ std::string fused_entry_error(const TuneEntry& e, const TuneEntry* prev) {
   return entry_error(e, prev);
 }
 
-/// An exchange bucket's errors, as `entry_error`'s.
-std::string exchange_entry_error(const ExchangeEntry& e, const ExchangeEntry* prev) {
-  using detail::concat;
-  if (e.max_bytes <= 0) return concat("max_bytes ", e.max_bytes, " is not positive");
-  if (prev != nullptr && e.max_bytes <= prev->max_bytes)
-    return concat("bucket ", e.max_bytes, " follows bucket ", prev->max_bytes,
-                  ": buckets must be in strictly increasing order");
-  const ExchangeChoice& c = e.choice;
-  if (static_cast<std::size_t>(c.algo) > kExchangeAlgorithms.size())
-    return concat("unknown exchange algorithm code ", static_cast<int>(c.algo));
-  if (c.algo == ExchangeAlgo::kNone) {
-    if (c.blocks != 0 || c.threads != 0)
-      return concat("algorithm none takes blocks 0 and threads 0, got ", c.blocks, " and ",
-                    c.threads);
-  } else {
-    const int max_blocks = info(c.algo).max_blocks;
-    if (c.blocks < 1 || c.blocks > max_blocks)
-      return concat("blocks ", c.blocks, " out of range 1..", max_blocks);
-    if (!is_valid_threads(c.threads))
-      return concat("threads ", c.threads, " is not one of 64, 128, 256, 512, 1024");
-  }
-  if (!std::isfinite(e.time_us) || e.time_us < 0.0)
-    return concat("time_us ", e.time_us, " is not a finite number >= 0");
-  return {};
-}
-
 /// Parses an exchange bucket line (after the word `exchange`). Returns the error.
 std::string parse_exchange_entry(std::string_view line, ExchangeEntry* e) {
   using detail::concat;
@@ -462,8 +442,7 @@ std::string parse_text(std::string_view text, TuneKey* key, std::vector<TuneEntr
       ExchangeEntry x;
       if (auto err = parse_exchange_entry(trim(line.substr(kExchange.size())), &x); !err.empty())
         return concat("line ", number, ": ", err);
-      if (auto err = exchange_entry_error(x, exchange->empty() ? nullptr : &exchange->back());
-          !err.empty())
+      if (auto err = entry_error(x, exchange->empty() ? nullptr : &exchange->back()); !err.empty())
         return concat("line ", number, ": ", err);
       exchange->push_back(x);
       continue;
@@ -557,7 +536,7 @@ TuneTable::TuneTable(TuneKey key, std::vector<TuneEntry> entries, std::vector<Tu
     TPCOMM_CHECK(err.empty(), Status::kInvalidArgument, "TuneTable: fused entry ", i, ": ", err);
   }
   for (std::size_t i = 0; i < exchange_.size(); ++i) {
-    std::string err = exchange_entry_error(exchange_[i], i == 0 ? nullptr : &exchange_[i - 1]);
+    std::string err = entry_error(exchange_[i], i == 0 ? nullptr : &exchange_[i - 1]);
     TPCOMM_CHECK(err.empty(), Status::kInvalidArgument, "TuneTable: exchange entry ", i, ": ", err);
   }
 }
