@@ -784,8 +784,8 @@ void add_bench_command(CLI::App& app, Command& run) {
   auto* cmd =
       app.add_subcommand("bench", "nccl-tests-style sweep of a collective over every algorithm");
   auto o = std::make_shared<BenchOptions>();
-  add_bench_options(*cmd, *o);
-  cmd->final_callback([o, &run] { run = [o] { return run_bench(*o); }; });
+  // Scheduled by the options' own checks, once they pass (NOTE [one callback per command]).
+  add_bench_options(*cmd, *o, [o, &run] { run = [o] { return run_bench(*o); }; });
 }
 
 }  // namespace tpcomm::tools

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
+#include <iterator>
+#include <string>
 #include <utility>
 
 #include "core/parse.hpp"
@@ -31,14 +34,32 @@ CLI::Validator bytes_validator() {
       "SIZE");
 }
 
+/// -f: 0 (step by -i) or a whole factor from 2 to `kMaxBenchStepFactor`. Checked on the text,
+/// so that a number out of range is refused rather than clamped on its way in.
+CLI::Validator step_factor_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        auto f = parse_int(s);
+        if (!f || *f < 0 || *f == 1 || *f > kMaxBenchStepFactor)
+          return "the step factor must be a whole number from 2 to " +
+                 std::to_string(kMaxBenchStepFactor) + " (or 0: step by -i), not " + s;
+        return {};
+      },
+      "FACTOR");
+}
+
 /// -b, -e, -f, -i: the sizes swept.
 void add_size_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("-b,--minbytes", o.min_bytes, "smallest size in bytes (K/M/G suffixes)")
       ->transform(bytes_validator());
-  cmd.add_option("-e,--maxbytes", o.max_bytes, "largest size in bytes (K/M/G suffixes)")
+  cmd.add_option("-e,--maxbytes", o.max_bytes,
+                 "largest size in bytes (K/M/G suffixes), at most 64G (2^36)")
       ->transform(bytes_validator());
-  auto* f = cmd.add_option("-f,--stepfactor", o.step_factor, "multiply the size by this factor");
-  auto* i = cmd.add_option("-i,--stepbytes", o.step_bytes, "add this many bytes to the size")
+  auto* f = cmd.add_option("-f,--stepfactor", o.step_factor,
+                           "multiply the size by this factor, from 2 to 2^36 (0: add -i)")
+                ->check(step_factor_validator());
+  auto* i = cmd.add_option("-i,--stepbytes", o.step_bytes,
+                           "add this many bytes to the size; a sweep has at most 1024 sizes")
                 ->transform(bytes_validator());
   f->excludes(i);
 }
@@ -163,14 +184,36 @@ void add_run_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("--seed", o.seed, "seed of the test data (0: random)");
 }
 
-/// The checks that involve several options, run after parsing.
-void add_sweep_checks(CLI::App& cmd, BenchOptions& o) {
-  cmd.callback([&o] {
+/// How many sizes the sweep of `o` has, counting no further than `kMaxBenchSizes + 1`. Needs
+/// 0 < min_bytes <= max_bytes <= kMaxBenchBytes and a valid step.
+std::int64_t sweep_length(const BenchOptions& o) {
+  if (o.step_factor < 2) return (o.max_bytes - o.min_bytes) / o.step_bytes + 1;
+  std::int64_t n = 1;
+  for (std::int64_t s = o.min_bytes; s <= o.max_bytes / o.step_factor; s *= o.step_factor) ++n;
+  return n;
+}
+
+// NOTE [one callback per command]
+// For a subcommand, CLI11's `callback` and `final_callback` set the same slot (CLI11 2.x): the
+// last call wins. The checks below are that callback, so the command's body is scheduled from
+// inside it (`on_valid`), after the checks passed, and nowhere else.
+
+/// The checks that involve several options, run after parsing; then `on_valid`.
+void add_sweep_checks(CLI::App& cmd, BenchOptions& o, std::function<void()> on_valid) {
+  cmd.callback([&o, on_valid = std::move(on_valid)] {
     if (o.min_bytes <= 0 || o.max_bytes < o.min_bytes)
       throw CLI::ValidationError("-b/-e", "need 0 < minbytes <= maxbytes");
+    if (o.max_bytes > kMaxBenchBytes)
+      throw CLI::ValidationError(
+          "-e", "the largest size is at most " + std::to_string(kMaxBenchBytes) + " bytes (64G)");
     if (o.step_factor == 1) throw CLI::ValidationError("-f", "a step factor of 1 never ends");
     if (o.step_factor == 0 && o.step_bytes <= 0)
-      throw CLI::ValidationError("-i", "step must be positive");
+      throw CLI::ValidationError("-i", "the step must be positive");
+    if (sweep_length(o) > kMaxBenchSizes)
+      throw CLI::ValidationError("-b/-e/-i", "the sweep would have more than " +
+                                                 std::to_string(kMaxBenchSizes) +
+                                                 " sizes; use a larger -i or a -f");
+    if (on_valid) on_valid();
   });
 }
 
@@ -234,7 +277,7 @@ std::string_view collective_name(kernels::Collective op) noexcept {
   return "unknown";
 }
 
-void add_bench_options(CLI::App& cmd, BenchOptions& o) {
+void add_bench_options(CLI::App& cmd, BenchOptions& o, std::function<void()> on_valid) {
   // In this order, which is the order of the help text.
   add_size_options(cmd, o);
   add_iteration_options(cmd, o);
@@ -242,7 +285,7 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o) {
   add_execution_options(cmd, o);
   add_algo_option(cmd, o);
   add_run_options(cmd, o);
-  add_sweep_checks(cmd, o);
+  add_sweep_checks(cmd, o, std::move(on_valid));
 }
 
 std::int64_t fused_count(std::int64_t bytes, DType dtype, std::int64_t hidden) noexcept {
@@ -252,11 +295,17 @@ std::int64_t fused_count(std::int64_t bytes, DType dtype, std::int64_t hidden) n
 
 std::vector<std::int64_t> bench_sizes(const BenchOptions& o) {
   std::vector<std::int64_t> out;
-  for (std::int64_t s = o.min_bytes; s <= o.max_bytes;) {
+  for (std::int64_t s = o.min_bytes; s > 0 && s <= o.max_bytes;) {
     out.push_back(s);
-    const std::int64_t next = o.step_factor > 1 ? s * o.step_factor : s + o.step_bytes;
-    if (next <= s) break;
-    s = next;
+    if (std::ssize(out) >= kMaxBenchSizes) break;
+    // Compared before stepping, so that no step can overflow.
+    if (o.step_factor > 1) {
+      if (s > o.max_bytes / o.step_factor) break;
+      s *= o.step_factor;
+    } else {
+      if (o.step_bytes <= 0 || s > o.max_bytes - o.step_bytes) break;
+      s += o.step_bytes;
+    }
   }
   return out;
 }

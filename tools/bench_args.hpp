@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -47,6 +48,14 @@ struct BenchAlgo {
   }
   friend bool operator==(const BenchAlgo&, const BenchAlgo&) = default;
 };
+
+/// The largest `-e` (and so `-b`) the sweep accepts, in bytes per rank's buffer: 64 GiB, more
+/// than one GPU holds, so that no size computation can come near 64-bit overflow.
+inline constexpr std::int64_t kMaxBenchBytes = std::int64_t{1} << 36;
+/// The most sizes one sweep may have (`-b`, `-e` and `-f` or `-i` together).
+inline constexpr std::int64_t kMaxBenchSizes = 1024;
+/// The largest `-f`: any factor larger than `kMaxBenchBytes` gives a sweep of one size anyway.
+inline constexpr std::int64_t kMaxBenchStepFactor = kMaxBenchBytes;
 
 /// A `--algo` name (any case, '-' for '_', the registry's aliases), or nullopt.
 std::optional<BenchAlgo> parse_bench_algo(std::string_view name);
@@ -93,10 +102,15 @@ std::vector<BenchAlgo> all_bench_algos(const BenchOptions& o);
 /// True for the collectives the custom exchange serves (all-gather, all-to-all, the LM head's).
 [[nodiscard]] bool exchange_op(const BenchOptions& o) noexcept;
 
-/// Adds the options to `cmd` (the `bench` subcommand) and validates them after parsing.
-void add_bench_options(CLI::App& cmd, BenchOptions& o);
+/// Adds the options to `cmd` (the `bench` subcommand) and validates them after parsing. The
+/// checks that involve several options run in `cmd`'s callback, which then calls `on_valid`
+/// (when given): the command's body must be scheduled there, never through another
+/// `callback` or `final_callback` of `cmd`, which would replace the checks (NOTE [one callback
+/// per command]).
+void add_bench_options(CLI::App& cmd, BenchOptions& o, std::function<void()> on_valid = {});
 
-/// The sizes of the sweep, in bytes, as nccl-tests steps them (-f multiplies, else -i adds).
+/// The sizes of the sweep, in bytes, as nccl-tests steps them (-f multiplies, else -i adds); at
+/// most `kMaxBenchSizes`, none above `o.max_bytes`, and no step overflows.
 std::vector<std::int64_t> bench_sizes(const BenchOptions& o);
 
 /// nccl-tests' bus-bandwidth factor: 2(n-1)/n for all-reduce, (n-1)/n for all-gather,

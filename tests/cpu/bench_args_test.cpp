@@ -5,8 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "support/run_program.hpp"
 #include "tools/bench_args.hpp"
 #include "tune/algorithms.hpp"
+
+#ifndef TPCOMM_CLI_PATH
+#error "TPCOMM_CLI_PATH must name the tpcomm program"
+#endif
 
 namespace tpcomm::tools {
 namespace {
@@ -117,6 +122,64 @@ TEST(BenchArgs, BadInputIsRefused) {
                                              {"--virtual-ranks", "9"}}) {
     EXPECT_THROW(parse(bad), CLI::Error) << bad[0] << " " << (bad.size() > 1 ? bad[1] : "");
   }
+}
+
+TEST(BenchArgs, SizeListsHaveBounds) {
+  auto expect_refused = [](std::vector<std::string> bad, const std::string& needle) {
+    try {
+      parse(bad);
+      ADD_FAILURE() << "accepted " << bad[0] << " " << bad[1] << " ...";
+    } catch (const CLI::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // A maximum whose steps would overflow 64 bits.
+  expect_refused({"-b", "1", "-e", "9223372036854775807", "-f", "1000"}, "at most");
+  // 10^9 sizes.
+  expect_refused({"-b", "1", "-e", "1G", "-i", "1"}, "sizes");
+  // Factors that are not factors, or do not fit.
+  expect_refused({"-f", "-1"}, "from 2 to");
+  expect_refused({"-f", "99999999999999999999"}, "from 2 to");
+  expect_refused({"-i", "0"}, "step");
+  // The limits themselves are accepted.
+  BenchOptions o = parse({"-b", "1", "-e", std::to_string(kMaxBenchBytes), "-f", "2"});
+  EXPECT_EQ(bench_sizes(o).size(), 37u);
+  o = parse({"-b", "1", "-e", std::to_string(kMaxBenchSizes), "-i", "1"});
+  EXPECT_EQ(bench_sizes(o).size(), static_cast<std::size_t>(kMaxBenchSizes));
+}
+
+// The program's own `bench` command, as `tpcomm` builds it, must validate its flags before it
+// looks for a GPU (validation errors exit with CLI11's code 105, a missing GPU with 77).
+TEST(BenchArgs, TheProgramRunsItsChecks) {
+  const std::string cli = test::built_file(TPCOMM_CLI_PATH);
+  if (test::run_program(cli + " --help").output.find("  bench") == std::string::npos)
+    GTEST_SKIP() << "this tpcomm was built without bench (no nvcc)";
+  for (const char* bad : {"-b 1M -e 1K", "-b 0", "-f 1", "-b 1 -e 1G -i 1"}) {
+    const auto r = test::run_program(cli + " bench " + std::string(bad) + " 2>&1");
+    EXPECT_EQ(r.exit_code, 105) << bad << ": " << r.output;
+    EXPECT_EQ(r.output.find("CUDA"), std::string::npos) << bad << ": " << r.output;
+  }
+}
+
+// As `add_bench_command` builds the command: its body is scheduled only once the checks passed.
+TEST(BenchArgs, ChecksRunBeforeTheCommandIsScheduled) {
+  for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
+           {"bench", "-b", "1M", "-e", "1K"}, {"bench", "-b", "0"}, {"bench", "-f", "1"}}) {
+    CLI::App app;
+    BenchOptions o;
+    bool scheduled = false;
+    add_bench_options(*app.add_subcommand("bench"), o, [&] { scheduled = true; });
+    std::vector<std::string> reversed(args.rbegin(), args.rend());
+    EXPECT_THROW(app.parse(reversed), CLI::ValidationError) << args[1] << " " << args[2];
+    EXPECT_FALSE(scheduled);
+  }
+  CLI::App app;
+  BenchOptions o;
+  bool scheduled = false;
+  add_bench_options(*app.add_subcommand("bench"), o, [&] { scheduled = true; });
+  std::vector<std::string> args{"64M", "-e", "bench"};
+  app.parse(args);
+  EXPECT_TRUE(scheduled);
 }
 
 TEST(BenchArgs, SizesStepLikeNcclTests) {
