@@ -11,6 +11,10 @@
 
 namespace tpcomm {
 
+/// The most ranks `launch_local` starts on one machine. Far above the GPUs a host has; a larger
+/// count is a typo, and each rank is a process with its own copy of the environment.
+inline constexpr int kMaxLocalRanks = 1024;
+
 /// What `launch_local` starts: `nprocs` copies of one program, one per rank.
 struct LaunchSpec {
   /// The program and its arguments. A program name without '/' is looked up in PATH.
