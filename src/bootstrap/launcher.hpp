@@ -11,6 +11,10 @@
 
 namespace tpcomm {
 
+/// The most ranks `launch_local` starts on one machine. Far above the GPUs a host has; a larger
+/// count is a typo, and each rank is a process with its own copy of the environment.
+inline constexpr int kMaxLocalRanks = 1024;
+
 /// What `launch_local` starts: `nprocs` copies of one program, one per rank.
 struct LaunchSpec {
   /// The program and its arguments. A program name without '/' is looked up in PATH.
@@ -71,8 +75,13 @@ struct LaunchResult {
 /// MASTER_ADDR, MASTER_PORT, and TPCOMM_STORE_TOKEN (a random token for this launch unless one
 /// is set already), then `spec.env`; the explicit TPCOMM_RANK, TPCOMM_WORLD_SIZE,
 /// TPCOMM_LOCAL_RANK, TPCOMM_LOCAL_WORLD_SIZE and TPCOMM_STORE_ADDR are removed, since they
-/// would override the launcher's numbering. Children inherit stdout and stderr, run in their
-/// own process groups, and are killed (SIGKILL) if the thread that launched them dies.
+/// would override the launcher's numbering. Each child's environment is built just before its
+/// fork. Children inherit stdout and stderr, run in their own process groups, and are killed
+/// (SIGKILL) if the thread that launched them dies. When the job ends every rank's process group
+/// gets SIGKILL, so that nothing a rank started in the background outlives the job; if the
+/// launcher process itself dies, a keeper process it forked kills the groups (what can still
+/// survive: processes that left their rank's group, e.g. through setsid; NOTE [launcher death]
+/// in launcher.cpp). While it runs the process is a child subreaper.
 ///
 /// SIGINT and SIGTERM sent to the launcher while it waits are forwarded to every child (a
 /// second one sends SIGKILL). When a rank fails (an exit code other than 0 and 77, or a
@@ -80,9 +89,10 @@ struct LaunchResult {
 /// `spec.grace`, and is reaped. The call returns once every child is reaped, or a few seconds
 /// after SIGKILL for a child that cannot die (reported as `kRunning`); it never waits forever.
 ///
-/// Throws `Error(kInvalidArgument)` for an empty program, `nprocs < 1`, or a program that
-/// cannot be found or executed, and `Error(kSystemError)` when fork fails (the children already
-/// started are killed and reaped first). One launch at a time per process: it installs
+/// Throws `Error(kInvalidArgument)` for an empty program, `nprocs` outside 1 to
+/// `kMaxLocalRanks`, a negative timeout or grace, or a program that cannot be found or
+/// executed, and `Error(kSystemError)` when fork fails (the children already started are killed
+/// and reaped first). One launch at a time per process: it installs
 /// SIGINT/SIGTERM handlers while it runs and restores the previous ones.
 LaunchResult launch_local(const LaunchSpec& spec);
 

@@ -11,13 +11,20 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "support/child.hpp"
+#include "support/run_program.hpp"
 #include "tpcomm/status.hpp"
 
 #ifndef TPCOMM_FAKE_RANK
 #error "TPCOMM_FAKE_RANK must name the fake_rank helper"
+#endif
+#ifndef TPCOMM_CLI_PATH
+#error "TPCOMM_CLI_PATH must name the tpcomm program"
 #endif
 
 namespace tpcomm {
@@ -67,6 +74,32 @@ class Launcher : public ::testing::Test {
       EXPECT_EQ(errno, ESRCH);
       EXPECT_NE(e.how, RankExit::How::kRunning);
     }
+  }
+
+  // The pid a shell rank wrote to `name`; 0 until the file holds one.
+  [[nodiscard]] pid_t pid_in(const std::string& name) const {
+    std::ifstream in(path(name));
+    long pid = 0;
+    in >> pid;
+    return static_cast<pid_t>(pid);
+  }
+
+  // True when `pid` has ended: no such process, or a zombie nobody has reaped yet (an orphan
+  // that init has not collected).
+  static bool ended(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    if (!stat) return true;
+    std::string line;
+    std::getline(stat, line);
+    const auto paren = line.rfind(')');
+    return paren == std::string::npos || line.size() < paren + 3 || line[paren + 2] == 'Z' ||
+           line[paren + 2] == 'X';
+  }
+
+  // A rank that starts `sleep SECONDS` in the background and writes its pid to bg.RANK.
+  [[nodiscard]] std::string background_sleep(int seconds) const {
+    return "sleep " + std::to_string(seconds) + " & echo $! > " + path("bg.") + "$RANK.tmp && mv " +
+           path("bg.") + "$RANK.tmp " + path("bg.") + "$RANK; ";
   }
 
   std::string dir_;
@@ -227,6 +260,112 @@ TEST_F(Launcher, ForwardsSigintToEveryRank) {
   struct sigaction after {};
   ::sigaction(SIGINT, nullptr, &after);
   EXPECT_EQ(after.sa_handler, before.sa_handler);
+}
+
+// NOTE [rank process groups]: a rank's background children live in its process group, and the
+// launcher signals that group when the job ends, whether the rank failed, succeeded or was
+// stopped.
+TEST_F(Launcher, BackgroundChildrenDoNotOutliveTheJob) {
+  // Rank 0 leaves a child behind and fails once rank 1 has left one too; rank 1 is stopped.
+  LaunchSpec failing;
+  failing.argv = {"/bin/sh", "-c",
+                  background_sleep(272) + "if [ $RANK = 0 ]; then while [ ! -e " + path("bg.1") +
+                      " ]; do sleep 0.01; done; exit 1; fi; sleep 60"};
+  failing.nprocs = 2;
+  failing.grace = 500ms;
+  const auto t0 = Clock::now();
+  LaunchResult r = launch_local(failing);
+  EXPECT_LT(Clock::now() - t0, 10s);
+  EXPECT_EQ(r.exit_code, 1) << r.message;
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t bg = pid_in("bg." + std::to_string(rank));
+    ASSERT_GT(bg, 0) << rank;
+    EXPECT_TRUE(testing::eventually([&] { return ended(bg); }, 2s))
+        << "rank " << rank << "'s background child " << bg << " survived";
+    ::kill(bg, SIGKILL);
+  }
+  expect_all_gone(r);
+
+  // Ranks that succeed leave nothing running either.
+  LaunchSpec succeeding;
+  succeeding.argv = {"/bin/sh", "-c", background_sleep(271) + "exit 0"};
+  succeeding.nprocs = 2;
+  r = launch_local(succeeding);
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t bg = pid_in("bg." + std::to_string(rank));
+    ASSERT_GT(bg, 0) << rank;
+    EXPECT_TRUE(testing::eventually([&] { return ended(bg); }, 2s))
+        << "rank " << rank << "'s background child " << bg << " survived";
+    ::kill(bg, SIGKILL);
+  }
+}
+
+// A SIGKILL of the launcher itself takes the ranks and their process groups with it.
+TEST_F(Launcher, KillingTheLauncherStopsTheRanksChildren) {
+  const std::string cli = tpcomm::test::built_file(TPCOMM_CLI_PATH);
+  const std::string script = background_sleep(274) + "sleep 60";
+  const pid_t launcher = testing::fork_child([&] {
+    ::execl(cli.c_str(), cli.c_str(), "launch", "-n", "2", "--", "/bin/sh", "-c", script.c_str(),
+            static_cast<char*>(nullptr));
+    throw std::runtime_error("execl failed");
+  });
+  ASSERT_GT(launcher, 0);
+  const bool started =
+      testing::eventually([&] { return pid_in("bg.0") > 0 && pid_in("bg.1") > 0; }, 10s);
+  ::kill(launcher, SIGKILL);
+  EXPECT_EQ(testing::wait_child(launcher, 5s), 128 + SIGKILL);
+  ASSERT_TRUE(started);
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t bg = pid_in("bg." + std::to_string(rank));
+    EXPECT_TRUE(testing::eventually([&] { return ended(bg); }, 3s))
+        << "rank " << rank << "'s background child " << bg << " survived the launcher";
+    ::kill(bg, SIGKILL);
+  }
+}
+
+TEST_F(Launcher, RefusesMoreRanksThanTheLimit) {
+  // Refused before anything else is looked at, the program included.
+  LaunchSpec many;
+  many.argv = {path("")};
+  many.nprocs = 100000;
+  try {
+    launch_local(many);
+    ADD_FAILURE() << "launched 100000 ranks";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("at most " + std::to_string(kMaxLocalRanks)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// `tpcomm launch`'s own checks of -n, --timeout and --grace: the range in words.
+TEST(LaunchCommand, StatesTheRangeOfBadValues) {
+  const std::string cli = tpcomm::test::built_file(TPCOMM_CLI_PATH);
+  const std::pair<const char*, const char*> cases[] = {
+      {"-n 0", "from 1 to 1024"},
+      {"-n -1", "from 1 to 1024"},
+      {"-n 100000", "from 1 to 1024"},
+      {"-n two", "from 1 to 1024"},
+      {"-n 1 --timeout -1", "0 (no limit) or from 0.001"},
+      {"-n 1 --timeout 0.0001", "0 (no limit) or from 0.001"},
+      {"-n 1 --timeout 1e30", "too large"},
+      {"-n 1 --timeout nan", "not a number"},
+      {"-n 1 --timeout soon", "not a number"},
+      {"-n 1 --grace 1e30", "too large"},
+      {"-n 1 --grace nan", "not a number"},
+      {"-n 1 --grace -1", "0 or from 0.001"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const auto r = tpcomm::test::run_program(cli + " launch " + args + " -- true 2>&1");
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find("179769"), std::string::npos) << args << ": " << r.output;
+  }
+  // A timeout of one millisecond is a limit, not "none".
+  const auto r = tpcomm::test::run_program(cli + " launch -n 1 --timeout 0.001 -- sleep 5 2>&1");
+  EXPECT_EQ(r.exit_code, 124) << r.output;
 }
 
 TEST_F(Launcher, RefusesWhatItCannotStart) {
