@@ -44,8 +44,30 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
   for np in $nps; do
     step mgpu "$bin/tpcomm" launch -n "$np" --timeout 600 -- "$bin/tpcomm_mgpu_tests"
   done
-  step mgpu env TPCOMM_MGPU_DEAD_PEER=1 TPCOMM_TIMEOUT_MS=5000 "$bin/tpcomm" launch -n 2 --timeout 300 -- \
-    "$bin/tpcomm_mgpu_tests" --gtest_filter='*DeadPeer*'
+  # A dead peer with the rank watch off: the deadlines notice it.
+  step mgpu env TPCOMM_MGPU_DEAD_PEER=1 TPCOMM_TIMEOUT_MS=5000 TPCOMM_RANK_WATCH=0 "$bin/tpcomm" launch \
+    -n 2 --timeout 300 -- "$bin/tpcomm_mgpu_tests" --gtest_filter='*DeadPeer*'
+  # A rank killed with SIGKILL, the store's host among them, at the default deadline: the rank
+  # watch notices it. Two ranks started by hand (a launcher would stop the survivor); the victim
+  # ends with 137, the survivor must pass.
+  for kill in 1:lamport 0:two_shot 1:one_shot:pdl0; do
+    IFS=: read -r victim algo pdl <<<"$kill"
+    step "kill-rank$victim-$algo${pdl:+-$pdl}" bash -c '
+      port=$((20000 + RANDOM % 20000)); pids=()
+      for r in 0 1; do
+        env TPCOMM_RANK=$r TPCOMM_WORLD_SIZE=2 TPCOMM_LOCAL_RANK=$r TPCOMM_LOCAL_WORLD_SIZE=2 \
+          TPCOMM_STORE_ADDR=127.0.0.1:$port TPCOMM_TIMEOUT_MS=30000 TPCOMM_PDL=$4 \
+          TPCOMM_MGPU_KILL=$2 TPCOMM_MGPU_KILL_ALGO=$3 "$1" --gtest_filter="*RankKilled*" &
+        pids+=($!)
+      done
+      rc=0
+      for r in 0 1; do
+        wait "${pids[$r]}"; got=$?
+        if [ "$r" = "$2" ]; then want=137; else want=0; fi
+        echo "rank $r exited $got (expected $want)"; [ "$got" = "$want" ] || rc=1
+      done
+      exit $rc' _ "$bin/tpcomm_mgpu_tests" "$victim" "$algo" "$([ "$pdl" = pdl0 ] && echo 0 || echo 1)"
+  done
   # The bench with ranks from other launchers, checked (every rank must use rank 0's data).
   step mgpu "$bin/tpcomm" launch -n 2 --timeout 300 -- "$bin/tpcomm" bench -b 1K -e 4K -f 4 \
     -d bfloat16 --graph -n 3 -w 1 --graph-replays 2 --algo lamport,lamport_two_shot,one_shot,two_shot,auto

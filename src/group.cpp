@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <span>
@@ -16,6 +18,7 @@
 #include "backends/custom_ar.hpp"
 #include "backends/nccl_comm.hpp"
 #include "backends/nccl_lib.hpp"
+#include "bootstrap/rank_watch.hpp"
 #include "core/cuda_check.hpp"
 #include "core/log.hpp"
 #include "exchange_plan.hpp"
@@ -213,10 +216,43 @@ struct Group::Impl {
   bool scope_open = false;
   bool nccl_was_enabled = true;               // NCCL's state before the capture scope enabled it
   std::vector<const char*> fallbacks_logged;  // static strings
+  // NOTE [rank watch]: set from the store client's watching thread when a member is gone.
+  std::shared_ptr<RankWatch> rank_watch;
+  std::uint64_t watch_id = 0;
+  std::atomic<bool> member_lost{false};
+  std::mutex lost_mu;
+  std::string lost_reason;  // guarded by lost_mu
 
   explicit Impl(Bootstrap b) : boot(std::move(b)) {}
   ~Impl() {
+    if (rank_watch) rank_watch->unsubscribe(watch_id);
+    // A communicator waiting for a rank that is gone is aborted, not finalised at a deadline.
+    if (member_lost.load() && nccl != nullptr) nccl->comm().abort();
     if (order_event != nullptr) cudaEventDestroy(order_event);
+  }
+
+  /// Subscribes to the store's news of lost ranks: a lost member (or the store's host) makes
+  /// the kernels give up at once and the next call fail (`poll_health`).
+  void watch_members() {
+    if (!options.rank_watch) return;
+    rank_watch = boot.shared_store()->rank_watch();
+    if (!rank_watch) return;
+    std::vector<int> members(static_cast<std::size_t>(boot.world_size()));
+    for (int r = 0; r < boot.world_size(); ++r)
+      members[static_cast<std::size_t>(r)] = boot.job_rank(r);
+    watch_id = rank_watch->subscribe([this, members](int lost, const std::string& reason) {
+      const auto it = std::find(members.begin(), members.end(), lost);
+      if (lost >= 0 && it == members.end()) return;
+      const auto group_rank = it - members.begin();
+      {
+        std::lock_guard lock(lost_mu);
+        lost_reason = lost < 0 || group_rank == lost
+                          ? reason
+                          : detail::concat(reason, " (rank ", group_rank, " of this group)");
+      }
+      member_lost.store(true, std::memory_order_release);
+      if (custom != nullptr) custom->impl().abort_kernels();
+    });
   }
 
   Status fail(Status s, std::string message) noexcept {
@@ -231,6 +267,17 @@ struct Group::Impl {
   /// backend that call goes to.
   Status poll_health() noexcept {
     if (health != Status::kOk) return health;
+    if (member_lost.load(std::memory_order_acquire)) {
+      std::string why;
+      {
+        std::lock_guard lock(lost_mu);
+        why = lost_reason;
+      }
+      if (custom != nullptr) custom->impl().abort();
+      if (nccl != nullptr) nccl->comm().abort();
+      TPCOMM_LOG_ERROR("group rank ", boot.rank(), ": ", why, "; the group is aborted");
+      return fail(Status::kAborted, std::move(why));
+    }
     if (custom != nullptr) {
       if (Status h = custom->impl().health(); h != Status::kOk)
         return fail(h, custom->impl().error_message());
@@ -561,6 +608,7 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   if (config.custom_all_reduce && world > 1) m.add_custom(pinned, config.fusion);
   if (want_nccl) m.add_nccl(peers, nccl_why);
   if (m.custom != nullptr) m.load_tune_table(peers);
+  m.watch_members();
 }
 
 Group::~Group() = default;

@@ -142,6 +142,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_DISABLE_CUSTOM_AR", o.disable_custom_ar ? "1" : "0"},
       {"TPCOMM_DISABLE_NCCL", o.disable_nccl ? "1" : "0"},
       {"TPCOMM_PDL", o.programmatic_launch ? "1" : "0"},
+      {"TPCOMM_RANK_WATCH", o.rank_watch ? "1" : "0"},
       {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
       // The token is a secret: say whether it is set, never what it is.
       {"TPCOMM_STORE_TOKEN", o.store_token.empty() ? "(unset)" : "(set)"},

@@ -103,6 +103,9 @@ class Bootstrap {
   [[nodiscard]] Store& store() noexcept;
   [[nodiscard]] std::shared_ptr<Store> shared_store() const noexcept;
   [[nodiscard]] Milliseconds timeout() const noexcept;
+  /// The rank in the job (the bootstrap this one was split from, transitively) of this
+  /// bootstrap's rank `r`; -1 for an `r` out of range.
+  [[nodiscard]] int job_rank(int r) const noexcept;
 
   /// Returns when every rank has called it. Collective.
   void barrier();

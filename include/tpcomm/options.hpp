@@ -35,6 +35,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// | `TPCOMM_DISABLE_CUSTOM_AR` | `disable_custom_ar` | 0 |
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
+/// | `TPCOMM_RANK_WATCH` | `rank_watch` | 1 |
 /// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
@@ -74,6 +75,11 @@ struct Options {
   /// Launch the custom kernels as programmatic dependent launches, so that their launch
   /// latency hides behind the kernel before them on the stream (Hopper and later).
   bool programmatic_launch = true;
+  /// Notice within milliseconds that a rank's process of a multi-process job is gone (its
+  /// connection to the store closed without leaving normally): every survivor's groups then
+  /// fail their pending and next calls with kAborted naming the rank, and waits on the store
+  /// fail at once instead of at their deadlines. Off: only the deadlines notice.
+  bool rank_watch = true;
   /// The user's setting for assembling a vocabulary-sharded LM head's logits with one
   /// all-to-all, to pass as `LmHeadA2aInputs::lm_head_a2a` (tpcomm/policy.hpp): auto lets
   /// `decide_lm_head_a2a` decide, 1 and 0 force it on and off. Accepted, in any case: auto;

@@ -14,6 +14,7 @@
 namespace tpcomm {
 
 using Bytes = std::vector<std::byte>;
+class RankWatch;
 using Milliseconds = std::chrono::milliseconds;
 
 /// A key-value store shared by all ranks of a job. Values are raw bytes with a length, never
@@ -40,6 +41,9 @@ class Store {
   virtual bool check(std::span<const std::string> keys, Milliseconds timeout) = 0;
   /// Removes `key`; true when it existed.
   virtual bool erase(std::string_view key, Milliseconds timeout) = 0;
+  /// Who of the job's ranks is gone, where this store can tell (a `TcpStore` with a
+  /// `watch_rank`); nullptr elsewhere. Groups built over the store subscribe to it.
+  [[nodiscard]] virtual std::shared_ptr<RankWatch> rank_watch() const noexcept { return nullptr; }
 
   /// The timeout the convenience overloads use.
   [[nodiscard]] Milliseconds default_timeout() const noexcept { return default_timeout_; }
@@ -172,6 +176,12 @@ class TcpStore final : public Store {
     /// before it stops the server, so that a peer still reading the reply of its last operation
     /// (the last barrier of a job) is not cut off.
     Milliseconds linger{3000};
+    /// The job rank of this client, or -1. With a rank, the client keeps a second connection
+    /// open on which the server learns that this rank's process is alive, and tells it when
+    /// another rank's process is gone (its connection closed without leaving normally, which the
+    /// destructor does): `rank_watch()` reports it, and from then on every GET or WAIT that
+    /// waits for a key on any client fails at once with `Error(kAborted)` naming the rank.
+    int watch_rank = -1;
   };
 
   /// Connects (retrying until `timeout`: the server may start later, or be at its connection
@@ -187,6 +197,7 @@ class TcpStore final : public Store {
 
   /// The port of the server this client talks to.
   [[nodiscard]] int port() const noexcept;
+  [[nodiscard]] std::shared_ptr<RankWatch> rank_watch() const noexcept override;
 
   void set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) override;
   Bytes get(std::string_view key, Milliseconds timeout) override;

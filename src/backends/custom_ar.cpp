@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -448,8 +449,12 @@ Status CustomAllReduce::warm_up(Stream stream) noexcept {
   return Status::kOk;
 }
 
+void CustomAllReduce::abort_kernels() noexcept {
+  std::atomic_ref<std::uint32_t>(*impl_->abort_host).store(1, std::memory_order_release);
+}
+
 void CustomAllReduce::abort() noexcept {
-  *reinterpret_cast<volatile std::uint32_t*>(impl_->abort_host) = 1;
+  abort_kernels();
   if (health_ == Status::kOk) {
     health_ = Status::kAborted;
     error_message_ = "custom all-reduce: aborted";

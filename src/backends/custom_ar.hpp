@@ -93,6 +93,8 @@ class CustomAllReduce {
   [[nodiscard]] const std::string& error_message() const noexcept { return error_message_; }
   /// Makes every waiting and future kernel of this group give up. Idempotent.
   void abort() noexcept;
+  /// The kernels' part of `abort()` alone: safe from any thread, while the owner uses this.
+  void abort_kernels() noexcept;
 
  private:
   struct Impl;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
 
 #include "bootstrap/deadline.hpp"
 #include "bootstrap/socket.hpp"
@@ -59,6 +60,8 @@ struct Bootstrap::Impl {
   int node_id = 0;
   // The node index of every rank, in order of first appearance by rank.
   std::vector<int> node_of_rank;
+  // The job rank (rank in the bootstrap that was split) of every rank.
+  std::vector<int> job_ranks;
   std::string prefix;
   std::uint64_t seq = 0;
   std::vector<OwnKey> own_keys;
@@ -71,6 +74,8 @@ struct Bootstrap::Impl {
     TPCOMM_CHECK(rank >= 0 && rank < world_size, Status::kInvalidArgument, "Bootstrap: rank ", rank,
                  " is out of range for world size ", world_size);
     TPCOMM_CHECK(!prefix.empty(), Status::kInvalidArgument, "Bootstrap: empty key prefix");
+    job_ranks.resize(static_cast<std::size_t>(world_size));
+    std::iota(job_ranks.begin(), job_ranks.end(), 0);
   }
 
   [[nodiscard]] Milliseconds timeout() const { return store->default_timeout(); }
@@ -246,6 +251,7 @@ Bootstrap Bootstrap::from_launch_info(const LaunchInfo& info, const Options& opt
   config.port = info.store_port;
   config.token = options.store_token;
   config.timeout = timeout;
+  if (options.rank_watch) config.watch_rank = info.rank;
   if (info.rank == 0) {
     config.host_server = true;
     config.server.token = options.store_token;
@@ -301,6 +307,10 @@ Store& Bootstrap::store() noexcept { return *impl_->store; }
 std::shared_ptr<Store> Bootstrap::shared_store() const noexcept { return impl_->store; }
 Milliseconds Bootstrap::timeout() const noexcept { return impl_->timeout(); }
 
+int Bootstrap::job_rank(int r) const noexcept {
+  return r >= 0 && r < impl_->world_size ? impl_->job_ranks[static_cast<std::size_t>(r)] : -1;
+}
+
 void Bootstrap::barrier() { impl_->barrier(); }
 
 Bytes Bootstrap::broadcast(std::span<const std::byte> data, int root) {
@@ -339,6 +349,8 @@ Bootstrap Bootstrap::split(std::span<const int> ranks, std::string_view tag) con
     nodes[i] = renumber.try_emplace(node, static_cast<int>(renumber.size())).first->second;
   }
   sub->set_locality_from_nodes(std::move(nodes));
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    sub->job_ranks[i] = m.job_ranks[static_cast<std::size_t>(ranks[i])];
   return Bootstrap(std::move(sub));
 }
 

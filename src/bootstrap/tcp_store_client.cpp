@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // The TCP store's client: one connection, one request in flight, optionally hosting the server.
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <mutex>
 #include <thread>
 
 #include "bootstrap/deadline.hpp"
+#include "bootstrap/rank_watch.hpp"
 #include "bootstrap/socket.hpp"
 #include "bootstrap/wire.hpp"
 #include "core/check.hpp"
@@ -43,6 +47,11 @@ struct TcpStore::Impl {
   Socket sock;
   // Why the connection cannot be used any more; empty while it can.
   std::string broken;
+  // NOTE [rank watch]: the watch connection, read by `watcher` alone.
+  std::shared_ptr<RankWatch> rank_watch;
+  Socket watch_sock;
+  std::thread watcher;
+  std::atomic<bool> leaving{false};
 
   struct Reply {
     wire::ReplyHeader header;
@@ -131,11 +140,84 @@ struct TcpStore::Impl {
         broken = reason;
         TPCOMM_THROW(Status::kUnavailable, what, ": the store at ", address,
                      " refused the connection: ", reason);
+      case ReplyCode::kRankLost:
+        TPCOMM_THROW(Status::kAborted, what, ": ", reason);
       default:
         broken = reason;
         TPCOMM_THROW(Status::kProtocolError, what, ": the store at ", address,
                      " reported a protocol error: ", reason);
     }
+  }
+
+  // Connects a second time and registers it as job rank `rank`'s watch connection; a thread
+  // then reads its notices (NOTE [rank watch]).
+  void start_watch(const std::string& host, int rank, Deadline deadline) {
+    watch_sock = net::connect_tcp(host, port, deadline);
+    const Deadline io = std::max(deadline, deadline_after(milliseconds{1000}));
+    const auto exchange = [&](const wire::RequestHeader& h, std::span<const std::byte> value) {
+      auto hb = wire::encode(h);
+      IoResult r = net::send_all(watch_sock.get(), hb, io);
+      if (r.status == Io::kOk && !value.empty()) r = net::send_all(watch_sock.get(), value, io);
+      wire::ReplyBytes rb;
+      if (r.status == Io::kOk) r = net::recv_all(watch_sock.get(), rb, io);
+      TPCOMM_CHECK(
+          r.status == Io::kOk, r.status == Io::kTimeout ? Status::kTimeout : Status::kSystemError,
+          "store watch: the connection to the store at ", address, " failed: ", net::describe(r));
+      const wire::ReplyHeader reply = wire::decode_reply(rb);
+      TPCOMM_CHECK(
+          !wire::check_reply(reply, 0) && reply.code == ReplyCode::kOk && reply.value_len == 0,
+          Status::kProtocolError, "store watch: the store at ", address,
+          " refused the watch connection (", wire::to_string(reply.code), ")");
+    };
+    exchange({.opcode = Opcode::kHello, .value_len = config.token.size()},
+             wire::as_bytes(config.token));
+    exchange({.opcode = Opcode::kWatch, .arg = rank}, {});
+    rank_watch = std::make_shared<RankWatch>();
+    watcher = std::thread([this] { watch_loop(); });
+  }
+
+  void watch_loop() noexcept {
+    std::string lost;
+    int lost_rank = -1;
+    for (;;) {
+      wire::ReplyBytes rb;
+      IoResult r = net::recv_all(watch_sock.get(), rb, kNoDeadline);
+      if (r.status != Io::kOk) break;
+      const wire::ReplyHeader h = wire::decode_reply(rb);
+      if (wire::check_reply(h, 0)) break;
+      std::string reason(h.value_len, '\0');
+      r = net::recv_all(watch_sock.get(),
+                        std::as_writable_bytes(std::span(reason.data(), reason.size())),
+                        deadline_after(milliseconds{1000}));
+      if (r.status != Io::kOk) break;
+      if (h.code == ReplyCode::kOk && h.result == -1) return;  // the server stops: a normal end
+      if (h.code == ReplyCode::kRankLost) {
+        lost = reason;
+        lost_rank = static_cast<int>(h.result);
+        break;
+      }
+    }
+    if (leaving.load()) return;
+    if (lost.empty()) {
+      lost = concat("the store at ", address,
+                    " closed the connection without stopping: its host (rank 0, or the process "
+                    "serving the store) is gone");
+    }
+    try {
+      rank_watch->notify(lost_rank, lost);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): nothing left to tell
+    }
+  }
+
+  // Leaves normally: the server will not report this rank as lost.
+  void stop_watch() noexcept {
+    if (!watcher.joinable()) return;
+    leaving.store(true);
+    const auto hb = wire::encode(wire::RequestHeader{.opcode = Opcode::kWatch, .arg = -1});
+    net::send_all(watch_sock.get(), hb, deadline_after(milliseconds{500}));
+    ::shutdown(watch_sock.get(), SHUT_RDWR);
+    watcher.join();
+    watch_sock.reset();
   }
 
   static Deadline wait_deadline(milliseconds timeout) {
@@ -189,11 +271,13 @@ TcpStore::TcpStore(Config config) : impl_(std::make_unique<Impl>()) {
       if (SteadyClock::now() >= deadline) throw;
     }
   }
+  if (m.config.watch_rank >= 0) m.start_watch(connect_host, m.config.watch_rank, deadline);
   TPCOMM_LOG_DEBUG("store: connected to ", m.address);
 }
 
 TcpStore::~TcpStore() {
   Impl& m = *impl_;
+  m.stop_watch();
   m.sock.reset();
   if (m.server) {
     // Peers that have just finished their last operation may still be reading its reply:
@@ -207,6 +291,8 @@ TcpStore::~TcpStore() {
 }
 
 int TcpStore::port() const noexcept { return impl_->port; }
+
+std::shared_ptr<RankWatch> TcpStore::rank_watch() const noexcept { return impl_->rank_watch; }
 
 void TcpStore::set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) {
   const std::string what = concat("store set '", key, "'");

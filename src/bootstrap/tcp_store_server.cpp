@@ -47,6 +47,11 @@ constexpr std::size_t kRejectDrainBytes = std::size_t{1} << 20;
 // reply, by the accept thread, and at most this many are held open for that.
 constexpr milliseconds kBusyLinger{500};
 constexpr std::size_t kMaxBusyLingering = 64;
+// How often a watch connection checks for a lost rank to report and for its client hanging up
+// (NOTE [rank watch]); a lost rank reaches the other ranks within about this long.
+constexpr milliseconds kWatchPoll{20};
+// How long stop() gives the watch connections to send their stop notice.
+constexpr milliseconds kWatchStopGrace{200};
 
 // Constant-time comparison, so the time a rejection takes says nothing about the token.
 bool token_matches(std::span<const std::byte> given, std::string_view expected) noexcept {
@@ -78,7 +83,7 @@ struct TcpStoreServer::Impl {
     Socket sock;
     Deadline close_at;
   };
-  enum class WaitResult { kFound, kTimeout, kGone };
+  enum class WaitResult { kFound, kTimeout, kGone, kRankLost };
 
   TcpStoreServerConfig config;
   wire::Limits limits;
@@ -91,6 +96,7 @@ struct TcpStoreServer::Impl {
   std::atomic<bool> stopping{false};
   std::atomic<std::int64_t> rejected{0};
   std::atomic<int> waiting{0};
+  std::atomic<int> watchers{0};
 
   std::mutex stop_mu;
   bool stopped = false;
@@ -99,6 +105,10 @@ struct TcpStoreServer::Impl {
   std::mutex data_mu;
   std::condition_variable data_cv;
   std::unordered_map<std::string, Bytes> data;
+  // NOTE [rank watch]: why the job's first lost rank is gone, and its rank; empty while no rank
+  // is lost. Guarded by `data_mu`, so a waiter checks it with the keys.
+  std::string lost;
+  std::int64_t lost_rank = -1;
 
   // Connections: threads are started and joined by the accept thread (and by stop() once the
   // accept thread is gone). A connection's fd stays open until its thread has been joined, so
@@ -131,6 +141,11 @@ struct TcpStoreServer::Impl {
   /// and wakes waiters. Returns why it cannot (the key holds something else, or the sum would
   /// overflow), else "".
   std::string add(const std::string& key, std::int64_t delta, std::int64_t& result);
+  /// Serves the watch connection of job rank `rank` until the rank leaves, normally or not, or
+  /// the server stops (NOTE [rank watch]). Returns false: the connection then closes.
+  bool watch(Connection& c, std::int64_t rank);
+  /// Records the job's first lost rank; wakes every waiter.
+  void mark_lost(std::int64_t rank, const std::string& reason);
   bool send_reply(int fd, const wire::ReplyHeader& h, std::span<const std::byte> payload);
   void stop() noexcept;
 };
@@ -304,6 +319,7 @@ TcpStoreServer::Impl::WaitResult TcpStoreServer::Impl::wait_for_key(int fd, cons
       return WaitResult::kFound;
     }
     if (stopping.load()) return WaitResult::kGone;
+    if (!lost.empty()) return WaitResult::kRankLost;
     const auto now = SteadyClock::now();
     if (now >= deadline) return WaitResult::kTimeout;
     if (now >= next_poll) {
@@ -368,6 +384,13 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
           break;
         case WaitResult::kGone:
           return false;
+        case WaitResult::kRankLost: {
+          reply.code = ReplyCode::kRankLost;
+          std::lock_guard lock(data_mu);
+          const auto reason = wire::as_bytes(lost);
+          payload.assign(reason.begin(), reason.end());
+          break;
+        }
       }
       break;
     }
@@ -390,11 +413,81 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
       reply.result = static_cast<std::int64_t>(data.erase(key));
       break;
     }
+    case Opcode::kWatch:
+      return watch(c, h.arg);
     case Opcode::kHello:
       break;
   }
   reply.value_len = payload.size();
   return send_reply(fd, reply, payload);
+}
+
+void TcpStoreServer::Impl::mark_lost(std::int64_t rank, const std::string& reason) {
+  {
+    std::lock_guard lock(data_mu);
+    if (!lost.empty()) return;
+    lost = reason;
+    lost_rank = rank;
+  }
+  TPCOMM_LOG_WARN("store: ", reason, "; waits for keys fail from now on");
+  data_cv.notify_all();
+}
+
+bool TcpStoreServer::Impl::watch(Connection& c, std::int64_t rank) {
+  const int fd = c.sock.get();
+  if (rank < 0) {
+    reject(c, ReplyCode::kProtocolError, "WATCH -1 (leaving) on a connection that watches no rank");
+    return false;
+  }
+  watchers.fetch_add(1);
+  struct Leave {
+    std::atomic<int>& n;
+    ~Leave() { n.fetch_sub(1); }
+  } leave{watchers};
+  if (!send_reply(fd, wire::ReplyHeader{}, {})) return false;
+  TPCOMM_LOG_DEBUG("store: ", c.peer, " watches as rank ", rank);
+  bool told = false;
+  for (;;) {
+    std::string notice;
+    std::int64_t notice_rank = -1;
+    if (!told) {
+      std::lock_guard lock(data_mu);
+      if (!lost.empty() && lost_rank != rank) {
+        notice = lost;
+        notice_rank = lost_rank;
+        told = true;
+      }
+    }
+    if (!notice.empty()) {
+      // A failed send means the client is gone too: the next poll sees it.
+      send_reply(
+          fd,
+          wire::ReplyHeader{
+              .code = ReplyCode::kRankLost, .value_len = notice.size(), .result = notice_rank},
+          wire::as_bytes(notice));
+    }
+    if (stopping.load()) {
+      send_reply(fd, wire::ReplyHeader{.result = -1}, {});  // a normal end, not a lost host
+      return false;
+    }
+    IoResult w = net::wait_readable(fd, deadline_after(kWatchPoll));
+    if (w.status == Io::kTimeout) continue;
+    wire::RequestBytes hb;
+    IoResult r =
+        w.status == Io::kOk ? net::recv_all(fd, hb, deadline_after(config.frame_timeout)) : w;
+    if (stopping.load()) return false;
+    if (r.status != Io::kOk) {
+      mark_lost(rank, concat("rank ", rank, " left: its connection to the store closed"));
+      return false;
+    }
+    const wire::RequestHeader h = wire::decode_request(hb);
+    if (!wire::check_request(h, limits) && h.opcode == Opcode::kWatch && h.arg == -1) {
+      TPCOMM_LOG_DEBUG("store: rank ", rank, " left normally");
+      return false;
+    }
+    reject(c, ReplyCode::kProtocolError, "a watch connection sends nothing but WATCH -1");
+    return false;
+  }
 }
 
 void TcpStoreServer::Impl::serve(Connection& c) {
@@ -466,6 +559,10 @@ void TcpStoreServer::Impl::stop() noexcept {
   stopping.store(true);
   wake();
   if (acceptor.joinable()) acceptor.join();
+  // Watch connections tell their clients that this is a normal end (NOTE [rank watch]).
+  for (const Deadline grace = deadline_after(kWatchStopGrace);
+       watchers.load() > 0 && SteadyClock::now() < grace;)
+    std::this_thread::sleep_for(milliseconds{2});
   std::list<std::unique_ptr<Connection>> all;
   {
     std::lock_guard lock(conn_mu);

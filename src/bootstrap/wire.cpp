@@ -3,6 +3,7 @@
 #include "bootstrap/wire.hpp"
 
 #include <cstdio>
+#include <limits>
 
 #include "core/check.hpp"
 
@@ -103,6 +104,7 @@ bool is_known(Opcode op) noexcept {
     case Opcode::kCheck:
     case Opcode::kWait:
     case Opcode::kErase:
+    case Opcode::kWatch:
       return true;
   }
   return false;
@@ -117,6 +119,7 @@ bool is_known(ReplyCode code) noexcept {
     case ReplyCode::kTooLarge:
     case ReplyCode::kUnauthenticated:
     case ReplyCode::kBusy:
+    case ReplyCode::kRankLost:
       return true;
   }
   return false;
@@ -138,6 +141,8 @@ std::string to_string(Opcode op) {
       return "WAIT";
     case Opcode::kErase:
       return "ERASE";
+    case Opcode::kWatch:
+      return "WATCH";
   }
   return detail::concat("opcode ", static_cast<unsigned>(op));
 }
@@ -158,6 +163,8 @@ std::string_view to_string(ReplyCode code) noexcept {
       return "unauthenticated";
     case ReplyCode::kBusy:
       return "busy";
+    case ReplyCode::kRankLost:
+      return "rank lost";
   }
   return "unknown reply code";
 }
@@ -186,6 +193,13 @@ std::optional<Rejection> check_request(const RequestHeader& h, const Limits& lim
       return reject(ReplyCode::kTooLarge,
                     concat("token of ", h.value_len, " bytes is longer than ", kMaxTokenBytes));
     }
+    return std::nullopt;
+  }
+  if (h.opcode == Opcode::kWatch) {
+    if (h.key_len != 0 || h.value_len != 0)
+      return reject(ReplyCode::kProtocolError, "WATCH carries no key and no value");
+    if (h.arg < -1 || h.arg > std::numeric_limits<std::int32_t>::max())
+      return reject(ReplyCode::kProtocolError, concat("WATCH of rank ", h.arg, " is out of range"));
     return std::nullopt;
   }
   if (h.key_len == 0) return reject(ReplyCode::kProtocolError, concat(op, " with an empty key"));

@@ -58,6 +58,11 @@ enum class Opcode : std::uint16_t {
   kWait = 6,
   /// key. Reply: kOk, result = 1 when the key existed, else 0.
   kErase = 7,
+  /// No key, no value. arg = the job rank this connection stands for (>= 0): the connection
+  /// becomes that rank's watch connection (NOTE [rank watch]). Reply: kOk at once; after it
+  /// the server sends only notices on this connection, and the client sends only one more
+  /// WATCH, with arg = -1, when the rank leaves normally.
+  kWatch = 8,
 };
 
 /// Outcome of a request.
@@ -77,6 +82,10 @@ enum class ReplyCode : std::uint16_t {
   kUnauthenticated = 5,
   /// The server already serves `max_connections` connections. Closes.
   kBusy = 6,
+  /// GET/WAIT: the key cannot come, because a rank of the job left (the reason says which).
+  /// Connection stays open. On a watch connection: the notice that a rank left (result = the
+  /// rank, value = the reason).
+  kRankLost = 7,
 };
 
 struct RequestHeader {
@@ -105,7 +114,8 @@ struct ReplyHeader {
   ReplyCode code = ReplyCode::kOk;
   std::uint16_t reserved = 0;
   std::uint64_t value_len = 0;
-  /// ADD: the new value; CHECK/ERASE: 1 or 0; HELLO: the server's protocol version.
+  /// ADD: the new value; CHECK/ERASE: 1 or 0; HELLO: the server's protocol version; a notice on
+  /// a watch connection: the rank that left (kRankLost), or -1 when the server stops (kOk).
   std::int64_t result = 0;
 };
 static_assert(std::is_trivially_copyable_v<ReplyHeader>);

@@ -158,6 +158,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   flag("TPCOMM_DISABLE_CUSTOM_AR", o.disable_custom_ar);
   flag("TPCOMM_DISABLE_NCCL", o.disable_nccl);
   flag("TPCOMM_PDL", o.programmatic_launch);
+  flag("TPCOMM_RANK_WATCH", o.rank_watch);
   if (auto v = getenv("TPCOMM_LM_HEAD_A2A")) {
     auto s = parse_switch(*v);
     if (!s) bad("TPCOMM_LM_HEAD_A2A", *v, "auto, 1 or 0 (or on/off, true/false)");

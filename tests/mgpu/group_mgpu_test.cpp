@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -412,6 +414,61 @@ TEST(MultiProcess, ZDeadPeerTimesOut) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 90.0);
 }
 
+// A rank's process killed in the middle of back-to-back all-reduces (TPCOMM_MGPU_KILL=<rank>,
+// TPCOMM_MGPU_KILL_ALGO=<algorithm>; two ranks started by hand, since a launcher would stop the
+// survivor): the survivor's next call fails within a second naming the rank, and the group is
+// destroyed within two, at the default 30 s deadline (NOTE [rank watch]).
+TEST(MultiProcess, ZRankKilledIsNoticed) {
+  const char* victim_env = std::getenv("TPCOMM_MGPU_KILL");
+  if (victim_env == nullptr) GTEST_SKIP() << "set TPCOMM_MGPU_KILL=<rank>";
+  const int victim = std::atoi(victim_env);
+  const char* algo = std::getenv("TPCOMM_MGPU_KILL_ALGO");
+  Options o = mgpu_options(algo != nullptr ? algo : "auto");
+  ASSERT_EQ(o.timeout_ms, 30000) << "run at the default deadline";
+  auto g = std::make_unique<Group>(*g_boot, g_device, o);
+  StreamHolder stream;
+  constexpr std::int64_t kCount = 8192;
+  DeviceBuffer in(kCount * 2), out(kCount * 2);
+  ASSERT_EQ(cudaMemset(in.get(), 0, kCount * 2), cudaSuccess);
+  ASSERT_EQ(g->warm_up(stream.stream()), Status::kOk) << g->last_error();
+  g_boot->barrier();
+  const auto ar = [&] {
+    return g->all_reduce(TensorView::flat(in.get(), DType::kBF16, kCount, g_device),
+                         TensorView::flat(out.get(), DType::kBF16, kCount, g_device),
+                         stream.stream());
+  };
+  using Clock = std::chrono::steady_clock;
+  auto last_ok = Clock::now();
+  Status failed = Status::kOk;
+  for (int i = 0; i < 100000 && failed == Status::kOk; ++i) {
+    if (g_boot->rank() == victim && i == 200) ::raise(SIGKILL);
+    failed = ar();
+    if (failed == Status::kOk && i % 10 == 9) {
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      failed = g->health();
+      if (failed == Status::kOk) last_ok = Clock::now();
+    }
+    ASSERT_LT(Clock::now() - last_ok, std::chrono::seconds(20)) << "no error after 20 s";
+  }
+  const auto noticed = Clock::now();
+  EXPECT_EQ(failed, Status::kAborted) << g->last_error();
+  const std::string gone = "rank " + std::to_string(victim) + " left";
+  EXPECT_NE(g->last_error().find(victim == 0 ? "rank 0, or the process serving" : gone.c_str()),
+            std::string::npos)
+      << g->last_error();
+  const double notice_s = std::chrono::duration<double>(noticed - last_ok).count();
+  EXPECT_LT(notice_s, 1.0);
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  const std::string error = g->last_error();
+  g.reset();
+  const double teardown_s = std::chrono::duration<double>(Clock::now() - noticed).count();
+  EXPECT_LT(teardown_s, 2.0);
+  std::printf(
+      "rank %d killed (%s): error %.3f s after the last good call, group destroyed %.3f s "
+      "later: %s\n",
+      victim, o.algo.c_str(), notice_s, teardown_s, error.c_str());
+}
+
 }  // namespace
 }  // namespace tpcomm
 
@@ -432,6 +489,7 @@ int main(int argc, char** argv) {
   cudaSetDevice(tpcomm::g_device);
   const int rc = RUN_ALL_TESTS();
   // Rank 0 hosts the store: nobody leaves while a peer may still use it (unless one died).
-  if (std::getenv("TPCOMM_MGPU_DEAD_PEER") == nullptr) boot.barrier();
+  if (std::getenv("TPCOMM_MGPU_DEAD_PEER") == nullptr && std::getenv("TPCOMM_MGPU_KILL") == nullptr)
+    boot.barrier();
   return rc;
 }

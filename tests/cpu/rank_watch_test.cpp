@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+// A rank whose process is gone is noticed in milliseconds (NOTE [rank watch]).
+#include "bootstrap/rank_watch.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "bootstrap/deadline.hpp"
+#include "bootstrap/wire.hpp"
+#include "support/child.hpp"
+#include "tpcomm/bootstrap.hpp"
+#include "tpcomm/options.hpp"
+#include "tpcomm/status.hpp"
+#include "tpcomm/store.hpp"
+
+namespace tpcomm {
+namespace {
+
+using namespace std::chrono_literals;
+using std::chrono::milliseconds;
+using testing::eventually;
+using testing::fork_child;
+using testing::wait_child;
+
+// The goal: a survivor learns of a dead rank within this long.
+constexpr milliseconds kNoticeWithin{1000};
+
+std::shared_ptr<TcpStore> watched(int port, int rank, milliseconds timeout = 30s) {
+  TcpStore::Config c;
+  c.port = port;
+  c.timeout = timeout;
+  c.watch_rank = rank;
+  return std::make_shared<TcpStore>(std::move(c));
+}
+
+// What a subscriber heard, and when.
+struct Heard {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<RankWatch::Lost> lost;
+  SteadyClock::time_point at;
+
+  RankWatch::Callback callback() {
+    return [this](int rank, const std::string& reason) {
+      std::lock_guard lock(mu);
+      lost = RankWatch::Lost{rank, reason};
+      at = SteadyClock::now();
+      cv.notify_all();
+    };
+  }
+  bool wait(milliseconds timeout) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return lost.has_value(); });
+  }
+};
+
+milliseconds since(SteadyClock::time_point t) {
+  return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - t);
+}
+
+// A child process that joins as a watched rank, says so, and then waits to be killed.
+pid_t watched_child(int port, int rank) {
+  return fork_child([port, rank] {
+    auto s = watched(port, rank);
+    s->set("child/" + std::to_string(rank), "here");
+    std::this_thread::sleep_for(60s);
+  });
+}
+
+TEST(RankWatch, AKilledRankFailsEveryWaitAndIsReportedWithinMilliseconds) {
+  TcpStoreServer server(TcpStoreServerConfig{});
+  auto s0 = watched(server.port(), 0);
+  auto s1 = watched(server.port(), 1);
+  ASSERT_NE(s0->rank_watch(), nullptr);
+  Heard heard;
+  const auto id = s0->rank_watch()->subscribe(heard.callback());
+  Bootstrap b0(s0, 0, 3, 0, 3);
+  const pid_t child = watched_child(server.port(), 2);
+  s0->wait(std::vector<std::string>{"child/2"}, 10s);
+  // Rank 1 waits in a barrier that rank 2 will never reach, with 30 s of deadline left.
+  std::optional<Error> barrier_error;
+  milliseconds barrier_took{};
+  std::thread waiter([&] {
+    Bootstrap b1(s1, 1, 3, 1, 3);
+    const auto start = SteadyClock::now();
+    try {
+      b1.barrier();
+    } catch (const Error& e) {
+      barrier_error = e;
+    }
+    barrier_took = since(start);
+  });
+  ASSERT_TRUE(eventually([&] { return server.waiting() >= 1; }, 5s));
+  const auto killed = SteadyClock::now();
+  ::kill(child, SIGKILL);
+  ASSERT_TRUE(heard.wait(5s));
+  EXPECT_LT(std::chrono::duration_cast<milliseconds>(heard.at - killed), kNoticeWithin);
+  EXPECT_EQ(heard.lost->rank, 2);
+  EXPECT_EQ(heard.lost->reason, "rank 2 left: its connection to the store closed");
+  waiter.join();
+  ASSERT_TRUE(barrier_error.has_value());
+  EXPECT_EQ(barrier_error->status(), Status::kAborted) << barrier_error->what();
+  EXPECT_NE(std::string(barrier_error->what()).find("rank 2 left"), std::string::npos)
+      << barrier_error->what();
+  EXPECT_LT(barrier_took, 30s - kNoticeWithin) << "the barrier ran to its deadline";
+  // Later waits fail at once; what is there can still be read.
+  const auto start = SteadyClock::now();
+  try {
+    b0.barrier();
+    ADD_FAILURE() << "a barrier with a dead rank returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kAborted) << e.what();
+  }
+  EXPECT_LT(since(start), kNoticeWithin);
+  EXPECT_EQ(s1->get("child/2").size(), 4u);
+  // A subscriber that comes late hears it at once; an unsubscribed one no more.
+  Heard late;
+  s1->rank_watch()->unsubscribe(s1->rank_watch()->subscribe(late.callback()));
+  EXPECT_TRUE(late.lost.has_value());
+  s0->rank_watch()->unsubscribe(id);
+  EXPECT_EQ(wait_child(child, 5s), 128 + SIGKILL);
+}
+
+TEST(RankWatch, RanksThatLeaveNormallyAreNotLost) {
+  TcpStoreServer server(TcpStoreServerConfig{});
+  auto s0 = watched(server.port(), 0);
+  Heard heard;
+  s0->rank_watch()->subscribe(heard.callback());
+  // In this process: the destructor leaves.
+  watched(server.port(), 1).reset();
+  // In a child process that ends normally.
+  const pid_t child = fork_child([port = server.port()] { watched(port, 2)->set("left", "1"); });
+  EXPECT_EQ(wait_child(child, 10s), 0);
+  EXPECT_FALSE(heard.wait(300ms)) << heard.lost->reason;
+  try {
+    s0->get("never-set", 200ms);
+    ADD_FAILURE() << "get of a key never set returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kTimeout) << e.what();
+  }
+  // Nor is the server stopping a lost host.
+  server.stop();
+  EXPECT_FALSE(heard.wait(300ms)) << heard.lost->reason;
+}
+
+TEST(RankWatch, ALostStoreHostIsReportedToItsClients) {
+  int ports[2];
+  ASSERT_EQ(::pipe(ports), 0);
+  const pid_t host = fork_child([&ports] {
+    TcpStore::Config c;
+    c.host_server = true;
+    c.watch_rank = 0;
+    TcpStore s(std::move(c));
+    const int port = s.port();
+    if (::write(ports[1], &port, sizeof(port)) != sizeof(port)) throw std::runtime_error("write");
+    std::this_thread::sleep_for(60s);
+  });
+  int port = 0;
+  ASSERT_EQ(::read(ports[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  ::close(ports[0]);
+  ::close(ports[1]);
+  auto s1 = watched(port, 1);
+  Heard heard;
+  s1->rank_watch()->subscribe(heard.callback());
+  const auto killed = SteadyClock::now();
+  ::kill(host, SIGKILL);
+  ASSERT_TRUE(heard.wait(5s));
+  EXPECT_LT(std::chrono::duration_cast<milliseconds>(heard.at - killed), kNoticeWithin);
+  EXPECT_EQ(heard.lost->rank, -1);
+  EXPECT_NE(heard.lost->reason.find("its host (rank 0"), std::string::npos) << heard.lost->reason;
+  EXPECT_EQ(wait_child(host, 5s), 128 + SIGKILL);
+}
+
+TEST(RankWatch, UnwatchedClientsHaveNoWatch) {
+  TcpStoreServer server(TcpStoreServerConfig{});
+  TcpStore::Config c;
+  c.port = server.port();
+  TcpStore s(std::move(c));
+  EXPECT_EQ(s.rank_watch(), nullptr);
+  EXPECT_EQ(InProcessStore().rank_watch(), nullptr);
+}
+
+TEST(RankWatch, TheKnobTurnsItOff) {
+  auto lookup = [](const char* value) {
+    return [value](const char* name) -> std::optional<std::string> {
+      if (std::string_view(name) == "TPCOMM_RANK_WATCH") return value;
+      return std::nullopt;
+    };
+  };
+  EXPECT_TRUE(Options{}.rank_watch);
+  EXPECT_FALSE(Options::from_lookup(lookup("0")).rank_watch);
+  EXPECT_TRUE(Options::from_lookup(lookup("1")).rank_watch);
+  try {
+    (void)Options::from_lookup(lookup("maybe"));
+    ADD_FAILURE() << "TPCOMM_RANK_WATCH=maybe was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TPCOMM_RANK_WATCH"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RankWatch, WatchFramesAreChecked) {
+  wire::RequestHeader h{.opcode = wire::Opcode::kWatch, .arg = 3};
+  EXPECT_FALSE(wire::check_request(h, {}));
+  h.arg = -1;
+  EXPECT_FALSE(wire::check_request(h, {}));
+  h.arg = -2;
+  EXPECT_TRUE(wire::check_request(h, {}));
+  h.arg = std::int64_t{1} << 40;
+  EXPECT_TRUE(wire::check_request(h, {}));
+  h.arg = 0;
+  h.key_len = 3;
+  EXPECT_TRUE(wire::check_request(h, {}));
+}
+
+}  // namespace
+}  // namespace tpcomm
