@@ -50,13 +50,16 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
   # A rank killed with SIGKILL, the store's host among them, at the default deadline: the rank
   # watch notices it. Two ranks started by hand (a launcher would stop the survivor); the victim
   # ends with 137, the survivor must pass.
-  for kill in 1:lamport 0:two_shot 1:one_shot:pdl0; do
-    IFS=: read -r victim algo pdl <<<"$kill"
-    step "kill-rank$victim-$algo${pdl:+-$pdl}" bash -c '
+  for kill in 1:lamport 0:two_shot 1:one_shot:pdl0 1:lamport:graph 0:one_shot:graph; do
+    IFS=: read -r victim algo mode <<<"$kill"
+    kill_env=(TPCOMM_PDL=1)
+    [ "$mode" = pdl0 ] && kill_env=(TPCOMM_PDL=0)
+    [ "$mode" = graph ] && kill_env+=(TPCOMM_MGPU_KILL_GRAPH=1)
+    step "kill-rank$victim-$algo${mode:+-$mode}" env "${kill_env[@]}" bash -c '
       port=$((20000 + RANDOM % 20000)); pids=()
       for r in 0 1; do
         env TPCOMM_RANK=$r TPCOMM_WORLD_SIZE=2 TPCOMM_LOCAL_RANK=$r TPCOMM_LOCAL_WORLD_SIZE=2 \
-          TPCOMM_STORE_ADDR=127.0.0.1:$port TPCOMM_TIMEOUT_MS=30000 TPCOMM_PDL=$4 \
+          TPCOMM_STORE_ADDR=127.0.0.1:$port TPCOMM_TIMEOUT_MS=30000 \
           TPCOMM_MGPU_KILL=$2 TPCOMM_MGPU_KILL_ALGO=$3 "$1" --gtest_filter="*RankKilled*" &
         pids+=($!)
       done
@@ -66,8 +69,14 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
         if [ "$r" = "$2" ]; then want=137; else want=0; fi
         echo "rank $r exited $got (expected $want)"; [ "$got" = "$want" ] || rc=1
       done
-      exit $rc' _ "$bin/tpcomm_mgpu_tests" "$victim" "$algo" "$([ "$pdl" = pdl0 ] && echo 0 || echo 1)"
+      exit $rc' _ "$bin/tpcomm_mgpu_tests" "$victim" "$algo"
   done
+  # A rank that never starts: the other's setup fails at its deadline, naming it (expected rc 1).
+  step never-starts env TPCOMM_RANK=0 TPCOMM_WORLD_SIZE=2 TPCOMM_STORE_ADDR=127.0.0.1:29477 \
+    TPCOMM_TIMEOUT_MS=3000 bash -c 'time "$1" bench -b 1K -e 1K -n 1 -w 1' _ "$bin/tpcomm"
+  # NCCL missing: the groups are built without it, with a log line saying why.
+  step nccl-missing env TPCOMM_NCCL_PATH=/nonexistent/libnccl.so.2 "$bin/tpcomm" launch -n 2 \
+    --timeout 300 -- "$bin/tpcomm" bench -b 1K -e 4K -f 4 -d bfloat16 -n 3 -w 1 --algo auto
   # The bench with ranks from other launchers, checked (every rank must use rank 0's data).
   step mgpu "$bin/tpcomm" launch -n 2 --timeout 300 -- "$bin/tpcomm" bench -b 1K -e 4K -f 4 \
     -d bfloat16 --graph -n 3 -w 1 --graph-replays 2 --algo lamport,lamport_two_shot,one_shot,two_shot,auto

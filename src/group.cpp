@@ -216,18 +216,19 @@ struct Group::Impl {
   bool scope_open = false;
   bool nccl_was_enabled = true;               // NCCL's state before the capture scope enabled it
   std::vector<const char*> fallbacks_logged;  // static strings
-  // NOTE [rank watch]: set from the store client's watching thread when a member is gone.
+  // An abort asked for from any thread: `abort()`, or the store client's watching thread when
+  // a member is gone (NOTE [rank watch]). The owning thread acts on it in `poll_health`.
   std::shared_ptr<RankWatch> rank_watch;
   std::uint64_t watch_id = 0;
-  std::atomic<bool> member_lost{false};
-  std::mutex lost_mu;
-  std::string lost_reason;  // guarded by lost_mu
+  std::atomic<bool> abort_requested{false};
+  std::mutex abort_mu;
+  std::string abort_reason;  // guarded by abort_mu; the first request's
 
   explicit Impl(Bootstrap b) : boot(std::move(b)) {}
   ~Impl() {
     if (rank_watch) rank_watch->unsubscribe(watch_id);
     // A communicator waiting for a rank that is gone is aborted, not finalised at a deadline.
-    if (member_lost.load() && nccl != nullptr) nccl->comm().abort();
+    if (abort_requested.load() && nccl != nullptr) nccl->comm().abort();
     if (order_event != nullptr) cudaEventDestroy(order_event);
   }
 
@@ -244,15 +245,20 @@ struct Group::Impl {
       const auto it = std::find(members.begin(), members.end(), lost);
       if (lost >= 0 && it == members.end()) return;
       const auto group_rank = it - members.begin();
-      {
-        std::lock_guard lock(lost_mu);
-        lost_reason = lost < 0 || group_rank == lost
-                          ? reason
-                          : detail::concat(reason, " (rank ", group_rank, " of this group)");
-      }
-      member_lost.store(true, std::memory_order_release);
-      if (custom != nullptr) custom->impl().abort_kernels();
+      request_abort(lost < 0 || group_rank == lost
+                        ? reason
+                        : detail::concat(reason, " (rank ", group_rank, " of this group)"));
     });
+  }
+
+  /// Thread-safe: the custom kernels give up now, the next call on the owning thread fails.
+  void request_abort(std::string reason) noexcept {
+    {
+      std::lock_guard lock(abort_mu);
+      if (abort_reason.empty()) abort_reason = std::move(reason);
+    }
+    abort_requested.store(true, std::memory_order_release);
+    if (custom != nullptr) custom->impl().abort_kernels();
   }
 
   Status fail(Status s, std::string message) noexcept {
@@ -267,11 +273,11 @@ struct Group::Impl {
   /// backend that call goes to.
   Status poll_health() noexcept {
     if (health != Status::kOk) return health;
-    if (member_lost.load(std::memory_order_acquire)) {
+    if (abort_requested.load(std::memory_order_acquire)) {
       std::string why;
       {
-        std::lock_guard lock(lost_mu);
-        why = lost_reason;
+        std::lock_guard lock(abort_mu);
+        why = abort_reason;
       }
       if (custom != nullptr) custom->impl().abort();
       if (nccl != nullptr) nccl->comm().abort();
@@ -625,10 +631,11 @@ const TuneTable* Group::tune_table() const noexcept { return impl_->table; }
 Status Group::health() noexcept { return impl_->poll_health(); }
 
 void Group::abort() noexcept {
-  Impl& m = *impl_;
-  if (m.custom != nullptr) m.custom->impl().abort();
-  if (m.nccl != nullptr) m.nccl->comm().abort();
-  if (m.health == Status::kOk) m.fail(Status::kAborted, "group aborted");
+  try {
+    impl_->request_abort("group aborted");
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the reason could not be kept; the flag is set
+    impl_->abort_requested.store(true);
+  }
 }
 
 Status Group::all_reduce(const TensorView& in, const TensorView& out, Stream stream,

@@ -218,6 +218,9 @@ class Group {
   /// What went wrong last (an invalid argument, a timeout naming the rank that did not arrive).
   [[nodiscard]] const std::string& last_error() const noexcept;
   /// Makes every waiting kernel of this group give up and every later call return kAborted.
+  /// Safe from any thread, while the owning thread waits or calls: the custom kernels give up
+  /// at their next poll; an NCCL communicator is aborted by the owning thread's next call (or
+  /// when the group is destroyed).
   void abort() noexcept;
 
   /// Measures every custom all-reduce candidate per size bucket (inside CUDA graphs, on a

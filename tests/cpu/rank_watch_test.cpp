@@ -12,8 +12,10 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "bootstrap/deadline.hpp"
+#include "bootstrap/socket.hpp"
 #include "bootstrap/wire.hpp"
 #include "support/child.hpp"
 #include "tpcomm/bootstrap.hpp"
@@ -127,6 +129,46 @@ TEST(RankWatch, AKilledRankFailsEveryWaitAndIsReportedWithinMilliseconds) {
   EXPECT_TRUE(late.lost.has_value());
   s0->rank_watch()->unsubscribe(id);
   EXPECT_EQ(wait_child(child, 5s), 128 + SIGKILL);
+}
+
+TEST(RankWatch, ARankThatDiesDuringSetupFailsTheOthersSetupAtOnce) {
+  const int port = net::free_port();
+  // Rank 2 connects as `from_launch_info` does, then dies before the host-name all-gather.
+  const pid_t child = fork_child([port] {
+    auto s = watched(port, 2);
+    s->set("child/2", "here");
+    ::_exit(3);  // no destructors: no goodbye
+  });
+  std::vector<std::optional<Error>> errors(2);
+  std::vector<milliseconds> took(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      LaunchInfo info;
+      info.rank = r;
+      info.world_size = 3;
+      info.store_port = port;
+      Options o;  // the 30 s default deadline
+      const auto start = SteadyClock::now();
+      try {
+        Bootstrap b = Bootstrap::from_launch_info(info, o);
+        b.barrier();
+      } catch (const Error& e) {
+        errors[static_cast<std::size_t>(r)] = e;
+      }
+      took[static_cast<std::size_t>(r)] = since(start);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(wait_child(child, 5s), 3);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    const auto& e = errors[static_cast<std::size_t>(r)];
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->status(), Status::kAborted) << e->what();
+    EXPECT_NE(std::string(e->what()).find("rank 2 left"), std::string::npos) << e->what();
+    EXPECT_LT(took[static_cast<std::size_t>(r)], 10s);
+  }
 }
 
 TEST(RankWatch, RanksThatLeaveNormallyAreNotLost) {

@@ -533,5 +533,42 @@ TEST(CustomAllReduce, AbortReleasesWaitingKernels) {
   }
 }
 
+// abort() from another thread, while the owning thread waits on its stream for a kernel that
+// waits for a rank that never comes: the kernel gives up, the owner's next call says why.
+TEST(CustomAllReduce, AbortFromAnotherThreadReleasesTheOwner) {
+  const int world = 2;
+  for (const char* algo : {"one_shot", "lamport", "two_shot"}) {
+    SCOPED_TRACE(std::string(algo));
+    run_ranks(world, [&](int rank, Bootstrap& boot) {
+      StreamHolder stream;
+      DeviceBuffer in(4096), out(4096);
+      Options o = options_for(algo);
+      o.timeout_ms = 60000;
+      Group g(boot, 0, o);
+      ASSERT_EQ(g.warm_up(stream.stream()), Status::kOk) << g.last_error();
+      if (rank == 1) {
+        const auto start = std::chrono::steady_clock::now();
+        ASSERT_EQ(g.all_reduce(TensorView::flat(in.get(), DType::kBF16, 2048, 0),
+                               TensorView::flat(out.get(), DType::kBF16, 2048, 0), stream.stream()),
+                  Status::kOk);
+        std::thread aborter([&g] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          g.abort();
+        });
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+        aborter.join();
+        EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  10.0);
+        EXPECT_EQ(g.all_reduce(TensorView::flat(in.get(), DType::kBF16, 2048, 0),
+                               TensorView::flat(out.get(), DType::kBF16, 2048, 0), stream.stream()),
+                  Status::kAborted);
+        EXPECT_NE(g.last_error().find("aborted"), std::string::npos) << g.last_error();
+        EXPECT_EQ(g.health(), Status::kAborted);
+      }
+      boot.barrier();
+    });
+  }
+}
+
 }  // namespace
 }  // namespace tpcomm

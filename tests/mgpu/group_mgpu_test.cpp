@@ -437,19 +437,38 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
                          TensorView::flat(out.get(), DType::kBF16, kCount, g_device),
                          stream.stream());
   };
+  // TPCOMM_MGPU_KILL_GRAPH=1: ten all-reduces captured in a graph, replayed.
+  const bool graph = std::getenv("TPCOMM_MGPU_KILL_GRAPH") != nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (graph) {
+    cudaGraph_t captured = nullptr;
+    auto scope = g->capture(stream.stream());
+    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    for (int k = 0; k < 10; ++k) ASSERT_EQ(ar(), Status::kOk) << g->last_error();
+    ASSERT_EQ(cudaStreamEndCapture(stream.get(), &captured), cudaSuccess);
+    ASSERT_EQ(scope.close(), Status::kOk) << g->last_error();
+    ASSERT_EQ(cudaGraphInstantiate(&exec, captured, 0), cudaSuccess);
+    cudaGraphDestroy(captured);
+  }
   using Clock = std::chrono::steady_clock;
   auto last_ok = Clock::now();
   Status failed = Status::kOk;
   for (int i = 0; i < 100000 && failed == Status::kOk; ++i) {
-    if (g_boot->rank() == victim && i == 200) ::raise(SIGKILL);
-    failed = ar();
-    if (failed == Status::kOk && i % 10 == 9) {
+    if (g_boot->rank() == victim && i == (graph ? 20 : 200)) ::raise(SIGKILL);
+    if (graph) {
+      ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+      failed = g->health();
+    } else {
+      failed = ar();
+    }
+    if (failed == Status::kOk && (graph || i % 10 == 9)) {
       ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
       failed = g->health();
       if (failed == Status::kOk) last_ok = Clock::now();
     }
     ASSERT_LT(Clock::now() - last_ok, std::chrono::seconds(20)) << "no error after 20 s";
   }
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
   const auto noticed = Clock::now();
   EXPECT_EQ(failed, Status::kAborted) << g->last_error();
   const std::string gone = "rank " + std::to_string(victim) + " left";
