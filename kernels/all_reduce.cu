@@ -49,19 +49,7 @@ Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchS
     return Status::kInvalidArgument;
   const void* function = kernel_function(kernel, params.dtype, params.world_size, fusion.kind);
   if (function == nullptr) return Status::kInvalidArgument;
-  AllReduceParams copy = params;
-  void* args[] = {&copy};
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(shape.blocks);
-  config.blockDim = dim3(shape.threads);
-  config.stream = reinterpret_cast<cudaStream_t>(stream);
-  config.attrs = &attribute;
-  config.numAttrs = programmatic ? 1 : 0;
-  cudaError_t e = cudaLaunchKernelExC(&config, function, args);
-  return e == cudaSuccess ? Status::kOk : Status::kCudaError;
+  return launch_with(function, params, shape, programmatic, stream);
 }
 
 int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,

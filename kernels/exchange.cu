@@ -233,23 +233,6 @@ int access_for(const CopyRegion* from, int regions, const void* output,
   return access;
 }
 
-Status launch(const void* function, const ExchangeParams& params, LaunchShape shape,
-              bool programmatic, Stream stream) noexcept {
-  ExchangeParams copy = params;
-  void* args[] = {&copy};
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(shape.blocks);
-  config.blockDim = dim3(shape.threads);
-  config.stream = reinterpret_cast<cudaStream_t>(stream);
-  config.attrs = &attribute;
-  config.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelExC(&config, function, args) == cudaSuccess ? Status::kOk
-                                                                     : Status::kCudaError;
-}
-
 }  // namespace
 
 Status launch_exchange(const ExchangeParams& params, LaunchShape shape, bool stage,
@@ -266,9 +249,9 @@ Status launch_exchange(const ExchangeParams& params, LaunchShape shape, bool sta
     if (params.input_bytes > params.half_bytes) return Status::kInvalidArgument;
     const int in_access = widest_access({address(params.input)});
     if (params.input_bytes / in_access >= (std::int64_t{1} << 32)) return Status::kInvalidArgument;
-    TPCOMM_TRY(launch(stage_function(in_access), params, shape, programmatic, stream));
+    TPCOMM_TRY(launch_with(stage_function(in_access), params, shape, programmatic, stream));
   }
-  return launch(exchange_function(world, access), params, shape, programmatic, stream);
+  return launch_with(exchange_function(world, access), params, shape, programmatic, stream);
 }
 
 Status launch_region_copy(const RegionCopyParams& params, Stream stream) noexcept {
@@ -296,8 +279,8 @@ Status warm_up_exchange(int world_size, Stream stream) noexcept {
   for (int access : {16, 8, 4, 2, 1}) {
     const void* exchange = exchange_function(world_size, access);
     if (exchange == nullptr) return Status::kInvalidArgument;
-    TPCOMM_TRY(launch(exchange, empty, {1, 32}, false, stream));
-    TPCOMM_TRY(launch(stage_function(access), empty, {1, 32}, false, stream));
+    TPCOMM_TRY(launch_with(exchange, empty, {1, 32}, false, stream));
+    TPCOMM_TRY(launch_with(stage_function(access), empty, {1, 32}, false, stream));
   }
   // The region copy takes its access width from the output's alignment among others: an
   // address of that alignment, never dereferenced (no region has rows), picks each width.

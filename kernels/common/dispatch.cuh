@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include "kernels/common/epilogue.cuh"
 #include "kernels/kernels.hpp"
@@ -11,6 +12,26 @@
 #include "tpcomm/types.hpp"
 
 namespace tpcomm::kernels {
+
+/// Launches `function` with the kernel argument `params` (copied) on `stream`, as a
+/// programmatic dependent launch when `programmatic` (NOTE [programmatic launch]).
+template <class Params>
+Status launch_with(const void* function, const Params& params, LaunchShape shape, bool programmatic,
+                   Stream stream) noexcept {
+  Params copy = params;
+  void* args[] = {&copy};
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(shape.blocks);
+  config.blockDim = dim3(shape.threads);
+  config.stream = reinterpret_cast<cudaStream_t>(stream);
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelExC(&config, function, args) == cudaSuccess ? Status::kOk
+                                                                     : Status::kCudaError;
+}
 
 /// Calls `f.template operator()<T>()` with the element type of `dtype` (f32, f16, bf16), or
 /// returns kInvalidArgument.

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -68,11 +69,38 @@ milliseconds since(SteadyClock::time_point t) {
   return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - t);
 }
 
+// A rank's watch connection made by hand, as `TcpStore` makes it but without its thread: forked
+// children must not start threads (ThreadSanitizer does not support it).
+net::Socket raw_watch(int port, int rank) {
+  net::Socket s = net::connect_tcp("127.0.0.1", port, deadline_after(10s));
+  for (const wire::RequestHeader& h :
+       {wire::RequestHeader{.opcode = wire::Opcode::kHello},
+        wire::RequestHeader{.opcode = wire::Opcode::kWatch, .arg = rank}}) {
+    const auto hb = wire::encode(h);
+    wire::ReplyBytes rb;
+    if (net::send_all(s.get(), hb, deadline_after(5s)).status != net::Io::kOk ||
+        net::recv_all(s.get(), rb, deadline_after(5s)).status != net::Io::kOk ||
+        wire::decode_reply(rb).code != wire::ReplyCode::kOk)
+      throw std::runtime_error("the store refused the watch connection");
+  }
+  return s;
+}
+
+// Leaves as a rank does when its store client is destroyed.
+void raw_leave(net::Socket& s) {
+  const auto hb = wire::encode(wire::RequestHeader{.opcode = wire::Opcode::kWatch, .arg = -1});
+  if (net::send_all(s.get(), hb, deadline_after(5s)).status != net::Io::kOk)
+    throw std::runtime_error("cannot leave");
+  s.reset();
+}
+
 // A child process that joins as a watched rank, says so, and then waits to be killed.
 pid_t watched_child(int port, int rank) {
   return fork_child([port, rank] {
-    auto s = watched(port, rank);
-    s->set("child/" + std::to_string(rank), "here");
+    net::Socket w = raw_watch(port, rank);
+    TcpStore::Config c;
+    c.port = port;
+    TcpStore(std::move(c)).set("child/" + std::to_string(rank), "here");
     std::this_thread::sleep_for(60s);
   });
 }
@@ -124,6 +152,7 @@ TEST(RankWatch, AKilledRankFailsEveryWaitAndIsReportedWithinMilliseconds) {
   EXPECT_LT(since(start), kNoticeWithin);
   EXPECT_EQ(s1->get("child/2").size(), 4u);
   // A subscriber that comes late hears it at once; an unsubscribed one no more.
+  ASSERT_TRUE(eventually([&] { return s1->rank_watch()->lost().has_value(); }, 5s));
   Heard late;
   s1->rank_watch()->unsubscribe(s1->rank_watch()->subscribe(late.callback()));
   EXPECT_TRUE(late.lost.has_value());
@@ -135,9 +164,8 @@ TEST(RankWatch, ARankThatDiesDuringSetupFailsTheOthersSetupAtOnce) {
   const int port = net::free_port();
   // Rank 2 connects as `from_launch_info` does, then dies before the host-name all-gather.
   const pid_t child = fork_child([port] {
-    auto s = watched(port, 2);
-    s->set("child/2", "here");
-    ::_exit(3);  // no destructors: no goodbye
+    net::Socket w = raw_watch(port, 2);
+    ::_exit(3);  // no goodbye
   });
   std::vector<std::optional<Error>> errors(2);
   std::vector<milliseconds> took(2);
@@ -175,11 +203,14 @@ TEST(RankWatch, RanksThatLeaveNormallyAreNotLost) {
   TcpStoreServer server(TcpStoreServerConfig{});
   auto s0 = watched(server.port(), 0);
   Heard heard;
-  s0->rank_watch()->subscribe(heard.callback());
+  const auto id = s0->rank_watch()->subscribe(heard.callback());
   // In this process: the destructor leaves.
   watched(server.port(), 1).reset();
-  // In a child process that ends normally.
-  const pid_t child = fork_child([port = server.port()] { watched(port, 2)->set("left", "1"); });
+  // In a child process that says goodbye.
+  const pid_t child = fork_child([port = server.port()] {
+    net::Socket w = raw_watch(port, 2);
+    raw_leave(w);
+  });
   EXPECT_EQ(wait_child(child, 10s), 0);
   EXPECT_FALSE(heard.wait(300ms)) << heard.lost->reason;
   try {
@@ -191,33 +222,27 @@ TEST(RankWatch, RanksThatLeaveNormallyAreNotLost) {
   // Nor is the server stopping a lost host.
   server.stop();
   EXPECT_FALSE(heard.wait(300ms)) << heard.lost->reason;
+  s0->rank_watch()->unsubscribe(id);
 }
 
 TEST(RankWatch, ALostStoreHostIsReportedToItsClients) {
-  int ports[2];
-  ASSERT_EQ(::pipe(ports), 0);
-  const pid_t host = fork_child([&ports] {
-    TcpStore::Config c;
-    c.host_server = true;
-    c.watch_rank = 0;
-    TcpStore s(std::move(c));
-    const int port = s.port();
-    if (::write(ports[1], &port, sizeof(port)) != sizeof(port)) throw std::runtime_error("write");
-    std::this_thread::sleep_for(60s);
+  const int port = net::free_port();
+  const std::string port_text = std::to_string(port);
+  const pid_t host = fork_child([&port_text] {
+    ::execl(TPCOMM_CLI_PATH, TPCOMM_CLI_PATH, "store", "--bind", "127.0.0.1", "--port",
+            port_text.c_str(), static_cast<char*>(nullptr));
+    throw std::runtime_error("cannot run " TPCOMM_CLI_PATH);
   });
-  int port = 0;
-  ASSERT_EQ(::read(ports[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
-  ::close(ports[0]);
-  ::close(ports[1]);
-  auto s1 = watched(port, 1);
+  auto s1 = watched(port, 1, 10s);
   Heard heard;
-  s1->rank_watch()->subscribe(heard.callback());
+  const auto id = s1->rank_watch()->subscribe(heard.callback());
   const auto killed = SteadyClock::now();
   ::kill(host, SIGKILL);
   ASSERT_TRUE(heard.wait(5s));
   EXPECT_LT(std::chrono::duration_cast<milliseconds>(heard.at - killed), kNoticeWithin);
   EXPECT_EQ(heard.lost->rank, -1);
   EXPECT_NE(heard.lost->reason.find("its host (rank 0"), std::string::npos) << heard.lost->reason;
+  s1->rank_watch()->unsubscribe(id);
   EXPECT_EQ(wait_child(host, 5s), 128 + SIGKILL);
 }
 
