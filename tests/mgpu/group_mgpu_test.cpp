@@ -483,9 +483,9 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
   const double teardown_s = std::chrono::duration<double>(Clock::now() - noticed).count();
   EXPECT_LT(teardown_s, 2.0);
   std::printf(
-      "rank %d killed (%s): error %.3f s after the last good call, group destroyed %.3f s "
+      "rank %d killed (%s%s): error %.3f s after the last good call, group destroyed %.3f s "
       "later: %s\n",
-      victim, o.algo.c_str(), notice_s, teardown_s, error.c_str());
+      victim, o.algo.c_str(), graph ? ", graph replays" : "", notice_s, teardown_s, error.c_str());
 }
 
 }  // namespace
