@@ -104,6 +104,10 @@ TensorView optional_view(const tpcomm_tensor* t, const char* what) {
   return t == nullptr ? TensorView{} : view_of(t, what);
 }
 
+Fp8Scales fp8_of(const tpcomm_tensor* scale, const tpcomm_tensor* row_scales) {
+  return {optional_view(scale, "fp8_scale"), optional_view(row_scales, "fp8_row_scales")};
+}
+
 ReduceOp reduce_op_of(int op) {
   TPCOMM_C_REQUIRE(op >= 0 && op <= TPCOMM_AVG, "op ", op, " is not a tpcomm_reduce_op (0..",
                    int{TPCOMM_AVG}, ")");
@@ -493,13 +497,6 @@ tpcomm_status tpcomm_recv(tpcomm_group group, const tpcomm_tensor* buf, int peer
   });
 }
 
-namespace {
-tpcomm::Fp8Scales fp8_of(const tpcomm_tensor* scale, const tpcomm_tensor* row_scales) {
-  return {tpcomm::optional_view(scale, "fp8_scale"),
-          tpcomm::optional_view(row_scales, "fp8_row_scales")};
-}
-}  // namespace
-
 tpcomm_status tpcomm_all_reduce_add_rmsnorm(tpcomm_group group, const tpcomm_tensor* x,
                                             const tpcomm_tensor* residual,
                                             const tpcomm_tensor* gamma, float eps,
@@ -508,11 +505,11 @@ tpcomm_status tpcomm_all_reduce_add_rmsnorm(tpcomm_group group, const tpcomm_ten
                                             const tpcomm_tensor* fp8_scale,
                                             const tpcomm_tensor* fp8_row_scales, void* stream) {
   return tpcomm::group_call("tpcomm_all_reduce_add_rmsnorm", group, [&](tpcomm::Group& g) {
-    return g.all_reduce_add_rmsnorm(tpcomm::view_of(x, "x"), tpcomm::view_of(residual, "residual"),
-                                    tpcomm::view_of(gamma, "gamma"), eps,
-                                    tpcomm::view_of(norm_out, "norm_out"),
-                                    tpcomm::view_of(residual_out, "residual_out"),
-                                    tpcomm::stream_of(stream), fp8_of(fp8_scale, fp8_row_scales));
+    return g.all_reduce_add_rmsnorm(
+        tpcomm::view_of(x, "x"), tpcomm::view_of(residual, "residual"),
+        tpcomm::view_of(gamma, "gamma"), eps, tpcomm::view_of(norm_out, "norm_out"),
+        tpcomm::view_of(residual_out, "residual_out"), tpcomm::stream_of(stream),
+        tpcomm::fp8_of(fp8_scale, fp8_row_scales));
   });
 }
 
@@ -526,7 +523,7 @@ tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* re
         tpcomm::view_of(x, "x"), tpcomm::view_of(residual, "residual"),
         tpcomm::view_of(gamma, "gamma"), eps, tpcomm::view_of(norm_out, "norm_out"),
         tpcomm::view_of(residual_out, "residual_out"), tpcomm::stream_of(stream),
-        fp8_of(fp8_scale, fp8_row_scales));
+        tpcomm::fp8_of(fp8_scale, fp8_row_scales));
     if (s != Status::kOk) {
       // add_rmsnorm logs its reason; the status says which kind.
       fail(s, tpcomm::detail::concat("tpcomm_add_rmsnorm: ", tpcomm::to_string(s),

@@ -61,7 +61,7 @@ def test_bad_arguments_raise_with_the_c_message():
         tpcomm.Bootstrap(rank=2, world_size=2, store_port=1234)
     assert "tpcomm_bootstrap_create: " in str(e.value)
     assert "rank 2 is outside 0..1" in str(e.value)
-    assert e.value.status == 2 and e.value.status_name == "invalid_argument"
+    assert e.value.status == 2 and e.value.status_name == "invalid argument"
     assert isinstance(e.value, ValueError)
     with pytest.raises(tpcomm.InvalidArgumentError, match="store_port 0 is outside 1..65535"):
         tpcomm.Bootstrap(rank=0, world_size=2, store_port=0)

@@ -213,7 +213,10 @@ class Bootstrap:
         self.close()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
+            pass
 
     def barrier(self):
         """Returns when every rank has called it."""
@@ -310,7 +313,10 @@ class Group:
         self.close()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
+            pass
 
     @property
     def last_error(self):

@@ -60,7 +60,7 @@ static void test_version(void) {
   CHECK_OK(tpcomm_version(NULL, NULL));
   CHECK(strcmp(tpcomm_status_string(TPCOMM_OK), "ok") == 0);
   CHECK(strcmp(tpcomm_status_string(TPCOMM_TIMEOUT), "timeout") == 0);
-  CHECK(strcmp(tpcomm_status_string(TPCOMM_INVALID_ARGUMENT), "invalid_argument") == 0);
+  CHECK(strcmp(tpcomm_status_string(TPCOMM_INVALID_ARGUMENT), "invalid argument") == 0);
   CHECK(strcmp(tpcomm_status_string(-1), "unknown") == 0);
   CHECK(strcmp(tpcomm_status_string(TPCOMM_INTERNAL + 1), "unknown") == 0);
 }
