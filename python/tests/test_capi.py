@@ -157,3 +157,14 @@ def test_a_missing_peer_times_out_with_a_message():
     out = subprocess.run([sys.executable, "-c", code, str(free_port())], env=env, check=True,
                          capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("TimeoutError tpcomm_bootstrap_create: "), out
+
+
+def test_a_group_without_a_gpu_raises_the_library_error():
+    if tpcomm.info(as_json=True)["gpus"]:
+        pytest.skip("this machine has a GPU (the GPU tests build groups)")
+    with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+        with pytest.raises(tpcomm.TpcommError, match="tpcomm_group_create: ") as e:
+            tpcomm.Group(b, 0)
+        assert e.value.status != 0
+        with pytest.raises(tpcomm.InvalidArgumentError, match="device -1 is negative"):
+            tpcomm.Group(b, -1)
