@@ -98,11 +98,11 @@ def _stream(device):
 # ---- ops --------------------------------------------------------------------------------------
 
 
-def _all_reduce_checks(x, group, op):
+def _all_reduce_checks(x, group, op, name="all_reduce"):
     g = get_group(group)
-    _check(x, "x", "all_reduce", g)
+    _check(x, "x", name, g)
     if op not in tpcomm.REDUCE_OPS:
-        raise ValueError(f"tpcomm::all_reduce: op {op!r} is not one of {sorted(tpcomm.REDUCE_OPS)}")
+        raise ValueError(f"tpcomm::{name}: op {op!r} is not one of {sorted(tpcomm.REDUCE_OPS)}")
     return g
 
 
@@ -152,7 +152,7 @@ def _scattered_shape(x, g, op_name):
 @torch.library.custom_op("tpcomm::reduce_scatter", mutates_args=())
 def reduce_scatter(x: torch.Tensor, group: int, op: str = "sum") -> torch.Tensor:
     """This rank's block (along dimension 0) of the reduction of `x` over every rank."""
-    g = _all_reduce_checks(x, group, op)
+    g = _all_reduce_checks(x, group, op, "reduce_scatter")
     out = x.new_empty(_scattered_shape(x, g, "reduce_scatter"))
     g.reduce_scatter(_desc(x), _desc(out), op, _stream(x.device))
     return out
@@ -160,7 +160,7 @@ def reduce_scatter(x: torch.Tensor, group: int, op: str = "sum") -> torch.Tensor
 
 @reduce_scatter.register_fake
 def _(x, group, op="sum"):
-    g = _all_reduce_checks(x, group, op)
+    g = _all_reduce_checks(x, group, op, "reduce_scatter")
     return x.new_empty(_scattered_shape(x, g, "reduce_scatter"))
 
 
@@ -315,10 +315,10 @@ class TpcommGroup:
     def all_reduce(self, x, op="sum"):
         return torch.ops.tpcomm.all_reduce(x, self.handle, op)
 
-    def all_gather(self, x, dim=0):
-        """Every rank's `x` concatenated along `dim`."""
+    def all_gather(self, x, dim=-1):
+        """Every rank's `x` concatenated along `dim` (the last by default, as SGLang's)."""
         if dim < 0:
-            dim += x.dim()
+            dim += max(x.dim(), 1)
         if dim == 0:
             return torch.ops.tpcomm.all_gather(x, self.handle)
         gathered = torch.ops.tpcomm.all_gather(x.movedim(dim, 0).contiguous(), self.handle)
@@ -348,13 +348,19 @@ class TpcommGroup:
         self.group.broadcast(_desc(x), _desc(x), src, _stream(x.device))
         return x
 
-    def send(self, x, dst):
+    def send(self, x, dst=None):
+        """Sends `x` to rank `dst` (default: the next rank), as SGLang's `send`."""
         _check(x, "x", "send", self.group)
+        dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
         self.group.send(_desc(x), dst, _stream(x.device))
 
-    def recv(self, x, src):
-        """Receives into `x` (allocated by the caller); returns it."""
+    def recv(self, size, dtype=None, src=None):
+        """Receives from rank `src` (default: the previous rank) into a new tensor of `size` and
+        `dtype`, as SGLang's `recv`, or into `size` itself when it is a tensor; returns it."""
+        x = size if isinstance(size, torch.Tensor) else torch.empty(size, dtype=dtype,
+                                                                    device=self.device)
         _check(x, "x", "recv", self.group)
+        src = (self.rank_in_group - 1) % self.world_size if src is None else src
         self.group.recv(_desc(x), src, _stream(x.device))
         return x
 
