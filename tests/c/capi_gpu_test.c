@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The C API from C on GPUs, one process per rank (`tpcomm launch -n N`, torchrun): a group from
  * the environment, an exact all-reduce (eager, then replayed in a CUDA graph with new data),
- * the fused all-reduce + add + RMSNorm's bad arguments, health and abort. Ranks share GPU 0 when
+ * an all-gather, a bad argument, health and abort. Ranks share GPU 0 when
  * there are fewer GPUs than ranks. Exits 77 (skipped) without a GPU. */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -116,6 +116,33 @@ int main(void) {
     CHECK_CUDA(cudaGraphLaunch(exec, stream));
     CHECK_CUDA(cudaStreamSynchronize(stream));
     CHECK(wrong(out, who.world_size, round) == 0);
+  }
+
+  /* All-gather of int32 over the exchange's staging (set up first, as engines do). */
+  CHECK_OK(tpcomm_prepare_exchange(group, 0, stream));
+  {
+    enum { kPer = 1001 };
+    int32_t* host = malloc((size_t)kPer * (size_t)who.world_size * sizeof(int32_t));
+    int32_t* gin = NULL;
+    int32_t* gout = NULL;
+    const size_t out_bytes = (size_t)kPer * (size_t)who.world_size * sizeof(int32_t);
+    CHECK_CUDA(cudaMalloc((void**)&gin, kPer * sizeof(int32_t)));
+    CHECK_CUDA(cudaMalloc((void**)&gout, out_bytes));
+    for (int i = 0; i < kPer; ++i) host[i] = who.rank * 100000 + i;
+    CHECK_CUDA(cudaMemcpy(gin, host, kPer * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(gout, 0xFF, out_bytes));
+    const tpcomm_tensor tgin = {gin, TPCOMM_I32, 1, device, 0, {kPer}};
+    const tpcomm_tensor tgout = {gout, TPCOMM_I32, 1, device, 0, {(int64_t)kPer * who.world_size}};
+    CHECK_OK(tpcomm_all_gather(group, &tgin, &tgout, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaMemcpy(host, gout, out_bytes, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int r = 0; r < who.world_size; ++r)
+      for (int i = 0; i < kPer; ++i) bad += host[r * kPer + i] != r * 100000 + i;
+    CHECK(bad == 0);
+    free(host);
+    CHECK_CUDA(cudaFree(gin));
+    CHECK_CUDA(cudaFree(gout));
   }
 
   /* A bad argument: refused with the group's message, the group stays usable. */
