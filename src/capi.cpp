@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/group.hpp"
 #include "tpcomm/norm.hpp"
+#include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/tensor.hpp"
 
@@ -92,7 +94,9 @@ TensorView view_of(const tpcomm_tensor* t, const char* what) {
     TPCOMM_C_REQUIRE(t->shape[i] >= 0, what, ": shape[", d, "] is ", t->shape[i]);
     v.shape[i] = t->shape[i];
     v.strides[i] = stride;
-    stride *= t->shape[i];
+    TPCOMM_C_REQUIRE(!__builtin_mul_overflow(stride, t->shape[i], &stride) &&
+                         stride <= std::numeric_limits<std::int64_t>::max() / 8,
+                     what, ": the shape's element count overflows");
   }
   TPCOMM_C_REQUIRE(v.numel() == 0 || t->data != nullptr, what, ": data is NULL for ", v.numel(),
                    " elements");
@@ -119,8 +123,10 @@ std::string key_of(const tpcomm_bootstrap_s* b, const char* key) {
   return detail::concat(b->boot.prefix(), "/user/", key);
 }
 
+/// `timeout_ms` (at most `Options::kMaxTimeoutMs`), or the bootstrap's when it is <= 0.
 Milliseconds timeout_of(const tpcomm_bootstrap_s* b, std::int64_t timeout_ms) {
-  return timeout_ms > 0 ? Milliseconds{timeout_ms} : b->boot.timeout();
+  if (timeout_ms <= 0) return b->boot.timeout();
+  return Milliseconds{std::min(timeout_ms, Options::kMaxTimeoutMs)};
 }
 
 Stream stream_of(void* stream) { return static_cast<Stream>(stream); }

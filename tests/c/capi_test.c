@@ -143,6 +143,11 @@ static void test_bad_arguments(void) {
   CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL),
               TPCOMM_INVALID_ARGUMENT, "gamma: shape[0] is -3");
   bad = t;
+  bad.ndim = 3;
+  bad.shape[0] = bad.shape[1] = bad.shape[2] = (int64_t)1 << 30;
+  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL),
+              TPCOMM_INVALID_ARGUMENT, "gamma: the shape's element count overflows");
+  bad = t;
   bad.data = NULL;
   CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &t, 1e-6f, &bad, &t, NULL, NULL, NULL),
               TPCOMM_INVALID_ARGUMENT, "norm_out: data is NULL for 4 elements");
