@@ -4,12 +4,17 @@
 # the folder given as the first argument. Uses the build in ./build (configure and build it
 # first, or carry it from a machine with the same CUDA toolkit).
 #
-#   scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange]
+#   scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange|python]
+#
+# `python` installs the Python package (`pip install --no-build-isolation .`, into a venv that
+# sees the system's torch, or with --user where venv is missing) and runs its tests: the C API
+# from C and Python, the PyTorch ops (opcheck, torch.compile, CUDA graphs), the tensor-parallel
+# MLP under torchrun, and scripts/bench-torch.py.
 #
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
-out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange]}
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange|python]}
 what=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -152,7 +157,31 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = exchange ]; then
   done
 fi
 
+if [ "$what" = all ] || [ "$what" = tests ] || [ "$what" = python ]; then
+  # The C API from C, one process per rank.
+  for np in 1 2; do
+    step capi "$bin/tpcomm" launch -n "$np" --timeout 300 -- "$bin/tpcomm_capi_gpu_test"
+  done
+fi
+
+if [ "$what" = python ]; then
+  out_abs=$(cd "$out" && pwd)
+  py=python3
+  if python3 -m venv --system-site-packages "$out_abs/venv" >"$out/venv.txt" 2>&1; then
+    py="$out_abs/venv/bin/python"
+    step python-install "$py" -m pip install --no-build-isolation --no-deps -v .
+  else
+    step python-install python3 -m pip install --user --no-build-isolation --no-deps -v .
+  fi
+  # From the test folder's parent, so that the installed package (not ./python) is imported.
+  step python-capi "$py" -m pytest -v -p no:cacheprovider python/tests/test_capi.py
+  step python-torch "$py" -m pytest -v -p no:cacheprovider python/tests/test_torch_gpu.py
+  step python-mlp "$py" -m torch.distributed.run --nproc-per-node 2 python/tests/torchrun_mlp.py
+  step python-bench "$py" scripts/bench-torch.py --np 2 --tpcomm "$bin/tpcomm" \
+    --json "$out_abs/bench-torch.json"
+fi
+
 echo "== failures"
-grep -h -E "^\[  FAILED  \]|Failure$|failed:|tpcomm: " "$out"/*.txt | sort -u | head -40
+grep -h -E "^\[  FAILED  \]|^FAILED |Failure$|failed:|tpcomm: " "$out"/*.txt | sort -u | head -40
 echo "== summary"
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

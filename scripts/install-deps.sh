@@ -5,7 +5,9 @@
 # already be installed (CUDA 12.8 or newer; NCCL's header ships with it or with libnccl-dev).
 set -euo pipefail
 # With --checks, also the tools .ci/run checks the tree with (clang-format, clang-tidy).
-packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libbenchmark-dev)
+# python3-pytest runs the Python package's tests; python3-venv and python3-pip install it.
+packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libbenchmark-dev
+          python3 python3-pytest python3-venv python3-pip)
 [ "${1:-}" = "--checks" ] && packages+=(clang-format clang-tidy)
 missing=()
 for p in "${packages[@]}"; do

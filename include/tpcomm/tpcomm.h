@@ -1,0 +1,257 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The C API of tpcomm: a thin layer over the C++ one (tpcomm/tpcomm.hpp) for C programs and for
+ * languages that load libtpcomm.so through a foreign-function interface (Python's ctypes).
+ *
+ * Conventions:
+ * - Every function returns a `tpcomm_status` (TPCOMM_OK is 0) and writes results through
+ *   pointers; nothing throws, nothing exits.
+ * - After a failure, `tpcomm_last_error()` (this thread's last failure, for every call) and, for
+ *   calls on a handle, `tpcomm_bootstrap_last_error` / `tpcomm_group_last_error` (that handle's
+ *   last failure) say what went wrong. The strings stay valid until the next call that fails on
+ *   the same thread or handle.
+ * - Handles are opaque; each `*_create`/`*_from_*` pairs with one `*_destroy`.
+ * - Streams are `cudaStream_t` passed as `void*` (NULL: the legacy default stream).
+ * - The rules of `tpcomm::Group` hold: every rank makes the same collective calls in the same
+ *   order with the same sizes; one thread per rank; a TPCOMM_TIMEOUT, TPCOMM_ABORTED or
+ *   TPCOMM_NCCL_ERROR leaves the group unusable (build a new one).
+ */
+#ifndef TPCOMM_TPCOMM_H
+#define TPCOMM_TPCOMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this header; `tpcomm_version` gives the library's. */
+#define TPCOMM_VERSION_MAJOR 0
+#define TPCOMM_VERSION_MINOR 1
+#define TPCOMM_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, as `tpcomm_version` reports it. */
+#define TPCOMM_VERSION_NUMBER \
+  (TPCOMM_VERSION_MAJOR * 10000 + TPCOMM_VERSION_MINOR * 100 + TPCOMM_VERSION_PATCH)
+
+/* The same codes and meanings as `tpcomm::Status`. */
+typedef enum tpcomm_status {
+  TPCOMM_OK = 0,
+  TPCOMM_UNSUPPORTED = 1,      /* no backend can serve the request */
+  TPCOMM_INVALID_ARGUMENT = 2, /* nothing was done; the handle stays usable */
+  TPCOMM_CUDA_ERROR = 3,
+  TPCOMM_NCCL_ERROR = 4,
+  TPCOMM_TIMEOUT = 5, /* a peer did not arrive within TPCOMM_TIMEOUT_MS */
+  TPCOMM_ABORTED = 6,
+  TPCOMM_UNAVAILABLE = 7, /* no driver, no NCCL, no peer access */
+  TPCOMM_SYSTEM_ERROR = 8,
+  TPCOMM_PROTOCOL_ERROR = 9,
+  TPCOMM_INTERNAL = 10
+} tpcomm_status;
+
+/* Element types: the numbering of `tpcomm::DType`. */
+typedef enum tpcomm_dtype {
+  TPCOMM_F32 = 0,
+  TPCOMM_F16 = 1,
+  TPCOMM_BF16 = 2,
+  TPCOMM_F64 = 3,
+  TPCOMM_I8 = 4,
+  TPCOMM_U8 = 5,
+  TPCOMM_I32 = 6,
+  TPCOMM_U32 = 7,
+  TPCOMM_I64 = 8,
+  TPCOMM_U64 = 9,
+  TPCOMM_F8E4M3 = 10,
+  TPCOMM_F8E5M2 = 11
+} tpcomm_dtype;
+
+/* Reduction operators: the numbering of `tpcomm::ReduceOp`. */
+typedef enum tpcomm_reduce_op {
+  TPCOMM_SUM = 0,
+  TPCOMM_PROD = 1,
+  TPCOMM_MAX = 2,
+  TPCOMM_MIN = 3,
+  TPCOMM_AVG = 4
+} tpcomm_reduce_op;
+
+#define TPCOMM_MAX_DIMS 6
+
+/* A contiguous (row-major) tensor in device memory: `ndim` extents in `shape` (0 dims: one
+ * element). `dtype` is a `tpcomm_dtype`; `device` the CUDA ordinal (-1: unknown). */
+typedef struct tpcomm_tensor {
+  void* data;
+  int32_t dtype;
+  int32_t ndim;
+  int32_t device;
+  int32_t reserved; /* 0 */
+  int64_t shape[TPCOMM_MAX_DIMS];
+} tpcomm_tensor;
+
+/* A rank's place in a bootstrap or group. */
+typedef struct tpcomm_rank_info {
+  int32_t rank;
+  int32_t world_size;
+  int32_t local_rank;
+  int32_t local_world_size;
+  int32_t node_id; /* -1 for a group */
+  int32_t device;  /* -1 for a bootstrap */
+} tpcomm_rank_info;
+
+/* What a group may build (`tpcomm::GroupConfig`); each field 0 or 1. */
+typedef struct tpcomm_group_config {
+  int32_t custom_all_reduce;
+  int32_t nccl;
+  int32_t fusion;
+} tpcomm_group_config;
+
+typedef struct tpcomm_bootstrap_s* tpcomm_bootstrap;
+typedef struct tpcomm_group_s* tpcomm_group;
+typedef struct tpcomm_capture_s* tpcomm_capture;
+
+/* ---- library ------------------------------------------------------------------------------ */
+
+/* "0.1.0" and TPCOMM_VERSION_NUMBER of the library that is loaded; either may be NULL. */
+tpcomm_status tpcomm_version(const char** version, int* number);
+/* A short stable name ("ok", "timeout", ...); "unknown" for a code outside the enum. Never NULL. */
+const char* tpcomm_status_string(int status);
+/* This thread's last failure ("" when none). Never NULL. */
+const char* tpcomm_last_error(void);
+/* `tpcomm info` (as_json 0: text, 1: JSON) into `buf` of `capacity` bytes, NUL-terminated.
+ * `needed` (optional) receives the report's size including the NUL; with `buf` NULL and
+ * `capacity` 0 only the size is returned. TPCOMM_INVALID_ARGUMENT when it does not fit (`buf`
+ * then holds nothing). `invalid_knobs` (optional): the number of TPCOMM_* variables that could
+ * not be parsed (each listed in the report). The machine is probed at every call. */
+tpcomm_status tpcomm_info(int as_json, char* buf, size_t capacity, size_t* needed,
+                          int* invalid_knobs);
+
+/* ---- bootstrap and store ------------------------------------------------------------------ */
+
+/* From the launch environment (torchrun, mpirun, srun, `tpcomm launch`, TPCOMM_*), as
+ * `tpcomm::Bootstrap::from_env`. Collective over the job's ranks. */
+tpcomm_status tpcomm_bootstrap_from_env(tpcomm_bootstrap* out);
+/* From explicit values, as `tpcomm::Bootstrap::from_launch_info`: rank 0 hosts the TCP store on
+ * `store_host`:`store_port` (1..65535), the others connect to it. `local_rank` and
+ * `local_world_size` may be -1 (then derived from host names). Knobs (timeout, token, bind
+ * address) come from the TPCOMM_* variables. Collective. */
+tpcomm_status tpcomm_bootstrap_create(int rank, int world_size, int local_rank,
+                                      int local_world_size, const char* store_host, int store_port,
+                                      tpcomm_bootstrap* out);
+/* Destroys the handle (NULL is allowed). A group built from it may outlive it. */
+tpcomm_status tpcomm_bootstrap_destroy(tpcomm_bootstrap boot);
+tpcomm_status tpcomm_bootstrap_rank_info(tpcomm_bootstrap boot, tpcomm_rank_info* out);
+/* Returns when every rank has called it. Collective. */
+tpcomm_status tpcomm_bootstrap_barrier(tpcomm_bootstrap boot);
+/* This handle's last failure ("" when none). Never NULL. */
+const char* tpcomm_bootstrap_last_error(tpcomm_bootstrap boot);
+
+/* The bootstrap's key-value store, with keys in a namespace of their own (no clash with the
+ * library's keys). Every call is bounded by `timeout_ms` (<= 0: TPCOMM_TIMEOUT_MS). Keys are
+ * NUL-terminated and non-empty; values are bytes. */
+tpcomm_status tpcomm_store_set(tpcomm_bootstrap boot, const char* key, const void* value,
+                               size_t size, int64_t timeout_ms);
+/* Waits for `key` and copies its value into `buf`; `size` receives the value's size. When the
+ * value is larger than `capacity`, TPCOMM_INVALID_ARGUMENT with `size` set and `buf` untouched
+ * (the key stays: call again with a larger buffer). */
+tpcomm_status tpcomm_store_get(tpcomm_bootstrap boot, const char* key, void* buf, size_t capacity,
+                               size_t* size, int64_t timeout_ms);
+/* Adds `delta` to the counter at `key` (created as 0); `result` (optional) the new value. */
+tpcomm_status tpcomm_store_add(tpcomm_bootstrap boot, const char* key, int64_t delta,
+                               int64_t* result, int64_t timeout_ms);
+/* `exists` receives 1 when `key` is set, else 0; does not wait. */
+tpcomm_status tpcomm_store_check(tpcomm_bootstrap boot, const char* key, int* exists,
+                                 int64_t timeout_ms);
+/* Removes `key`; `existed` (optional) receives 1 when it was set. */
+tpcomm_status tpcomm_store_erase(tpcomm_bootstrap boot, const char* key, int* existed,
+                                 int64_t timeout_ms);
+
+/* ---- groups ------------------------------------------------------------------------------- */
+
+/* A group over the bootstrap's ranks on CUDA device `device` (`tpcomm::Group`); `config` NULL
+ * allows every backend. Collective. Knobs from the TPCOMM_* variables. */
+tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
+                                  const tpcomm_group_config* config, tpcomm_group* out);
+/* Destroys the group (NULL is allowed). Every capture scope of it must be ended first. */
+tpcomm_status tpcomm_group_destroy(tpcomm_group group);
+tpcomm_status tpcomm_group_rank_info(tpcomm_group group, tpcomm_rank_info* out);
+/* TPCOMM_OK while usable, else the sticky failure (message in tpcomm_group_last_error). */
+tpcomm_status tpcomm_group_health(tpcomm_group group);
+/* Makes every waiting kernel of the group give up and every later call return TPCOMM_ABORTED. */
+tpcomm_status tpcomm_group_abort(tpcomm_group group);
+/* Measures the custom all-reduce per size and installs the table on every rank (rank 0 stores
+ * it in the tune file). Collective. */
+tpcomm_status tpcomm_group_tune(tpcomm_group group);
+/* Launches the group's kernels once on `stream` and meets every rank (`Group::warm_up`). */
+tpcomm_status tpcomm_group_warm_up(tpcomm_group group, void* stream);
+/* This handle's last failure ("" when none). Never NULL. */
+const char* tpcomm_group_last_error(tpcomm_group group);
+
+/* Which path would serve an operation (`Group::backend_for_*`): "local", "custom_ar:<name>",
+ * "nccl", "nccl+add_rmsnorm", ... */
+typedef enum tpcomm_op {
+  TPCOMM_OP_ALL_REDUCE = 0,
+  TPCOMM_OP_ALL_REDUCE_ADD_RMSNORM = 1, /* in: x, out: norm_out */
+  TPCOMM_OP_ALL_GATHER = 2,
+  TPCOMM_OP_ALL_TO_ALL = 3
+} tpcomm_op;
+/* Copies the backend's name into `buf` (NUL-terminated, truncated to `capacity`). */
+tpcomm_status tpcomm_group_backend_for(tpcomm_group group, int op, const tpcomm_tensor* in,
+                                       const tpcomm_tensor* out, int capturing, char* buf,
+                                       size_t capacity);
+
+/* ---- collectives: the arguments and rules of the `tpcomm::Group` methods of the same name -- */
+
+tpcomm_status tpcomm_all_reduce(tpcomm_group group, const tpcomm_tensor* in,
+                                const tpcomm_tensor* out, int op, void* stream);
+tpcomm_status tpcomm_all_gather(tpcomm_group group, const tpcomm_tensor* in,
+                                const tpcomm_tensor* out, void* stream);
+tpcomm_status tpcomm_reduce_scatter(tpcomm_group group, const tpcomm_tensor* in,
+                                    const tpcomm_tensor* out, int op, void* stream);
+/* Equal split. */
+tpcomm_status tpcomm_all_to_all(tpcomm_group group, const tpcomm_tensor* in,
+                                const tpcomm_tensor* out, void* stream);
+/* Per-peer counts: `counts[s * world_size + d]` elements go from rank s to rank d;
+ * `num_counts` must be world_size^2. */
+tpcomm_status tpcomm_all_to_all_counts(tpcomm_group group, const tpcomm_tensor* in,
+                                       const tpcomm_tensor* out, const int64_t* counts,
+                                       size_t num_counts, void* stream);
+tpcomm_status tpcomm_broadcast(tpcomm_group group, const tpcomm_tensor* in,
+                               const tpcomm_tensor* out, int root, void* stream);
+tpcomm_status tpcomm_send(tpcomm_group group, const tpcomm_tensor* buf, int peer, void* stream);
+tpcomm_status tpcomm_recv(tpcomm_group group, const tpcomm_tensor* buf, int peer, void* stream);
+/* residual_out = sum over ranks(x) + residual; norm_out = RMSNorm(residual_out) * gamma. For an
+ * f8e4m3 `norm_out`, exactly one of `fp8_scale` (one f32, read) and `fp8_row_scales` ([tokens]
+ * f32, written) is given; otherwise both are NULL. */
+tpcomm_status tpcomm_all_reduce_add_rmsnorm(tpcomm_group group, const tpcomm_tensor* x,
+                                            const tpcomm_tensor* residual,
+                                            const tpcomm_tensor* gamma, float eps,
+                                            const tpcomm_tensor* norm_out,
+                                            const tpcomm_tensor* residual_out,
+                                            const tpcomm_tensor* fp8_scale,
+                                            const tpcomm_tensor* fp8_row_scales, void* stream);
+/* The local residual add + RMSNorm alone (`tpcomm::add_rmsnorm`), on `stream`. */
+tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* residual,
+                                 const tpcomm_tensor* gamma, float eps,
+                                 const tpcomm_tensor* norm_out, const tpcomm_tensor* residual_out,
+                                 const tpcomm_tensor* fp8_scale,
+                                 const tpcomm_tensor* fp8_row_scales, void* stream);
+/* The LM head's exchange. `rows_per_rank` NULL: every rank holds `equal_rows` rows (graphs);
+ * otherwise it has `num_ranks` (= world size) entries and `equal_rows` is ignored. */
+tpcomm_status tpcomm_lm_head_exchange(tpcomm_group group, const tpcomm_tensor* shard_logits,
+                                      const tpcomm_tensor* out, int64_t equal_rows,
+                                      const int64_t* rows_per_rank, size_t num_ranks, void* stream);
+/* Sets up the exchanges' staging (`bytes_per_peer` <= 0: 4 MiB) and NCCL's peer-to-peer
+ * buffers. Collective; not graph-safe. */
+tpcomm_status tpcomm_prepare_exchange(tpcomm_group group, int64_t bytes_per_peer, void* stream);
+
+/* ---- CUDA-graph capture ------------------------------------------------------------------- */
+
+/* Opens a capture scope on `stream` (before cudaStreamBeginCapture). */
+tpcomm_status tpcomm_capture_begin(tpcomm_group group, void* stream, tpcomm_capture* out);
+/* Closes the scope (after cudaStreamEndCapture: registers the captured buffers with every
+ * rank, collective) and frees the handle, also when closing fails. NULL is allowed. */
+tpcomm_status tpcomm_capture_end(tpcomm_capture scope);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TPCOMM_TPCOMM_H */

@@ -1,0 +1,170 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The package through the C API, without a GPU or PyTorch: version, info, errors mapped to
+exceptions with the library's message, the store of a single process, and a bootstrap of
+several processes over the real TCP store."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tpcomm
+from conftest import free_port
+
+
+def test_version_matches_the_project():
+    v = tpcomm.version()
+    assert v.count(".") == 2
+    assert all(p.isdigit() for p in v.split("."))
+
+
+def test_info_text_and_json():
+    text = tpcomm.info()
+    assert text.startswith("tpcomm " + tpcomm.version() + "\n")
+    assert "\nCUDA driver: " in text
+    assert "\nNCCL: " in text
+    report = tpcomm.info(as_json=True)
+    assert report["tpcomm"]["version"] == tpcomm.version()
+    assert isinstance(report["driver"]["available"], bool)
+    assert "TPCOMM_TIMEOUT_MS" in report["knobs"]
+
+
+def test_info_never_shows_the_store_token():
+    code = "import tpcomm, json; print(json.dumps(tpcomm.info(as_json=True)['knobs']))"
+    env = dict(os.environ, TPCOMM_STORE_TOKEN="s3cr3t-token")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "s3cr3t-token" not in out
+    assert json.loads(out)["TPCOMM_STORE_TOKEN"] == "(set)"
+
+
+def test_works_without_torch():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules['torch'] = None  # any import of torch fails
+        import tpcomm
+        tpcomm.info()
+        with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+            b.store_set('k', b'v')
+            assert b.store_get('k') == b'v'
+        print('ok')
+    """)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_bad_arguments_raise_with_the_c_message():
+    with pytest.raises(tpcomm.InvalidArgumentError) as e:
+        tpcomm.Bootstrap(rank=2, world_size=2, store_port=1234)
+    assert "tpcomm_bootstrap_create: " in str(e.value)
+    assert "rank 2 is outside 0..1" in str(e.value)
+    assert e.value.status == 2 and e.value.status_name == "invalid argument"
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(tpcomm.InvalidArgumentError, match="store_port 0 is outside 1..65535"):
+        tpcomm.Bootstrap(rank=0, world_size=2, store_port=0)
+    with pytest.raises(tpcomm.InvalidArgumentError, match="both rank and world_size"):
+        tpcomm.Bootstrap(rank=0)
+    with pytest.raises(tpcomm.InvalidArgumentError, match="dtype 'complex64'"):
+        tpcomm.tensor(0, "complex64", [4])
+    with pytest.raises(tpcomm.InvalidArgumentError, match="7 dimensions"):
+        tpcomm.tensor(0, "float32", [1] * 7)
+
+
+def test_invalid_knob_names_its_variable():
+    # The knobs are read when a bootstrap of several ranks starts.
+    code = ("import tpcomm\n"
+            "try:\n"
+            "    tpcomm.Bootstrap(rank=0, world_size=2, store_port=1)\n"
+            "except tpcomm.InvalidArgumentError as e:\n"
+            "    print(e)\n")
+    env = dict(os.environ, TPCOMM_TIMEOUT_MS="soon")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "TPCOMM_TIMEOUT_MS" in out and "soon" in out
+
+
+def test_store_of_one_process():
+    with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+        assert (b.rank, b.world_size, b.local_rank, b.local_world_size) == (0, 1, 0, 1)
+        b.barrier()
+        big = bytes(range(256)) * 40  # larger than the first buffer store_get tries
+        b.store_set("big", big)
+        assert b.store_get("big") == big
+        b.store_set("text", "hello")
+        assert b.store_get("text") == b"hello"
+        assert b.store_check("text")
+        assert b.store_erase("text")
+        assert not b.store_check("text")
+        assert not b.store_erase("text")
+        assert b.store_add("n", 5) == 5
+        assert b.store_add("n", -7) == -2
+        with pytest.raises(tpcomm.TimeoutError, match="missing") as e:
+            b.store_get("missing", timeout_ms=100)
+        assert isinstance(e.value, TimeoutError)
+        with pytest.raises(tpcomm.InvalidArgumentError, match="key is NULL or empty"):
+            b.store_set("", b"x")
+    with pytest.raises(tpcomm.InvalidArgumentError, match="closed"):
+        b.barrier()
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import sys
+    import tpcomm
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    with tpcomm.Bootstrap(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+                          store_port=port) as b:
+        assert (b.rank, b.world_size, b.node_id) == (rank, world, 0)
+        b.store_set(f"rank/{rank}", f"value of rank {rank}")
+        b.store_add("arrivals", 1)
+        b.barrier()
+        assert b.store_add("arrivals", 0) == world
+        for peer in range(world):
+            assert b.store_get(f"rank/{peer}") == f"value of rank {peer}".encode()
+        b.barrier()
+    print("rank", rank, "ok")
+""")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bootstrap_of_processes_over_the_tcp_store(world):
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(world), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    outputs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        outputs.append(out)
+    for r, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {r}:\n{out}"
+        assert f"rank {r} ok" in out
+
+
+def test_a_missing_peer_times_out_with_a_message():
+    code = ("import sys, tpcomm\n"
+            "try:\n"
+            "    tpcomm.Bootstrap(rank=1, world_size=2, store_port=int(sys.argv[1]))\n"
+            "except tpcomm.TpcommError as e:\n"
+            "    print(type(e).__name__, e)\n")
+    env = dict(os.environ, TPCOMM_TIMEOUT_MS="500")
+    out = subprocess.run([sys.executable, "-c", code, str(free_port())], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("TimeoutError tpcomm_bootstrap_create: "), out
+
+
+def test_a_group_without_a_gpu_raises_the_library_error():
+    if tpcomm.info(as_json=True)["gpus"]:
+        pytest.skip("this machine has a GPU (the GPU tests build groups)")
+    with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+        with pytest.raises(tpcomm.TpcommError, match="tpcomm_group_create: ") as e:
+            tpcomm.Group(b, 0)
+        assert e.value.status != 0
+        with pytest.raises(tpcomm.InvalidArgumentError, match="device -1 is negative"):
+            tpcomm.Group(b, -1)

@@ -1,0 +1,419 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tpcomm from Python: the C API (include/tpcomm/tpcomm.h) through ctypes.
+
+Needs no PyTorch: `version`, `info`, `Bootstrap` (with its key-value store) and `Group` over raw
+device pointers work anywhere libtpcomm.so loads. `tpcomm.torch` adds PyTorch ops.
+
+Every failing call raises a `TpcommError` subclass (by status) carrying the library's message.
+"""
+import builtins
+import contextlib
+import ctypes
+import json as _json
+
+from . import _capi
+
+__all__ = [
+    "AbortedError",
+    "Bootstrap",
+    "CudaError",
+    "DTYPES",
+    "Group",
+    "InvalidArgumentError",
+    "NcclError",
+    "REDUCE_OPS",
+    "TimeoutError",
+    "TpcommError",
+    "UnavailableError",
+    "UnsupportedError",
+    "info",
+    "tensor",
+    "version",
+]
+
+#: Element types by name, with the numbering of `tpcomm_dtype`.
+DTYPES = {
+    "float32": 0,
+    "float16": 1,
+    "bfloat16": 2,
+    "float64": 3,
+    "int8": 4,
+    "uint8": 5,
+    "int32": 6,
+    "uint32": 7,
+    "int64": 8,
+    "uint64": 9,
+    "float8_e4m3fn": 10,
+    "float8_e5m2": 11,
+}
+#: Reduction operators by name (`tpcomm_reduce_op`).
+REDUCE_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+#: Operations `Group.backend_for` knows (`tpcomm_op`).
+_OPS = {"all_reduce": 0, "all_reduce_add_rmsnorm": 1, "all_gather": 2, "all_to_all": 3}
+
+
+class TpcommError(RuntimeError):
+    """A failed tpcomm call: `status` is the `tpcomm_status` code, `status_name` its name, and the
+    message is the library's."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.status_name = _capi.lib().tpcomm_status_string(status).decode()
+        super().__init__(f"{message} [{self.status_name}]")
+
+
+class UnsupportedError(TpcommError):
+    """No backend can serve the request."""
+
+
+class InvalidArgumentError(TpcommError, ValueError):
+    """A bad argument: nothing was done, the handle stays usable."""
+
+
+class CudaError(TpcommError):
+    """A CUDA call failed."""
+
+
+class NcclError(TpcommError):
+    """NCCL failed; the group is unusable."""
+
+
+class TimeoutError(TpcommError, builtins.TimeoutError):  # noqa: A001
+    """A peer did not arrive within TPCOMM_TIMEOUT_MS (or the timeout given)."""
+
+
+class AbortedError(TpcommError):
+    """The group was aborted."""
+
+
+class UnavailableError(TpcommError):
+    """A component is missing on this machine (driver, NCCL, peer access)."""
+
+
+_ERRORS = {
+    1: UnsupportedError,
+    2: InvalidArgumentError,
+    3: CudaError,
+    4: NcclError,
+    5: TimeoutError,
+    6: AbortedError,
+    7: UnavailableError,
+}
+
+
+def _check(status, message=None):
+    """Raises the exception of a non-zero status, with the C API's message."""
+    if status != 0:
+        if message is None:
+            message = _capi.lib().tpcomm_last_error().decode(errors="replace")
+        raise _ERRORS.get(status, TpcommError)(status, message)
+
+
+def version():
+    """The library's version, "MAJOR.MINOR.PATCH"."""
+    v = ctypes.c_char_p()
+    _check(_capi.lib().tpcomm_version(ctypes.byref(v), None))
+    return v.value.decode()
+
+
+def info(as_json=False):
+    """`tpcomm info`: the text report, or with `as_json` the parsed JSON object."""
+    lib = _capi.lib()
+    needed = ctypes.c_size_t()
+    _check(lib.tpcomm_info(int(as_json), None, 0, ctypes.byref(needed), None))
+    # Probed again for the text; leave room in case the machine's report grew in between.
+    while True:
+        buf = ctypes.create_string_buffer(needed.value + 4096)
+        status = lib.tpcomm_info(int(as_json), buf, len(buf), ctypes.byref(needed), None)
+        if status == 0:
+            text = buf.value.decode(errors="replace")
+            return _json.loads(text) if as_json else text
+        if needed.value < len(buf):
+            _check(status)
+
+
+def tensor(data_ptr, dtype, shape, device=-1):
+    """A `tpcomm_tensor`: a contiguous tensor at `data_ptr` (an int) of `dtype` (a name of
+    `DTYPES`) and `shape` (a sequence of at most 6 extents) on CUDA device `device`."""
+    if dtype not in DTYPES:
+        raise InvalidArgumentError(2, f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    shape = tuple(int(d) for d in shape)
+    if len(shape) > _capi.MAX_DIMS:
+        raise InvalidArgumentError(2, f"{len(shape)} dimensions; at most {_capi.MAX_DIMS}")
+    t = _capi.CTensor()
+    t.data = data_ptr
+    t.dtype = DTYPES[dtype]
+    t.ndim = len(shape)
+    t.device = device
+    for i, d in enumerate(shape):
+        t.shape[i] = d
+    return t
+
+
+def _ref(t):
+    return None if t is None else ctypes.byref(t)
+
+
+def _key(key):
+    if not isinstance(key, str):
+        raise InvalidArgumentError(2, f"store keys are str, not {type(key).__name__}")
+    return key.encode()
+
+
+class Bootstrap:
+    """A rank's place in the job and the key-value store shared by its ranks.
+
+    `Bootstrap()` reads the launcher's environment (torchrun, mpirun, srun, `tpcomm launch`,
+    TPCOMM_*); `Bootstrap(rank=r, world_size=n, store_port=p)` takes explicit values (rank 0
+    hosts the TCP store on `store_host`:`store_port`). Collective either way.
+    """
+
+    def __init__(self, rank=None, world_size=None, local_rank=-1, local_world_size=-1,
+                 store_host="127.0.0.1", store_port=0):
+        lib = _capi.lib()
+        handle = ctypes.c_void_p()
+        if rank is None and world_size is None:
+            _check(lib.tpcomm_bootstrap_from_env(ctypes.byref(handle)))
+        else:
+            if rank is None or world_size is None:
+                raise InvalidArgumentError(2, "give both rank and world_size, or neither")
+            host = None if store_host is None else store_host.encode()
+            _check(lib.tpcomm_bootstrap_create(rank, world_size, local_rank, local_world_size,
+                                               host, store_port, ctypes.byref(handle)))
+        self._handle = handle
+        info = _capi.CRankInfo()
+        _check(lib.tpcomm_bootstrap_rank_info(handle, ctypes.byref(info)))
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.local_rank = info.local_rank
+        self.local_world_size = info.local_world_size
+        self.node_id = info.node_id
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise InvalidArgumentError(2, "the bootstrap is closed")
+        return self._handle
+
+    def _call(self, status):
+        if status != 0:
+            _check(status, _capi.lib().tpcomm_bootstrap_last_error(self._handle).decode(
+                errors="replace"))
+
+    def close(self):
+        """Releases the handle (rank 0 stops the store after its peers disconnect)."""
+        if getattr(self, "_handle", None) is not None:
+            _capi.lib().tpcomm_bootstrap_destroy(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
+            pass
+
+    def barrier(self):
+        """Returns when every rank has called it."""
+        self._call(_capi.lib().tpcomm_bootstrap_barrier(self.handle))
+
+    def store_set(self, key, value, timeout_ms=0):
+        """Stores `value` (bytes or str) under `key`."""
+        if isinstance(value, str):
+            value = value.encode()
+        value = bytes(value)
+        self._call(_capi.lib().tpcomm_store_set(self.handle, _key(key), value, len(value),
+                                                timeout_ms))
+
+    def store_get(self, key, timeout_ms=0):
+        """The value of `key` (bytes), waiting for it up to `timeout_ms` (0: TPCOMM_TIMEOUT_MS)."""
+        lib = _capi.lib()
+        size = ctypes.c_size_t(0)
+        buf = ctypes.create_string_buffer(256)
+        status = lib.tpcomm_store_get(self.handle, _key(key), buf, len(buf), ctypes.byref(size),
+                                      timeout_ms)
+        if status == 2 and size.value > len(buf):
+            buf = ctypes.create_string_buffer(size.value)
+            status = lib.tpcomm_store_get(self.handle, _key(key), buf, len(buf),
+                                          ctypes.byref(size), timeout_ms)
+        self._call(status)
+        return buf.raw[: size.value]
+
+    def store_add(self, key, delta, timeout_ms=0):
+        """Adds `delta` to the counter at `key` and returns the new value."""
+        result = ctypes.c_int64()
+        self._call(_capi.lib().tpcomm_store_add(self.handle, _key(key), delta,
+                                                ctypes.byref(result), timeout_ms))
+        return result.value
+
+    def store_check(self, key, timeout_ms=0):
+        """True when `key` is set; does not wait."""
+        exists = ctypes.c_int()
+        self._call(_capi.lib().tpcomm_store_check(self.handle, _key(key), ctypes.byref(exists),
+                                                  timeout_ms))
+        return bool(exists.value)
+
+    def store_erase(self, key, timeout_ms=0):
+        """Removes `key`; True when it was set."""
+        existed = ctypes.c_int()
+        self._call(_capi.lib().tpcomm_store_erase(self.handle, _key(key), ctypes.byref(existed),
+                                                  timeout_ms))
+        return bool(existed.value)
+
+
+class Group:
+    """A communicator over a bootstrap's ranks on CUDA device `device` (`tpcomm::Group`).
+
+    Collectives take `tpcomm.tensor(...)` descriptors and a stream (a `cudaStream_t` as an int;
+    0 is the legacy default stream). Collective on creation; every rank calls the same
+    collectives in the same order. `tpcomm.torch` wraps it for PyTorch tensors.
+    """
+
+    def __init__(self, bootstrap, device, custom_all_reduce=True, nccl=True, fusion=True):
+        lib = _capi.lib()
+        config = _capi.CGroupConfig(int(custom_all_reduce), int(nccl), int(fusion))
+        handle = ctypes.c_void_p()
+        status = lib.tpcomm_group_create(bootstrap.handle, device, ctypes.byref(config),
+                                         ctypes.byref(handle))
+        if status != 0:
+            bootstrap._call(status)
+        self._handle = handle
+        info = _capi.CRankInfo()
+        self._call(lib.tpcomm_group_rank_info(handle, ctypes.byref(info)))
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.device = info.device
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise InvalidArgumentError(2, "the group is closed")
+        return self._handle
+
+    def _call(self, status):
+        if status != 0:
+            _check(status, _capi.lib().tpcomm_group_last_error(self._handle).decode(
+                errors="replace"))
+
+    def close(self):
+        """Destroys the group (not collective)."""
+        if getattr(self, "_handle", None) is not None:
+            _capi.lib().tpcomm_group_destroy(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
+            pass
+
+    @property
+    def last_error(self):
+        return _capi.lib().tpcomm_group_last_error(self.handle).decode(errors="replace")
+
+    def health(self):
+        """Raises the group's sticky failure, if any."""
+        self._call(_capi.lib().tpcomm_group_health(self.handle))
+
+    def abort(self):
+        self._call(_capi.lib().tpcomm_group_abort(self.handle))
+
+    def tune(self):
+        """Measures the custom all-reduce per size and installs the table. Collective."""
+        self._call(_capi.lib().tpcomm_group_tune(self.handle))
+
+    def warm_up(self, stream=0):
+        self._call(_capi.lib().tpcomm_group_warm_up(self.handle, stream))
+
+    def backend_for(self, op, inp, out, capturing=False):
+        """Which path would serve `op` ("all_reduce", "all_reduce_add_rmsnorm", "all_gather",
+        "all_to_all") for these tensors: "local", "custom_ar:<name>", "nccl", ..."""
+        if op not in _OPS:
+            raise InvalidArgumentError(2, f"op {op!r} is not one of {sorted(_OPS)}")
+        buf = ctypes.create_string_buffer(128)
+        self._call(_capi.lib().tpcomm_group_backend_for(self.handle, _OPS[op], _ref(inp),
+                                                        _ref(out), int(capturing), buf,
+                                                        len(buf)))
+        return buf.value.decode()
+
+    @staticmethod
+    def _op(op):
+        if op not in REDUCE_OPS:
+            raise InvalidArgumentError(2, f"op {op!r} is not one of {sorted(REDUCE_OPS)}")
+        return REDUCE_OPS[op]
+
+    def all_reduce(self, inp, out, op="sum", stream=0):
+        self._call(_capi.lib().tpcomm_all_reduce(self.handle, _ref(inp), _ref(out), self._op(op),
+                                                 stream))
+
+    def all_gather(self, inp, out, stream=0):
+        self._call(_capi.lib().tpcomm_all_gather(self.handle, _ref(inp), _ref(out), stream))
+
+    def reduce_scatter(self, inp, out, op="sum", stream=0):
+        self._call(_capi.lib().tpcomm_reduce_scatter(self.handle, _ref(inp), _ref(out),
+                                                     self._op(op), stream))
+
+    def all_to_all(self, inp, out, counts=None, stream=0):
+        """Equal split, or with `counts` (world_size^2 ints, `counts[s * world + d]` elements
+        from rank s to rank d)."""
+        lib = _capi.lib()
+        if counts is None:
+            self._call(lib.tpcomm_all_to_all(self.handle, _ref(inp), _ref(out), stream))
+        else:
+            arr = (ctypes.c_int64 * len(counts))(*counts)
+            self._call(lib.tpcomm_all_to_all_counts(self.handle, _ref(inp), _ref(out), arr,
+                                                    len(counts), stream))
+
+    def broadcast(self, inp, out, root, stream=0):
+        self._call(_capi.lib().tpcomm_broadcast(self.handle, _ref(inp), _ref(out), root, stream))
+
+    def send(self, buf, peer, stream=0):
+        self._call(_capi.lib().tpcomm_send(self.handle, _ref(buf), peer, stream))
+
+    def recv(self, buf, peer, stream=0):
+        self._call(_capi.lib().tpcomm_recv(self.handle, _ref(buf), peer, stream))
+
+    def all_reduce_add_rmsnorm(self, x, residual, gamma, eps, norm_out, residual_out,
+                               fp8_scale=None, fp8_row_scales=None, stream=0):
+        self._call(_capi.lib().tpcomm_all_reduce_add_rmsnorm(
+            self.handle, _ref(x), _ref(residual), _ref(gamma), eps, _ref(norm_out),
+            _ref(residual_out), _ref(fp8_scale), _ref(fp8_row_scales), stream))
+
+    def lm_head_exchange(self, shard_logits, out, rows, stream=0):
+        """`rows`: an int (every rank holds that many rows) or one count per rank."""
+        lib = _capi.lib()
+        if isinstance(rows, int):
+            status = lib.tpcomm_lm_head_exchange(self.handle, _ref(shard_logits), _ref(out),
+                                                 rows, None, 0, stream)
+        else:
+            arr = (ctypes.c_int64 * len(rows))(*rows)
+            status = lib.tpcomm_lm_head_exchange(self.handle, _ref(shard_logits), _ref(out), -1,
+                                                 arr, len(rows), stream)
+        self._call(status)
+
+    def prepare_exchange(self, bytes_per_peer=0, stream=0):
+        self._call(_capi.lib().tpcomm_prepare_exchange(self.handle, bytes_per_peer, stream))
+
+    @contextlib.contextmanager
+    def capture(self, stream):
+        """A capture scope: open it around a CUDA-graph capture on `stream`; leaving it (after
+        the capture ended) registers the captured buffers with every rank. Collective."""
+        lib = _capi.lib()
+        scope = ctypes.c_void_p()
+        self._call(lib.tpcomm_capture_begin(self.handle, stream, ctypes.byref(scope)))
+        try:
+            yield self
+        finally:
+            status = lib.tpcomm_capture_end(scope)
+        self._call(status)

@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ctypes declarations of the C API (include/tpcomm/tpcomm.h) and the library's loading."""
+import ctypes
+import os
+import threading
+
+MAX_DIMS = 6
+
+
+class CTensor(ctypes.Structure):
+    """`tpcomm_tensor`: a contiguous tensor in device memory."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+    ]
+
+
+class CRankInfo(ctypes.Structure):
+    """`tpcomm_rank_info`."""
+
+    _fields_ = [
+        ("rank", ctypes.c_int32),
+        ("world_size", ctypes.c_int32),
+        ("local_rank", ctypes.c_int32),
+        ("local_world_size", ctypes.c_int32),
+        ("node_id", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+    ]
+
+
+class CGroupConfig(ctypes.Structure):
+    """`tpcomm_group_config`."""
+
+    _fields_ = [
+        ("custom_all_reduce", ctypes.c_int32),
+        ("nccl", ctypes.c_int32),
+        ("fusion", ctypes.c_int32),
+    ]
+
+
+_h = ctypes.c_void_p
+_p = ctypes.c_void_p
+_t = ctypes.POINTER(CTensor)
+_i = ctypes.c_int
+_i64 = ctypes.c_int64
+_sz = ctypes.c_size_t
+_s = ctypes.c_char_p
+
+# name: (argument types); every function returns a status (int) unless listed in _STRINGS.
+_SIGNATURES = {
+    "tpcomm_version": [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_i)],
+    "tpcomm_info": [_i, _s, _sz, ctypes.POINTER(_sz), ctypes.POINTER(_i)],
+    "tpcomm_bootstrap_from_env": [ctypes.POINTER(_h)],
+    "tpcomm_bootstrap_create": [_i, _i, _i, _i, _s, _i, ctypes.POINTER(_h)],
+    "tpcomm_bootstrap_destroy": [_h],
+    "tpcomm_bootstrap_rank_info": [_h, ctypes.POINTER(CRankInfo)],
+    "tpcomm_bootstrap_barrier": [_h],
+    "tpcomm_store_set": [_h, _s, _p, _sz, _i64],
+    "tpcomm_store_get": [_h, _s, _p, _sz, ctypes.POINTER(_sz), _i64],
+    "tpcomm_store_add": [_h, _s, _i64, ctypes.POINTER(_i64), _i64],
+    "tpcomm_store_check": [_h, _s, ctypes.POINTER(_i), _i64],
+    "tpcomm_store_erase": [_h, _s, ctypes.POINTER(_i), _i64],
+    "tpcomm_group_create": [_h, _i, ctypes.POINTER(CGroupConfig), ctypes.POINTER(_h)],
+    "tpcomm_group_destroy": [_h],
+    "tpcomm_group_rank_info": [_h, ctypes.POINTER(CRankInfo)],
+    "tpcomm_group_health": [_h],
+    "tpcomm_group_abort": [_h],
+    "tpcomm_group_tune": [_h],
+    "tpcomm_group_warm_up": [_h, _p],
+    "tpcomm_group_backend_for": [_h, _i, _t, _t, _i, _s, _sz],
+    "tpcomm_all_reduce": [_h, _t, _t, _i, _p],
+    "tpcomm_all_gather": [_h, _t, _t, _p],
+    "tpcomm_reduce_scatter": [_h, _t, _t, _i, _p],
+    "tpcomm_all_to_all": [_h, _t, _t, _p],
+    "tpcomm_all_to_all_counts": [_h, _t, _t, ctypes.POINTER(_i64), _sz, _p],
+    "tpcomm_broadcast": [_h, _t, _t, _i, _p],
+    "tpcomm_send": [_h, _t, _i, _p],
+    "tpcomm_recv": [_h, _t, _i, _p],
+    "tpcomm_all_reduce_add_rmsnorm": [_h, _t, _t, _t, ctypes.c_float, _t, _t, _t, _t, _p],
+    "tpcomm_add_rmsnorm": [_t, _t, _t, ctypes.c_float, _t, _t, _t, _t, _p],
+    "tpcomm_lm_head_exchange": [_h, _t, _t, _i64, ctypes.POINTER(_i64), _sz, _p],
+    "tpcomm_prepare_exchange": [_h, _i64, _p],
+    "tpcomm_capture_begin": [_h, _p, ctypes.POINTER(_h)],
+    "tpcomm_capture_end": [_h],
+}
+_STRINGS = {
+    "tpcomm_status_string": [_i],
+    "tpcomm_last_error": [],
+    "tpcomm_bootstrap_last_error": [_h],
+    "tpcomm_group_last_error": [_h],
+}
+
+_lock = threading.Lock()
+_lib = None
+
+
+def library_path():
+    """The libtpcomm.so to load: $TPCOMM_LIBRARY, else the one inside this package."""
+    explicit = os.environ.get("TPCOMM_LIBRARY")
+    if explicit:
+        return explicit
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libtpcomm.so")
+
+
+def lib():
+    """The loaded library, with every function's signature declared (loaded once)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            if not os.path.exists(path):
+                raise ImportError(
+                    f"tpcomm: the C library {path} does not exist (install the package with "
+                    "'pip install .', or set TPCOMM_LIBRARY to a built libtpcomm.so)"
+                )
+            try:
+                handle = ctypes.CDLL(path)
+            except OSError as e:
+                raise ImportError(f"tpcomm: cannot load {path}: {e}") from e
+            for name, args in _SIGNATURES.items():
+                fn = getattr(handle, name)
+                fn.argtypes = args
+                fn.restype = ctypes.c_int
+            for name, args in _STRINGS.items():
+                fn = getattr(handle, name)
+                fn.argtypes = args
+                fn.restype = ctypes.c_char_p
+            _lib = handle
+    return _lib

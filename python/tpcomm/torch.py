@@ -1,0 +1,387 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch ops over tpcomm: `torch.ops.tpcomm.*`, registered with `torch.library` with fake
+(meta) implementations, so that `torch.compile(fullgraph=True)` traces them and
+`torch.cuda.graph` captures them; and `TpcommGroup`, shaped like SGLang's `GroupCoordinator`.
+
+Ops take the group as an int handle (`TpcommGroup.handle`, an entry of a table in this module),
+tensors by pointer (`data_ptr()`) and run on `torch.cuda.current_stream()`. They are
+out-of-place: each returns new tensors. Every rank calls the same ops in the same order.
+
+    group = TpcommGroup()                      # torchrun's environment, this rank's GPU
+    y = torch.ops.tpcomm.all_reduce(x, group.handle, "sum")
+    with group.graph_capture() as stream:      # tpcomm's capture scope around the capture
+        with torch.cuda.graph(graph, stream=stream):
+            y = group.all_reduce(x)
+"""
+import contextlib
+import itertools
+import threading
+from typing import List, Optional, Tuple
+
+import torch
+
+import tpcomm
+
+__all__ = ["TpcommGroup", "get_group", "register_group", "unregister_group"]
+
+_DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.int32: "int32",
+    torch.int64: "int64",
+}
+for _name, _tpcomm in (("uint32", "uint32"), ("uint64", "uint64"),
+                       ("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2")):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _tpcomm
+
+# ---- the table of groups --------------------------------------------------------------------
+
+_groups = {}
+_groups_lock = threading.Lock()
+_next_handle = itertools.count(1)
+
+
+def register_group(group):
+    """Enters a `tpcomm.Group` in the table; returns its handle (an int) for the ops."""
+    with _groups_lock:
+        handle = next(_next_handle)
+        _groups[handle] = group
+    return handle
+
+
+def unregister_group(handle):
+    with _groups_lock:
+        _groups.pop(handle, None)
+
+
+def get_group(handle):
+    """The `tpcomm.Group` of a handle; ValueError for an unknown one."""
+    group = _groups.get(handle)
+    if group is None:
+        raise ValueError(f"tpcomm: no group has handle {handle} (closed, or never registered)")
+    return group
+
+
+# ---- tensors ----------------------------------------------------------------------------------
+
+
+def _check(t, name, op, group):
+    """Raises a clear error for a tensor the op cannot take: unsupported dtype, not contiguous,
+    not on the group's GPU. Runs in the fake implementations too (tracing reports it)."""
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"tpcomm::{op}: {name} has dtype {t.dtype}, which tpcomm does not "
+                        f"support (supported: {', '.join(str(d) for d in _DTYPES)})")
+    if not t.is_contiguous():
+        raise ValueError(f"tpcomm::{op}: {name} is not contiguous (shape {tuple(t.shape)}, "
+                         f"strides {t.stride()}): pass {name}.contiguous()")
+    if t.device.type != "cuda" or (t.device.index is not None and t.device.index != group.device):
+        raise ValueError(f"tpcomm::{op}: {name} is on {t.device}, but the group's GPU is "
+                         f"cuda:{group.device}")
+    if t.dim() > 6:
+        raise ValueError(f"tpcomm::{op}: {name} has {t.dim()} dimensions; at most 6")
+
+
+def _desc(t):
+    """The C API's tensor for `t` (checked by `_check` before)."""
+    return tpcomm.tensor(t.data_ptr(), _DTYPES[t.dtype], t.shape, t.device.index)
+
+
+def _stream(device):
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+# ---- ops --------------------------------------------------------------------------------------
+
+
+def _all_reduce_checks(x, group, op, name="all_reduce"):
+    g = get_group(group)
+    _check(x, "x", name, g)
+    if op not in tpcomm.REDUCE_OPS:
+        raise ValueError(f"tpcomm::{name}: op {op!r} is not one of {sorted(tpcomm.REDUCE_OPS)}")
+    return g
+
+
+@torch.library.custom_op("tpcomm::all_reduce", mutates_args=())
+def all_reduce(x: torch.Tensor, group: int, op: str = "sum") -> torch.Tensor:
+    """The reduction of `x` over every rank of the group."""
+    g = _all_reduce_checks(x, group, op)
+    out = torch.empty_like(x)
+    g.all_reduce(_desc(x), _desc(out), op, _stream(x.device))
+    return out
+
+
+@all_reduce.register_fake
+def _(x, group, op="sum"):
+    _all_reduce_checks(x, group, op)
+    return torch.empty_like(x)
+
+
+def _gathered_shape(x, world):
+    return (world * x.shape[0], *x.shape[1:]) if x.dim() > 0 else (world,)
+
+
+@torch.library.custom_op("tpcomm::all_gather", mutates_args=())
+def all_gather(x: torch.Tensor, group: int) -> torch.Tensor:
+    """Every rank's `x`, concatenated along dimension 0 in rank order."""
+    g = get_group(group)
+    _check(x, "x", "all_gather", g)
+    out = x.new_empty(_gathered_shape(x, g.world_size))
+    g.all_gather(_desc(x), _desc(out), _stream(x.device))
+    return out
+
+
+@all_gather.register_fake
+def _(x, group):
+    g = get_group(group)
+    _check(x, "x", "all_gather", g)
+    return x.new_empty(_gathered_shape(x, g.world_size))
+
+
+def _scattered_shape(x, g, op_name):
+    if x.dim() == 0 or x.shape[0] % g.world_size != 0:
+        raise ValueError(f"tpcomm::{op_name}: x's first dimension ({tuple(x.shape)}) is not a "
+                         f"multiple of the world size {g.world_size}")
+    return (x.shape[0] // g.world_size, *x.shape[1:])
+
+
+@torch.library.custom_op("tpcomm::reduce_scatter", mutates_args=())
+def reduce_scatter(x: torch.Tensor, group: int, op: str = "sum") -> torch.Tensor:
+    """This rank's block (along dimension 0) of the reduction of `x` over every rank."""
+    g = _all_reduce_checks(x, group, op, "reduce_scatter")
+    out = x.new_empty(_scattered_shape(x, g, "reduce_scatter"))
+    g.reduce_scatter(_desc(x), _desc(out), op, _stream(x.device))
+    return out
+
+
+@reduce_scatter.register_fake
+def _(x, group, op="sum"):
+    g = _all_reduce_checks(x, group, op, "reduce_scatter")
+    return x.new_empty(_scattered_shape(x, g, "reduce_scatter"))
+
+
+def _all_to_all_shape(x, g, counts):
+    if counts is None:
+        if x.numel() % g.world_size != 0:
+            raise ValueError(f"tpcomm::all_to_all: x has {x.numel()} elements, not a multiple "
+                             f"of the world size {g.world_size}")
+        return tuple(x.shape)
+    w = g.world_size
+    if len(counts) != w * w:
+        raise ValueError(f"tpcomm::all_to_all: counts has {len(counts)} entries, not world "
+                         f"size^2 = {w * w}")
+    sent = sum(counts[g.rank * w + d] for d in range(w))
+    if sent != x.numel():
+        raise ValueError(f"tpcomm::all_to_all: x has {x.numel()} elements, but counts send "
+                         f"{sent} from rank {g.rank}")
+    return (sum(counts[s * w + g.rank] for s in range(w)),)
+
+
+@torch.library.custom_op("tpcomm::all_to_all", mutates_args=())
+def all_to_all(x: torch.Tensor, group: int, counts: Optional[List[int]] = None) -> torch.Tensor:
+    """Equal split (chunk j of the flattened `x` to rank j; same shape out), or with `counts`
+    (`counts[s * world + d]` elements from rank s to rank d; a 1-d result in order of source)."""
+    g = get_group(group)
+    _check(x, "x", "all_to_all", g)
+    out = x.new_empty(_all_to_all_shape(x, g, counts))
+    g.all_to_all(_desc(x), _desc(out), counts, _stream(x.device))
+    return out
+
+
+@all_to_all.register_fake
+def _(x, group, counts=None):
+    g = get_group(group)
+    _check(x, "x", "all_to_all", g)
+    return x.new_empty(_all_to_all_shape(x, g, counts))
+
+
+def _fused_checks(x, residual, gamma, group, fp8_scale):
+    g = get_group(group)
+    for t, name in ((x, "x"), (residual, "residual"), (gamma, "gamma")):
+        _check(t, name, "all_reduce_add_rmsnorm", g)
+    if fp8_scale is not None:
+        _check(fp8_scale, "fp8_scale", "all_reduce_add_rmsnorm", g)
+    return g
+
+
+def _fused_outputs(x, fp8_scale, fp8_row_scales):
+    fp8 = fp8_scale is not None or fp8_row_scales
+    if fp8 and not hasattr(torch, "float8_e4m3fn"):
+        raise TypeError("tpcomm::all_reduce_add_rmsnorm: this PyTorch has no float8_e4m3fn")
+    norm_out = torch.empty_like(x, dtype=torch.float8_e4m3fn) if fp8 else torch.empty_like(x)
+    rows = x.numel() // x.shape[-1] if x.dim() > 0 and x.shape[-1] > 0 else 0
+    row_scales = x.new_empty((rows if fp8_row_scales else 0,), dtype=torch.float32)
+    return norm_out, torch.empty_like(x), row_scales
+
+
+@torch.library.custom_op("tpcomm::all_reduce_add_rmsnorm", mutates_args=())
+def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor,
+                           eps: float, group: int, fp8_scale: Optional[torch.Tensor] = None,
+                           fp8_row_scales: bool = False
+                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(norm_out, residual_out, row_scales): residual_out = sum over ranks(x) + residual,
+    norm_out = RMSNorm(residual_out) * gamma, in f8e4m3 with `fp8_scale` (a static scale) or
+    `fp8_row_scales` (dynamic per-row scales, returned; empty otherwise)."""
+    g = _fused_checks(x, residual, gamma, group, fp8_scale)
+    norm_out, residual_out, row_scales = _fused_outputs(x, fp8_scale, fp8_row_scales)
+    g.all_reduce_add_rmsnorm(
+        _desc(x), _desc(residual), _desc(gamma), eps, _desc(norm_out), _desc(residual_out),
+        fp8_scale=None if fp8_scale is None else _desc(fp8_scale),
+        fp8_row_scales=_desc(row_scales) if fp8_row_scales else None,
+        stream=_stream(x.device))
+    return norm_out, residual_out, row_scales
+
+
+@all_reduce_add_rmsnorm.register_fake
+def _(x, residual, gamma, eps, group, fp8_scale=None, fp8_row_scales=False):
+    _fused_checks(x, residual, gamma, group, fp8_scale)
+    return _fused_outputs(x, fp8_scale, fp8_row_scales)
+
+
+def _lm_head_shape(shard_logits, g, vocab, rows, rows_per_rank):
+    if rows_per_rank is not None:
+        if len(rows_per_rank) != g.world_size:
+            raise ValueError(f"tpcomm::lm_head_exchange: rows_per_rank has {len(rows_per_rank)} "
+                             f"entries, not the world size {g.world_size}")
+        return (rows_per_rank[g.rank], vocab)
+    return (rows, vocab)
+
+
+@torch.library.custom_op("tpcomm::lm_head_exchange", mutates_args=())
+def lm_head_exchange(shard_logits: torch.Tensor, group: int, vocab: int, rows: int,
+                     rows_per_rank: Optional[List[int]] = None) -> torch.Tensor:
+    """The vocabulary-sharded LM head's exchange: `shard_logits` [every rank's rows, S] in
+    rank-block order; returns this rank's rows over the whole vocabulary, [rows, vocab]. Every
+    rank holds `rows` rows, or `rows_per_rank[r]` (eager, unequal batches)."""
+    g = get_group(group)
+    _check(shard_logits, "shard_logits", "lm_head_exchange", g)
+    shape = _lm_head_shape(shard_logits, g, vocab, rows, rows_per_rank)
+    out = shard_logits.new_empty(shape)
+    g.lm_head_exchange(_desc(shard_logits), _desc(out),
+                       rows if rows_per_rank is None else list(rows_per_rank),
+                       _stream(shard_logits.device))
+    return out
+
+
+@lm_head_exchange.register_fake
+def _(shard_logits, group, vocab, rows, rows_per_rank=None):
+    g = get_group(group)
+    _check(shard_logits, "shard_logits", "lm_head_exchange", g)
+    return shard_logits.new_empty(_lm_head_shape(shard_logits, g, vocab, rows, rows_per_rank))
+
+
+# ---- the group --------------------------------------------------------------------------------
+
+
+class TpcommGroup:
+    """A tensor-parallel group over tpcomm, with the methods of SGLang's `GroupCoordinator`.
+
+    Built from torchrun's environment (or any launcher `tpcomm.Bootstrap()` recognises) on this
+    rank's GPU (`device`, default `LOCAL_RANK % device_count`). Under torchrun in a process that
+    also runs torch.distributed, set `TPCOMM_STORE_ADDR` to a port other than MASTER_PORT.
+    """
+
+    def __init__(self, device=None, bootstrap=None, custom_all_reduce=True, nccl=True,
+                 fusion=True):
+        self.bootstrap = bootstrap if bootstrap is not None else tpcomm.Bootstrap()
+        if device is None:
+            device = self.bootstrap.local_rank % torch.cuda.device_count()
+        self.device = torch.device("cuda", device if isinstance(device, int) else device.index)
+        torch.cuda.set_device(self.device)
+        self.group = tpcomm.Group(self.bootstrap, self.device.index, custom_all_reduce, nccl,
+                                  fusion)
+        self.rank_in_group = self.group.rank
+        self.world_size = self.group.world_size
+        self.handle = register_group(self.group)
+
+    def close(self):
+        if self.handle is not None:
+            unregister_group(self.handle)
+            self.handle = None
+            self.group.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # Collectives: the ops, so that they trace under torch.compile and capture in graphs.
+
+    def all_reduce(self, x, op="sum"):
+        return torch.ops.tpcomm.all_reduce(x, self.handle, op)
+
+    def all_gather(self, x, dim=-1):
+        """Every rank's `x` concatenated along `dim` (the last by default, as SGLang's)."""
+        if dim < 0:
+            dim += max(x.dim(), 1)
+        if dim == 0:
+            return torch.ops.tpcomm.all_gather(x, self.handle)
+        gathered = torch.ops.tpcomm.all_gather(x.movedim(dim, 0).contiguous(), self.handle)
+        parts = gathered.reshape(self.world_size, *x.movedim(dim, 0).shape)
+        return torch.cat(parts.movedim(1, dim + 1).unbind(0), dim=dim)
+
+    def reduce_scatter(self, x, op="sum"):
+        return torch.ops.tpcomm.reduce_scatter(x, self.handle, op)
+
+    def all_to_all_single(self, x, counts=None):
+        return torch.ops.tpcomm.all_to_all(x, self.handle, counts)
+
+    def fused_all_reduce_add_rmsnorm(self, x, residual, gamma, eps, fp8_scale=None,
+                                     fp8_row_scales=False):
+        return torch.ops.tpcomm.all_reduce_add_rmsnorm(x, residual, gamma, eps, self.handle,
+                                                       fp8_scale, fp8_row_scales)
+
+    def lm_head_exchange(self, shard_logits, vocab, rows, rows_per_rank=None):
+        return torch.ops.tpcomm.lm_head_exchange(shard_logits, self.handle, vocab, rows,
+                                                 rows_per_rank)
+
+    # In place, eager (like torch.distributed's): not ops.
+
+    def broadcast(self, x, src=0):
+        """`x` of rank `src` into `x` on every rank; returns `x`."""
+        _check(x, "x", "broadcast", self.group)
+        self.group.broadcast(_desc(x), _desc(x), src, _stream(x.device))
+        return x
+
+    def send(self, x, dst=None):
+        """Sends `x` to rank `dst` (default: the next rank), as SGLang's `send`."""
+        _check(x, "x", "send", self.group)
+        dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
+        self.group.send(_desc(x), dst, _stream(x.device))
+
+    def recv(self, size, dtype=None, src=None):
+        """Receives from rank `src` (default: the previous rank) into a new tensor of `size` and
+        `dtype`, as SGLang's `recv`, or into `size` itself when it is a tensor; returns it."""
+        x = size if isinstance(size, torch.Tensor) else torch.empty(size, dtype=dtype,
+                                                                    device=self.device)
+        _check(x, "x", "recv", self.group)
+        src = (self.rank_in_group - 1) % self.world_size if src is None else src
+        self.group.recv(_desc(x), src, _stream(x.device))
+        return x
+
+    def prepare_exchange(self, bytes_per_peer=0):
+        self.group.prepare_exchange(bytes_per_peer, _stream(self.device))
+
+    @contextlib.contextmanager
+    def graph_capture(self, stream=None):
+        """Opens tpcomm's capture scope on `stream` (default: a new side stream, which it
+        yields) for the CUDA graphs captured inside:
+
+            with group.graph_capture() as stream:
+                with torch.cuda.graph(graph, stream=stream):
+                    ...
+
+        Leaving it (after the capture ended) registers the captured buffers with every rank:
+        every rank must capture the same calls."""
+        if stream is None:
+            stream = torch.cuda.Stream(self.device)
+        # The side stream must see the work queued so far, as torch.cuda.graph does.
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with self.group.capture(stream.cuda_stream):
+            with torch.cuda.stream(stream):
+                yield stream
