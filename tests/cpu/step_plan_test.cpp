@@ -214,6 +214,23 @@ TEST(StepPlanTest, EveryPresetMatchesAHandTable) {
   }
 }
 
+TEST(StepPlanTest, TheGpuTiersSmallModel) {
+  const ModelSpec m =
+      load_model_file(std::string(TPCOMM_SOURCE_DIR) + "/tests/data/tiny-model.json");
+  const StepPlan p = plan_step(m, 4, 3);
+  const std::vector<StepOp> want{
+      {StepOpKind::kAttnReduce, 0, 3, 1000, 6000, 6000},
+      {StepOpKind::kMlpReduce, 0, 3, 1000, 6000, 6000},
+      {StepOpKind::kAttnReduce, 1, 3, 1000, 6000, 6000},
+      {StepOpKind::kMoeReduce, 1, 3, 1000, 6000, 6000},
+      {StepOpKind::kAttnReduce, 2, 3, 1000, 6000, 6000},
+      {StepOpKind::kMoeReduce, 2, 3, 1000, 6000, 6000},
+      // ceil(1001 / 4) = 251 columns per shard, the last one padded; 12 rows of them in.
+      {StepOpKind::kLmHead, 3, 3, 251, 12 * 251 * 2, 3 * 1001 * 2},
+  };
+  EXPECT_EQ(p.ops, want);
+}
+
 TEST(StepPlanTest, OperationNames) {
   EXPECT_EQ(to_string(StepOpKind::kAttnReduce), "attn_reduce");
   EXPECT_EQ(to_string(StepOpKind::kMlpReduce), "mlp_reduce");
