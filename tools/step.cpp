@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,8 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "core/cuda_check.hpp"
 #include "kernels/kernels.hpp"
