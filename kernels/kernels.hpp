@@ -303,6 +303,23 @@ Status check_lm_head(const void* out, DType dtype, std::int64_t rows, std::int64
                      std::int64_t shard_cols, std::int64_t first, std::uint64_t seed,
                      unsigned long long* wrong, Stream stream) noexcept;
 
+/// Negates `count` elements of `data` in place (exact for `fill_data` values; +0 becomes -0).
+/// Signed and floating types only: kInvalidArgument for unsigned ones.
+Status negate_data(void* data, DType dtype, std::int64_t count, Stream stream) noexcept;
+
+/// Counts the elements of a chain of fused all-reduce + residual add + RMSNorm operations'
+/// outputs that differ bitwise from what they must hold (`count` elements each), adding the count
+/// to `*wrong` (device memory): `residual` must be `times` x the sum over `world_size` ranks of
+/// `fill_data(seed, r)` sum data (a residual that started at zero), and `norm`, whose gamma was
+/// zero, the zero of that value's sign.
+Status check_residual_norm(const void* residual, const void* norm, DType dtype, std::int64_t count,
+                           std::uint64_t seed, int world_size, int times, unsigned long long* wrong,
+                           Stream stream) noexcept;
+
+/// Keeps one block of the GPU busy for `ns` nanoseconds (by the global timer): a stand-in for
+/// the compute between collectives. 0 returns at once (a warm-up launch).
+Status busy_wait(std::uint64_t ns, Stream stream) noexcept;
+
 /// Counts the elements of `out` that differ bitwise from what `collective` must produce on
 /// rank `rank` of `world_size` from `fill_data` inputs (`count` = elements of `out`; `root` for
 /// broadcast), adding the count to `*wrong` (device memory).

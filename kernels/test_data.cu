@@ -210,6 +210,38 @@ __global__ void check_lm_head_kernel(const void* out, DType dtype, std::int64_t 
   if (bad != 0) atomicAdd(wrong, bad);
 }
 
+__global__ void negate_kernel(void* data, DType dtype, std::int64_t count) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    store_as(data, i, dtype, -load_as(data, i, dtype));
+}
+
+__global__ void check_residual_norm_kernel(const void* residual, const void* norm, DType dtype,
+                                           std::int64_t count, std::uint64_t seed, int world,
+                                           int times, unsigned long long* wrong) {
+  unsigned long long bad = 0;
+  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < count;
+       j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t sum = 0;
+    for (int s = 0; s < world; ++s) sum += value_of(seed, s, j, dtype, ReduceOp::kSum);
+    const auto expected = static_cast<double>(sum * times);
+    // x * rsqrt(...) * 0: a zero with the sign of x (the rsqrt is positive).
+    bad += equals_bitwise(residual, j, dtype, expected) ? 0 : 1;
+    bad += equals_bitwise(norm, j, dtype, expected < 0 ? -0.0 : 0.0) ? 0 : 1;
+  }
+  if (bad != 0) atomicAdd(wrong, bad);
+}
+
+__global__ void busy_kernel(std::uint64_t ns) {
+  if (ns == 0) return;
+  std::uint64_t start = 0;
+  std::uint64_t now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 unsigned grid_for(std::int64_t count) {
   const std::int64_t blocks = (count + 255) / 256;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks));
@@ -231,6 +263,9 @@ Status warm_up_test_data(Stream stream) noexcept {
   check_kernel<<<1, 32, 0, s>>>(nullptr, DType::kF32, 0, 0, 0, 1, ReduceOp::kSum,
                                 Collective::kAllReduce, 0, nullptr);
   check_lm_head_kernel<<<1, 32, 0, s>>>(nullptr, DType::kF32, 0, 1, 1, 0, 0, nullptr);
+  negate_kernel<<<1, 32, 0, s>>>(nullptr, DType::kF32, 0);
+  check_residual_norm_kernel<<<1, 32, 0, s>>>(nullptr, nullptr, DType::kF32, 0, 0, 1, 1, nullptr);
+  busy_kernel<<<1, 32, 0, s>>>(0);
   return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 
@@ -258,6 +293,29 @@ Status check_lm_head(const void* out, DType dtype, std::int64_t rows, std::int64
   if (shard_cols <= 0) return Status::kInvalidArgument;
   check_lm_head_kernel<<<grid_for(rows * vocab), 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
       out, dtype, rows, vocab, shard_cols, first, seed, wrong);
+  return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
+}
+
+Status negate_data(void* data, DType dtype, std::int64_t count, Stream stream) noexcept {
+  if (dtype == DType::kU8 || dtype == DType::kU32 || dtype == DType::kU64)
+    return Status::kInvalidArgument;
+  if (count <= 0) return Status::kOk;
+  negate_kernel<<<grid_for(count), 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(data, dtype,
+                                                                                     count);
+  return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
+}
+
+Status check_residual_norm(const void* residual, const void* norm, DType dtype, std::int64_t count,
+                           std::uint64_t seed, int world_size, int times, unsigned long long* wrong,
+                           Stream stream) noexcept {
+  if (count <= 0) return Status::kOk;
+  check_residual_norm_kernel<<<grid_for(count), 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+      residual, norm, dtype, count, seed, world_size, times, wrong);
+  return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
+}
+
+Status busy_wait(std::uint64_t ns, Stream stream) noexcept {
+  busy_kernel<<<1, 32, 0, reinterpret_cast<cudaStream_t>(stream)>>>(ns);
   return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
 }
 

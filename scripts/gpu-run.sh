@@ -4,7 +4,7 @@
 # the folder given as the first argument. Uses the build in ./build (configure and build it
 # first, or carry it from a machine with the same CUDA toolkit).
 #
-#   scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange|python]
+#   scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange|step|python]
 #
 # `python` installs the Python package (`pip install --no-build-isolation .`, into a venv that
 # sees the system's torch, or with --user where venv is missing) and runs its tests: the C API
@@ -14,7 +14,7 @@
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
-out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange|python]}
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange|step|python]}
 what=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -179,6 +179,32 @@ if [ "$what" = python ]; then
   step python-mlp "$py" -m torch.distributed.run --nproc-per-node 2 python/tests/torchrun_mlp.py
   step python-bench "$py" scripts/bench-torch.py --np 2 --tpcomm "$bin/tpcomm" \
     --json "$out_abs/bench-torch.json"
+fi
+
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = step ]; then
+  # Every preset's decode step at 1 and 128 tokens per rank, results checked: tpcomm's paths
+  # against the unfused ones (and NCCL, which needs one process per GPU), JSON and PNG per run.
+  plot=""
+  if python3 -c 'import matplotlib' 2>/dev/null; then plot=yes; else
+    echo "note: no matplotlib for python3: JSON only (apt-get install python3-matplotlib)" | tee -a "$out/step.txt"
+  fi
+  for model in deepseek-v3 llama-3.1-70b qwen3-235b-a22b gpt-oss-120b; do
+    for r in 2 4 8; do
+      name="step-$model-w$r"
+      step step "$bin/tpcomm" step --model "$model" --tp "$r" --virtual-ranks "$r" --tokens 1,128 \
+        --json "$out/$name.json" ${plot:+--plot "$out/$name.png"}
+    done
+    if [ "$gpus" -ge 2 ]; then
+      name="step-$model-g$gpus"
+      step step "$bin/tpcomm" step --model "$model" --tp "$gpus" -g "$gpus" --tokens 1,128 \
+        --json "$out/$name.json" ${plot:+--plot "$out/$name.png"}
+    fi
+  done
+  # With compute between the operations (20 us per GEMM stand-in): launch overlap and PDL as in
+  # a real step.
+  step step "$bin/tpcomm" step --model deepseek-v3 --tp 8 --virtual-ranks 8 --tokens 1,128 \
+    --compute-us 20 --json "$out/step-deepseek-v3-w8-compute20.json" \
+    ${plot:+--plot "$out/step-deepseek-v3-w8-compute20.png"}
 fi
 
 echo "== failures"

@@ -4,11 +4,12 @@
 # The CUDA toolkit (nvcc, cuda.h, nccl.h) is not a Debian package of the needed version: it must
 # already be installed (CUDA 12.8 or newer; NCCL's header ships with it or with libnccl-dev).
 set -euo pipefail
-# With --checks, also the tools .ci/run checks the tree with (clang-format, clang-tidy).
+# With --checks, also the tools .ci/run checks the tree with (clang-format, clang-tidy) and
+# matplotlib, which the test of scripts/plot.py needs (it is skipped without).
 # python3-pytest runs the Python package's tests; python3-venv and python3-pip install it.
 packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libbenchmark-dev
           python3 python3-pytest python3-venv python3-pip)
-[ "${1:-}" = "--checks" ] && packages+=(clang-format clang-tidy)
+[ "${1:-}" = "--checks" ] && packages+=(clang-format clang-tidy python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

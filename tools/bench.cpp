@@ -345,7 +345,7 @@ class Bench {
   bool runs_here(const BenchAlgo& algo) {
     const bool nccl_path = algo.kind == BenchAlgo::Kind::kNcclDirect ||
                            (algo.kind == BenchAlgo::Kind::kGroup && algo.name == "nccl");
-    if (nccl_path && boot_.world_size() > 1 && shares_gpu()) {
+    if (nccl_path && boot_.world_size() > 1 && ranks_share_gpu(boot_, device_)) {
       if (boot_.rank() == 0)
         std::printf(
             "#\n# %s: skipped: NCCL refuses two ranks on one GPU (run with -g on several GPUs)\n",
@@ -428,21 +428,6 @@ class Bench {
       if (failed) return false;
     }
     return true;
-  }
-
-  bool shares_gpu() {
-    char bus[32] = {};
-    cudaDeviceGetPCIBusId(bus, sizeof(bus), device_);
-    struct Id {
-      std::int32_t node;
-      char bus[32];
-    } id{boot_.node_id(), {}};
-    std::memcpy(id.bus, bus, sizeof(bus));
-    auto ids = boot_.all_gather_value(id);
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      for (std::size_t j = 0; j < i; ++j)
-        if (ids[i].node == ids[j].node && std::strcmp(ids[i].bus, ids[j].bus) == 0) return true;
-    return false;
   }
 
   Stream stream() const { return reinterpret_cast<Stream>(stream_); }

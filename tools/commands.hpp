@@ -18,5 +18,6 @@ void add_policy_command(CLI::App& app, Command& run);
 void add_store_command(CLI::App& app, Command& run);
 void add_bench_command(CLI::App& app, Command& run);
 void add_tune_command(CLI::App& app, Command& run);
+void add_step_command(CLI::App& app, Command& run);
 
 }  // namespace tpcomm::tools

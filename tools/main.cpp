@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The `tpcomm` program: info, bench, tune, launch, policy, store.
+// The `tpcomm` program: info, bench, tune, step, launch, policy, store.
 #include <cstdio>
 #include <exception>
 
@@ -22,6 +22,7 @@ int run_program(int argc, char** argv) {
 #ifdef TPCOMM_WITH_KERNELS
   tpcomm::tools::add_bench_command(app, run);
   tpcomm::tools::add_tune_command(app, run);
+  tpcomm::tools::add_step_command(app, run);
 #endif
   try {
     app.parse(argc, argv);

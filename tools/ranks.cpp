@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <mutex>
@@ -94,6 +95,21 @@ int for_each_rank(const RankPlan& plan, const std::function<int(Bootstrap&, int)
   const int device = (boot.local_rank() < 0 ? 0 : boot.local_rank()) % devices;
   TPCOMM_CUDA_CHECK(cudaSetDevice(device));
   return body(boot, device);
+}
+
+bool ranks_share_gpu(Bootstrap& boot, int device) {
+  char bus[32] = {};
+  cudaDeviceGetPCIBusId(bus, sizeof(bus), device);
+  struct Id {
+    std::int32_t node;
+    char bus[32];
+  } id{boot.node_id(), {}};
+  std::memcpy(id.bus, bus, sizeof(bus));
+  auto ids = boot.all_gather_value(id);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (ids[i].node == ids[j].node && std::strcmp(ids[i].bus, ids[j].bus) == 0) return true;
+  return false;
 }
 
 }  // namespace tpcomm::tools

@@ -33,4 +33,8 @@ std::string rank_mode(const RankPlan& plan);
 /// Returns 77 where there is no GPU, else the first non-zero exit code of a rank.
 int for_each_rank(const RankPlan& plan, const std::function<int(Bootstrap&, int device)>& body);
 
+/// Whether two ranks of `boot` use the same GPU (the same PCI bus id on the same node), where
+/// NCCL refuses to run. Collective.
+bool ranks_share_gpu(Bootstrap& boot, int device);
+
 }  // namespace tpcomm::tools

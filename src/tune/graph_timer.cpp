@@ -52,11 +52,12 @@ std::string GraphTimer::replay() {
   return e == cudaSuccess ? std::string() : std::string("graph launch: ") + cudaGetErrorString(e);
 }
 
-std::string GraphTimer::time(Bootstrap& boot, int replays, double* us) {
+std::string GraphTimer::time(Bootstrap& boot, int replays, double* us, int warmup) {
   Impl& m = *impl_;
   *us = 0;
   boot.barrier();  // every rank's graph uploaded
-  if (std::string f = replay(); !f.empty()) return f;
+  for (int w = 0; w < std::max(warmup, 1); ++w)
+    if (std::string f = replay(); !f.empty()) return f;
   if (cudaError_t e = cudaStreamSynchronize(m.stream); e != cudaSuccess)
     return cudaGetErrorString(e);
   std::vector<cudaEvent_t> events(static_cast<std::size_t>(std::max(replays, 1)) + 1, nullptr);

@@ -33,10 +33,11 @@ class GraphTimer {
   /// failed. Returns an empty string, or what failed (the graph is then unusable).
   std::string capture(const std::function<std::string()>& enqueue);
 
-  /// Collective over `boot`: meets every rank, replays the graph once (warm-up) and waits, meets
-  /// again, then replays it `replays` times back to back with an event between replays.
-  /// `*us` receives the median replay, in microseconds. Returns an empty string, or what failed.
-  std::string time(Bootstrap& boot, int replays, double* us);
+  /// Collective over `boot`: meets every rank, replays the graph `warmup` times (at least once)
+  /// and waits, meets again, then replays it `replays` times back to back with an event between
+  /// replays. `*us` receives the median replay, in microseconds. Returns an empty string, or what
+  /// failed.
+  std::string time(Bootstrap& boot, int replays, double* us, int warmup = 1);
 
   /// Replays the graph once more on the stream, without waiting. Empty, or what failed.
   std::string replay();

@@ -1,0 +1,649 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tpcomm step`: one decode step's communication of a model, captured per rank in one CUDA graph
+// in the order the model issues it, replayed, checked and timed for each way of serving it.
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cuda_check.hpp"
+#include "kernels/kernels.hpp"
+#include "tools/commands.hpp"
+#include "tools/json_file.hpp"
+#include "tools/ranks.hpp"
+#include "tools/step_args.hpp"
+#include "tools/step_plan.hpp"
+#include "tpcomm/group.hpp"
+#include "tpcomm/norm.hpp"
+#include "tune/graph_timer.hpp"
+
+#ifndef TPCOMM_SOURCE_DIR
+#define TPCOMM_SOURCE_DIR ""
+#endif
+
+namespace tpcomm::tools {
+namespace {
+
+/// The ways of serving a step that are compared.
+enum class Variant : std::uint8_t {
+  /// tpcomm's chosen paths: the fused all-reduce + residual add + RMSNorm, the LM head's exchange.
+  kTpcomm,
+  /// tpcomm unfused: the group's all-reduce then `add_rmsnorm`; the LM head by all-gather + copy.
+  kUnfused,
+  /// NCCL only: NCCL's all-reduce then `add_rmsnorm`; NCCL's all-gather + copy for the LM head.
+  kNccl,
+};
+constexpr std::array kVariants{Variant::kTpcomm, Variant::kUnfused, Variant::kNccl};
+
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::kTpcomm:
+      return "tpcomm";
+    case Variant::kUnfused:
+      return "unfused";
+    case Variant::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+Options variant_options(Variant v) {
+  Options opt = Options::from_env();
+  if (v != Variant::kTpcomm) opt.lm_head_a2a = Switch::kOff;
+  if (v == Variant::kNccl) opt.disable_custom_ar = true;
+  return opt;
+}
+
+/// The parts of a step timed on their own (graphs without compute gaps).
+enum class Part : std::uint8_t { kAll, kAttn, kFfn, kLmHead, kCompute };
+constexpr std::array kComponents{Part::kAttn, Part::kFfn, Part::kLmHead};
+
+const char* part_name(Part p) {
+  switch (p) {
+    case Part::kAttn:
+      return "attn_reduce";
+    case Part::kFfn:
+      return "mlp_reduce";
+    case Part::kLmHead:
+      return "lm_head";
+    case Part::kAll:
+      return "step";
+    case Part::kCompute:
+      return "compute";
+  }
+  return "?";
+}
+
+bool in_part(StepOpKind k, Part p) {
+  switch (p) {
+    case Part::kAll:
+      return true;
+    case Part::kAttn:
+      return k == StepOpKind::kAttnReduce;
+    case Part::kFfn:
+      return k == StepOpKind::kMlpReduce || k == StepOpKind::kMoeReduce;
+    case Part::kLmHead:
+      return k == StepOpKind::kLmHead;
+    case Part::kCompute:
+      return false;
+  }
+  return false;
+}
+
+/// One variant's results at one token count (rank 0's view after `agree`).
+struct Result {
+  bool available = false;
+  std::string reason;   // why not available
+  std::string failure;  // what failed
+  double step_us = 0;
+  std::array<double, kComponents.size()> part_us{};
+  std::uint64_t wrong = 0;
+  std::string fused_by, lm_head_by;
+};
+
+// NOTE [step data]
+// Every reduction's input is A (exact `fill_data` sum data) or B (A negated), alternating, the
+// last one A again: the residual, in place and zero at the start, runs S, 0, S, 0, ..., S, 2S
+// (S the all-reduce of A, |S| <= 64 at 8 ranks), exact in bf16 at every step, and ends at 2S,
+// which a skipped or repeated operation would change. gamma is zero, so every norm output is a
+// zero with its residual's sign: exact too, and an unwritten (poisoned) one is NaN. The LM head
+// exchanges `fill_data` shards, checked by `check_lm_head`.
+
+class StepRunner {
+ public:
+  StepRunner(Bootstrap& boot, int device, const StepOptions& o, const ModelSpec& model,
+             std::uint64_t seed)
+      : boot_(boot), device_(device), o_(o), model_(model), seed_(seed) {}
+
+  ~StepRunner() {
+    graph_.reset();
+    for (void* p : {xa_, xb_, residual_, normed_, gamma_, shards_, logits_}) cudaFree(p);
+    cudaFreeHost(wrong_host_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  /// Runs every variant at every token count; fills `results[tokens index][variant]` and
+  /// `*compute_us` (the gaps alone, measured; 0 without gaps). Returns false after a failure.
+  bool run(std::vector<std::array<Result, kVariants.size()>>& results, double* compute_us) {
+    DeviceGuard guard(device_);
+    allocate();
+    results.assign(o_.tokens.size(), {});
+    *compute_us = 0;
+    const bool share = boot_.world_size() > 1 && ranks_share_gpu(boot_, device_);
+    const std::size_t configs = o_.tokens.size() * kVariants.size();
+    std::size_t done = 0;
+    for (std::size_t vi = 0; vi < kVariants.size(); ++vi) {
+      const Variant v = kVariants[vi];
+      std::optional<Group> group;
+      std::string why;
+      if (v == Variant::kNccl && share) {
+        why = "NCCL refuses two ranks on one GPU (virtual ranks); run one process per GPU (-g N)";
+      } else {
+        try {
+          group.emplace(boot_, device_, variant_options(v));
+          group->prepare_exchange(exchange_bytes_per_peer(), stream());
+          if (Status st = group->warm_up(stream()); st != Status::kOk)
+            throw Error(st, group->last_error());
+        } catch (const Error& e) {
+          if (v != Variant::kNccl) {
+            if (boot_.rank() == 0)
+              std::printf("# %s: cannot build the group: %s\n", variant_name(v), e.what());
+            return false;
+          }
+          group.reset();
+          why = std::string("NCCL cannot run here: ") + e.what();
+        }
+        const StepPlan p = plan_step(model_, o_.tp, o_.tokens.front());
+        if (group && v == Variant::kNccl && boot_.world_size() > 1 &&
+            group->backend_for_all_reduce(act(xa_, p), act(normed_, p)) != "nccl") {
+          group.reset();
+          why = "NCCL is not available (libnccl.so.2, TPCOMM_NCCL_PATH, TPCOMM_DISABLE_NCCL)";
+        }
+      }
+      for (std::size_t ti = 0; ti < o_.tokens.size(); ++ti) {
+        Result& r = results[ti][vi];
+        if (!group) {
+          r.reason = why;
+        } else {
+          const StepPlan plan = plan_step(model_, o_.tp, o_.tokens[ti]);
+          if (o_.compute_us > 0 && *compute_us == 0) *compute_us = measure_compute(plan);
+          measure(*group, v, plan, r);
+          if (!r.failure.empty()) {
+            if (boot_.rank() == 0)
+              std::printf("# %s, %lld tokens: failed: %s\n", variant_name(v),
+                          static_cast<long long>(o_.tokens[ti]), r.failure.c_str());
+            return false;
+          }
+        }
+        ++done;
+        if (boot_.rank() == 0)
+          std::fprintf(stderr, "[tpcomm step] %s, %lld tokens, %s: %zu/%zu configurations\n",
+                       model_.name.c_str(), static_cast<long long>(o_.tokens[ti]), variant_name(v),
+                       done, configs);
+      }
+    }
+    return true;
+  }
+
+ private:
+  std::int64_t max_tokens() const {
+    std::int64_t t = 0;
+    for (std::int64_t x : o_.tokens) t = std::max(t, x);
+    return t;
+  }
+
+  /// The exchange staging that holds the LM head's input at the largest token count.
+  std::int64_t exchange_bytes_per_peer() const {
+    const StepPlan p = plan_step(model_, o_.tp, max_tokens());
+    const std::int64_t in = p.ops.back().in_bytes;
+    return std::max<std::int64_t>(std::int64_t{4} << 20, (in + o_.tp - 1) / o_.tp);
+  }
+
+  Stream stream() const { return reinterpret_cast<Stream>(stream_); }
+
+  void allocate() {
+    TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Our own kernels once on the stream before any collective (NOTE [first launch]).
+    if (kernels::warm_up_test_data(stream()) != Status::kOk)
+      throw Error(Status::kCudaError, "launching the test-data kernels failed");
+    TPCOMM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    graph_ = std::make_unique<GraphTimer>(stream());
+    const StepPlan p = plan_step(model_, o_.tp, max_tokens());
+    const StepOp& head = p.ops.back();
+    const auto act = static_cast<std::size_t>(p.ops.front().in_bytes);
+    for (void** b : {&xa_, &xb_, &residual_, &normed_}) TPCOMM_CUDA_CHECK(cudaMalloc(b, act));
+    const auto gamma_bytes = static_cast<std::size_t>(model_.hidden) * dtype_size(model_.dtype);
+    TPCOMM_CUDA_CHECK(cudaMalloc(&gamma_, gamma_bytes));
+    TPCOMM_CUDA_CHECK(cudaMemset(gamma_, 0, gamma_bytes));
+    TPCOMM_CUDA_CHECK(cudaMalloc(&shards_, static_cast<std::size_t>(head.in_bytes)));
+    TPCOMM_CUDA_CHECK(cudaMalloc(&logits_, static_cast<std::size_t>(head.out_bytes)));
+    TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wrong_host_),
+                                    sizeof(unsigned long long), cudaHostAllocMapped));
+    TPCOMM_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&wrong_), wrong_host_, 0));
+  }
+
+  TensorView act(void* p, const StepPlan& plan) const {
+    return TensorView::contiguous(p, model_.dtype, {plan.tokens, model_.hidden}, device_);
+  }
+  TensorView shards(const StepPlan& plan) const {
+    const StepOp& h = plan.ops.back();
+    return TensorView::contiguous(shards_, model_.dtype, {h.rows * plan.tp, h.cols}, device_);
+  }
+  TensorView logits(const StepPlan& plan) const {
+    return TensorView::contiguous(logits_, model_.dtype, {plan.tokens, model_.vocab}, device_);
+  }
+
+  /// Enqueues the operations of `part` of `plan` as variant `v` serves them, each after a compute
+  /// gap when `gaps`; only the gaps for Part::kCompute. Empty, or what failed.
+  std::string enqueue(Group* g, Variant v, const StepPlan& plan, Part part, bool gaps) {
+    constexpr float kEps = 1e-6f;
+    const auto gap_ns = static_cast<std::uint64_t>(o_.compute_us * 1000.0);
+    const auto reductions = static_cast<std::int64_t>(plan.ops.size()) - 1;
+    std::int64_t k = 0;  // index of the reduction
+    for (const StepOp& op : plan.ops) {
+      const bool is_reduction = op.kind != StepOpKind::kLmHead;
+      const std::int64_t index = is_reduction ? k++ : -1;
+      if (gaps && (part == Part::kCompute || in_part(op.kind, part)))
+        if (kernels::busy_wait(gap_ns, stream()) != Status::kOk) return "the compute gap's launch";
+      if (part == Part::kCompute || !in_part(op.kind, part)) continue;
+      Status st = Status::kOk;
+      if (is_reduction) {
+        // NOTE [step data]
+        void* x = index % 2 == 0 || index == reductions - 1 ? xa_ : xb_;
+        const TensorView gamma = TensorView::flat(gamma_, model_.dtype, model_.hidden, device_);
+        const TensorView res = act(residual_, plan);
+        const TensorView out = act(normed_, plan);
+        if (v == Variant::kTpcomm) {
+          st = g->all_reduce_add_rmsnorm(act(x, plan), res, gamma, kEps, out, res, stream());
+        } else {
+          st = g->all_reduce(act(x, plan), out, stream());
+          if (st == Status::kOk) st = add_rmsnorm(out, res, gamma, kEps, out, res, stream());
+        }
+      } else {
+        st = g->lm_head_exchange(shards(plan), logits(plan), LmHeadLayout::equal(plan.tokens),
+                                 stream());
+      }
+      if (st != Status::kOk)
+        return std::string(to_string(op.kind)) + " of layer " + std::to_string(op.layer) + ": " +
+               std::string(to_string(st)) + ": " + g->last_error();
+    }
+    return {};
+  }
+
+  /// Captures `part` into the graph (inside a capture scope of `g` when given). Empty, or what
+  /// failed.
+  std::string capture(Group* g, Variant v, const StepPlan& plan, Part part, bool gaps) {
+    cudaStreamSynchronize(stream_);  // no rank captures while its kernels are in flight
+    boot_.barrier();
+    std::optional<Group::CaptureScope> scope;
+    if (g != nullptr) scope.emplace(g->capture(stream()));
+    std::string failure = graph_->capture([&] { return enqueue(g, v, plan, part, gaps); });
+    if (scope) {
+      if (Status st = scope->close(); st != Status::kOk && failure.empty())
+        failure = "capture registration: " + g->last_error();
+    }
+    return failure;
+  }
+
+  /// The median replay of `part`'s graph, averaged over ranks; the graph is destroyed after.
+  double time_part(Group* g, Variant v, const StepPlan& plan, Part part, bool gaps,
+                   std::string& failure) {
+    double us = 0;
+    failure = capture(g, v, plan, part, gaps);
+    if (failure.empty()) failure = graph_->time(boot_, o_.replays, &us, o_.warmup);
+    if (failure.empty() && g != nullptr && g->health() != Status::kOk) failure = g->last_error();
+    graph_->reset();  // NOTE [graphs of virtual ranks]: before the next collective
+    return agree(us, failure);
+  }
+
+  /// Averages `us` over ranks; a failure anywhere is a failure everywhere.
+  double agree(double us, std::string& failure) {
+    struct Mine {
+      double us;
+      std::int32_t failed;
+    } mine{us, failure.empty() ? 0 : 1};
+    double sum = 0;
+    const auto all = boot_.all_gather_value(mine);
+    for (const Mine& m : all) {
+      sum += m.us;
+      if (m.failed != 0 && failure.empty()) failure = "failed on another rank";
+    }
+    return sum / static_cast<double>(all.size());
+  }
+
+  double measure_compute(const StepPlan& plan) {
+    std::string failure;
+    const double us = time_part(nullptr, Variant::kTpcomm, plan, Part::kCompute, true, failure);
+    if (!failure.empty()) throw Error(Status::kCudaError, "timing the compute gaps: " + failure);
+    return us;
+  }
+
+  /// Fresh data, poisoned outputs, one replay of the captured step, the final outputs checked
+  /// bitwise (NOTE [step data]). Returns the wrong elements on this rank.
+  std::uint64_t check(const StepPlan& plan, std::string& failure) {
+    const std::int64_t n = plan.tokens * model_.hidden;
+    const StepOp& head = plan.ops.back();
+    const std::uint64_t lm_seed = seed_ ^ 0x1e4d;
+    const auto es = static_cast<std::int64_t>(dtype_size(model_.dtype));
+    *wrong_host_ = 0;  // nothing in flight reads it
+    bool ok =
+        kernels::fill_data(xa_, model_.dtype, n, seed_, boot_.rank(), ReduceOp::kSum, 0,
+                           stream()) == Status::kOk &&
+        kernels::fill_data(xb_, model_.dtype, n, seed_, boot_.rank(), ReduceOp::kSum, 0,
+                           stream()) == Status::kOk &&
+        kernels::negate_data(xb_, model_.dtype, n, stream()) == Status::kOk &&
+        kernels::fill_data(shards_, model_.dtype, head.in_bytes / es, lm_seed, boot_.rank(),
+                           ReduceOp::kSum, 0, stream()) == Status::kOk &&
+        cudaMemsetAsync(residual_, 0, static_cast<std::size_t>(n * es), stream_) == cudaSuccess &&
+        kernels::poison(normed_, n * es, stream()) == Status::kOk &&
+        kernels::poison(logits_, head.out_bytes, stream()) == Status::kOk;
+    if (!ok) {
+      failure = "preparing the test data";
+      return 0;
+    }
+    // NOTE [graphs of virtual ranks]: every rank ready before any rank replays, and nothing but
+    // the replay between the barrier and the wait for it.
+    cudaStreamSynchronize(stream_);
+    boot_.barrier();
+    if (failure = graph_->replay(); !failure.empty()) return 0;
+    cudaStreamSynchronize(stream_);
+    ok = kernels::check_residual_norm(residual_, normed_, model_.dtype, n, seed_,
+                                      boot_.world_size(), 2, wrong_, stream()) == Status::kOk &&
+         kernels::check_lm_head(logits_, model_.dtype, plan.tokens, model_.vocab, head.cols,
+                                plan.tokens * boot_.rank(), lm_seed, wrong_,
+                                stream()) == Status::kOk;
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess || !ok)
+      failure = std::string("checking the step: ") + cudaGetErrorString(e);
+    return *static_cast<volatile unsigned long long*>(wrong_host_);
+  }
+
+  /// One variant at one token count: the step checked and timed (with gaps), then each
+  /// component alone.
+  void measure(Group& g, Variant v, const StepPlan& plan, Result& r) {
+    r.available = true;
+    const TensorView x = act(xa_, plan);
+    const std::string reduce = g.backend_for_all_reduce(x, act(normed_, plan), true);
+    r.fused_by = v == Variant::kTpcomm ? g.backend_for_add_rmsnorm(x, act(normed_, plan), true)
+                                       : reduce + "+add_rmsnorm";
+    r.lm_head_by = g.backend_for_lm_head_exchange(shards(plan), logits(plan),
+                                                  LmHeadLayout::equal(plan.tokens));
+    const bool gaps = o_.compute_us > 0;
+    r.failure = capture(&g, v, plan, Part::kAll, gaps);
+    std::uint64_t wrong = 0;
+    if (r.failure.empty()) wrong = check(plan, r.failure);
+    if (r.failure.empty()) r.failure = graph_->time(boot_, o_.replays, &r.step_us, o_.warmup);
+    if (r.failure.empty() && g.health() != Status::kOk) r.failure = g.last_error();
+    graph_->reset();  // NOTE [graphs of virtual ranks]
+    struct Mine {
+      double us;
+      std::uint64_t wrong;
+      std::int32_t failed;
+    } mine{r.step_us, wrong, r.failure.empty() ? 0 : 1};
+    const auto all = boot_.all_gather_value(mine);
+    double sum = 0;
+    for (const Mine& m : all) {
+      sum += m.us;
+      r.wrong += m.wrong;
+      if (m.failed != 0 && r.failure.empty()) r.failure = "failed on another rank";
+    }
+    r.step_us = sum / static_cast<double>(all.size());
+    for (std::size_t c = 0; c < kComponents.size() && r.failure.empty(); ++c)
+      r.part_us[c] = time_part(&g, v, plan, kComponents[c], false, r.failure);
+  }
+
+  Bootstrap& boot_;
+  int device_;
+  const StepOptions& o_;
+  const ModelSpec& model_;
+  std::uint64_t seed_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<GraphTimer> graph_;  // on `stream_`
+  void* xa_ = nullptr;
+  void* xb_ = nullptr;
+  void* residual_ = nullptr;
+  void* normed_ = nullptr;
+  void* gamma_ = nullptr;
+  void* shards_ = nullptr;
+  void* logits_ = nullptr;
+  unsigned long long* wrong_host_ = nullptr;
+  unsigned long long* wrong_ = nullptr;  // the device's view of `wrong_host_`
+};
+
+/// Communication time of a step: the step less the compute gaps (measured alone).
+double comm_us(const Result& r, double compute_us) { return r.step_us - compute_us; }
+
+/// The share of variant `other`'s step that tpcomm's chosen paths save.
+std::optional<double> saving(const Result& chosen, const Result& other) {
+  if (!chosen.available || !other.available || other.step_us <= 0) return std::nullopt;
+  return (other.step_us - chosen.step_us) / other.step_us;
+}
+
+nlohmann::json model_json(const ModelSpec& m) {
+  return {{"name", m.name},
+          {"source", m.source},
+          {"hidden_size", m.hidden},
+          {"num_layers", m.layers},
+          {"vocab_size", m.vocab},
+          {"dtype", to_string(m.dtype)},
+          {"moe", m.moe},
+          {"first_dense_layers", m.first_dense_layers}};
+}
+
+/// Prints the table and returns the report.
+nlohmann::json report(const StepOptions& o, const ModelSpec& model,
+                      const std::vector<std::array<Result, kVariants.size()>>& results,
+                      double compute_us, int world, const std::string& mode, std::uint64_t seed) {
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const StepPlan first = plan_step(model, o.tp, o.tokens.front());
+  const auto gaps = static_cast<std::int64_t>(first.ops.size());
+  std::printf(
+      "#\n# per step: %lld reductions of [tokens, %lld] (%lld attention, %lld MLP, %lld "
+      "MoE) and the LM head's exchange of [tokens, %lld]\n",
+      static_cast<long long>(first.ops.size() - 1), static_cast<long long>(model.hidden),
+      static_cast<long long>(first.count(StepOpKind::kAttnReduce)),
+      static_cast<long long>(first.count(StepOpKind::kMlpReduce)),
+      static_cast<long long>(first.count(StepOpKind::kMoeReduce)),
+      static_cast<long long>(model.vocab));
+  if (o.compute_us > 0)
+    std::printf("# compute gaps: %lld x %g us before the operations, measured alone %.1f us\n",
+                static_cast<long long>(gaps), o.compute_us, compute_us);
+  std::printf("# CUDA graph replays: median of %d after %d warm-up; components timed alone\n",
+              o.replays, o.warmup);
+  std::printf("#%7s %-8s %10s %10s %10s %10s %10s %10s %10s %7s %6s  %s\n", "tokens", "variant",
+              "step", "comm", "comm/layer", "comm/token", "attn", "mlp", "lm_head", "saving",
+              "#wrong", "served by");
+  std::printf("#%7s %-8s %10s %10s %10s %10s %10s %10s %10s %7s %6s\n", "", "", "(us)", "(us)",
+              "(us)", "(us)", "(us)", "(us)", "(us)", "", "");
+  nlohmann::json configs = nlohmann::json::array();
+  std::uint64_t wrong = 0;
+  for (std::size_t ti = 0; ti < o.tokens.size(); ++ti) {
+    const std::int64_t tokens = o.tokens[ti];
+    const StepPlan plan = plan_step(model, o.tp, tokens);
+    const Result& chosen = results[ti][0];
+    nlohmann::json variants = nlohmann::json::array();
+    for (std::size_t vi = 0; vi < kVariants.size(); ++vi) {
+      const Result& r = results[ti][vi];
+      const char* name = variant_name(kVariants[vi]);
+      if (!r.available) {
+        std::printf(" %7lld %-8s n/a: %s\n", static_cast<long long>(tokens), name,
+                    r.reason.c_str());
+        variants.push_back({{"variant", name}, {"available", false}, {"reason", r.reason}});
+        continue;
+      }
+      wrong += r.wrong;
+      const double comm = comm_us(r, compute_us);
+      const auto save = vi == 0 ? std::nullopt : saving(chosen, r);
+      char save_text[16] = "-";
+      if (save) std::snprintf(save_text, sizeof(save_text), "%.1f%%", *save * 100.0);
+      std::printf(
+          " %7lld %-8s %10.1f %10.1f %10.2f %10.2f %10.1f %10.1f %10.1f %7s %6llu  %s, %s\n",
+          static_cast<long long>(tokens), name, r.step_us, comm,
+          comm / static_cast<double>(model.layers), comm / static_cast<double>(tokens),
+          r.part_us[0], r.part_us[1], r.part_us[2], save_text,
+          static_cast<unsigned long long>(r.wrong), r.fused_by.c_str(), r.lm_head_by.c_str());
+      nlohmann::json parts;
+      for (std::size_t c = 0; c < kComponents.size(); ++c)
+        parts[part_name(kComponents[c])] = r.part_us[c];
+      variants.push_back({{"variant", name},
+                          {"available", true},
+                          {"step_us", r.step_us},
+                          {"comm_us", comm},
+                          {"comm_per_layer_us", comm / static_cast<double>(model.layers)},
+                          {"comm_per_token_us", comm / static_cast<double>(tokens)},
+                          {"components_us", parts},
+                          {"saving_share", save ? nlohmann::json(*save) : nlohmann::json()},
+                          {"wrong", r.wrong},
+                          {"served_by", {{"reduction", r.fused_by}, {"lm_head", r.lm_head_by}}}});
+    }
+    configs.push_back({{"tokens", tokens},
+                       {"operations", plan.ops.size()},
+                       {"bytes_per_rank", plan.in_bytes()},
+                       {"variants", variants}});
+  }
+  std::printf("# Out of bounds values : %llu %s\n#\n", static_cast<unsigned long long>(wrong),
+              wrong == 0 ? "OK" : "FAILED");
+  return {{"tool", "tpcomm step"},
+          {"version", TPCOMM_VERSION},
+          {"model", model_json(model)},
+          {"tp", o.tp},
+          {"world_size", world},
+          {"mode", mode},
+          {"gpu", prop.name},
+          {"compute_us_per_gap", o.compute_us},
+          {"gaps_per_step", o.compute_us > 0 ? gaps : 0},
+          {"compute_us", compute_us},
+          {"replays", o.replays},
+          {"warmup", o.warmup},
+          {"seed", seed},
+          {"wrong", wrong},
+          {"configs", configs}};
+}
+
+/// `s` quoted for /bin/sh.
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::vector<std::string> roots() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return data_roots(ec ? std::string() : exe.parent_path().string(), TPCOMM_SOURCE_DIR);
+}
+
+/// Draws `json` into `png` with scripts/plot.py. 0, or 1 with a message saying what is missing.
+int plot(const std::string& json, const std::string& png) {
+  std::string script;
+  for (const std::string& r : roots()) {
+    const auto p = std::filesystem::path(r) / "scripts" / "plot.py";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(p, ec)) {
+      script = p.string();
+      break;
+    }
+  }
+  if (script.empty()) {
+    std::fprintf(stderr,
+                 "tpcomm step: --plot: scripts/plot.py not found next to the program or "
+                 "in its source tree\n");
+    return 1;
+  }
+  if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") != 0) {
+    std::fprintf(stderr,
+                 "tpcomm step: --plot needs python3 with matplotlib (Debian/Ubuntu: apt-get "
+                 "install python3-matplotlib; elsewhere: python3 -m pip install matplotlib); the "
+                 "results are in %s: draw them later with python3 %s %s -o %s\n",
+                 json.c_str(), script.c_str(), json.c_str(), png.c_str());
+    return 1;
+  }
+  const std::string cmd =
+      "python3 " + shell_quote(script) + " " + shell_quote(json) + " -o " + shell_quote(png);
+  if (std::system(cmd.c_str()) != 0) {
+    std::fprintf(stderr, "tpcomm step: --plot: %s failed\n", cmd.c_str());
+    return 1;
+  }
+  std::printf("# plot: %s\n", png.c_str());
+  return 0;
+}
+
+int run_step(const StepOptions& o) {
+  const ModelSpec model = load_model_file(find_model(o.model, roots()));
+  (void)plan_step(model, o.tp, o.tokens.front());  // refuses a bad --tp before any GPU work
+  RankPlan plan{o.virtual_ranks, o.gpus, o.timeout_s, {}};
+  std::uint64_t seed = o.seed;
+  if (seed == 0)
+    seed = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+  const std::string mode = rank_mode(plan);
+  return for_each_rank(plan, [&](Bootstrap& boot, int device) {
+    if (boot.world_size() != o.tp) {
+      if (boot.rank() == 0)
+        std::fprintf(stderr,
+                     "tpcomm step: --tp %d needs %d ranks, this run has %d: add --virtual-ranks "
+                     "%d (one GPU) or -g %d (one process per GPU)\n",
+                     o.tp, o.tp, boot.world_size(), o.tp, o.tp);
+      return 1;
+    }
+    // Every rank must use the same data: rank 0's seed decides.
+    const std::uint64_t shared_seed = boot.broadcast_value(seed, 0);
+    if (boot.rank() == 0)
+      std::printf(
+          "# tpcomm step %s: %s (%s): hidden %lld, %lld layers, vocab %lld, %s%s; tp %d "
+          "(%s), seed %llu\n",
+          TPCOMM_VERSION, model.name.c_str(), model.source.c_str(),
+          static_cast<long long>(model.hidden), static_cast<long long>(model.layers),
+          static_cast<long long>(model.vocab), std::string(to_string(model.dtype)).c_str(),
+          model.moe ? ", MoE" : "", o.tp, mode.c_str(),
+          static_cast<unsigned long long>(shared_seed));
+    std::vector<std::array<Result, kVariants.size()>> results;
+    double compute_us = 0;
+    bool ok = false;
+    {
+      StepRunner runner(boot, device, o, model, shared_seed);
+      ok = runner.run(results, &compute_us);
+    }
+    if (boot.rank() != 0) return ok ? 0 : 1;
+    if (!ok) {
+      std::printf("# a step failed: see the failure lines above\n");
+      return 1;
+    }
+    const nlohmann::json doc =
+        report(o, model, results, compute_us, boot.world_size(), mode, shared_seed);
+    const int code = doc["wrong"].get<std::uint64_t>() == 0 ? 0 : 2;
+    const std::string json = o.plot.empty() ? o.json : step_plot_json(o);
+    if (!json.empty()) {
+      if (const std::string why = write_json_file(json, doc); !why.empty()) {
+        std::fprintf(stderr, "tpcomm step: --json \"%s\": %s\n", json.c_str(), why.c_str());
+        return code == 0 ? 1 : code;
+      }
+    }
+    if (!o.plot.empty() && plot(json, o.plot) != 0 && code == 0) return 1;
+    return code;
+  });
+}
+
+}  // namespace
+
+void add_step_command(CLI::App& app, Command& run) {
+  auto* cmd = app.add_subcommand(
+      "step",
+      "one decode step's communication of a model, as CUDA graphs: tpcomm's paths against "
+      "the unfused ones and NCCL");
+  auto o = std::make_shared<StepOptions>();
+  // Scheduled by the options' own checks, once they pass (NOTE [one callback per command]).
+  add_step_options(*cmd, *o, [o, &run] { run = [o] { return run_step(*o); }; });
+}
+
+}  // namespace tpcomm::tools
