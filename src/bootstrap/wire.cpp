@@ -117,6 +117,7 @@ bool is_known(ReplyCode code) noexcept {
     case ReplyCode::kTooLarge:
     case ReplyCode::kUnauthenticated:
     case ReplyCode::kBusy:
+    case ReplyCode::kOverLimit:
       return true;
   }
   return false;
@@ -158,6 +159,8 @@ std::string_view to_string(ReplyCode code) noexcept {
       return "unauthenticated";
     case ReplyCode::kBusy:
       return "busy";
+    case ReplyCode::kOverLimit:
+      return "over limit";
   }
   return "unknown reply code";
 }
