@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -834,6 +835,17 @@ TEST(StoreLimits, SilentConnectionsCannotKeepATokenHolderOut) {
 // Random and mutated frames: the server stays up, serves a well-formed client afterwards, and
 // holds nothing for them once they are gone.
 
+// A request's bytes: header, key, value.
+Bytes frame_bytes(const wire::RequestHeader& h, std::string_view key,
+                  std::span<const std::byte> value) {
+  const auto hb = wire::encode(h);
+  Bytes out(hb.size() + key.size() + value.size());
+  std::memcpy(out.data(), hb.data(), hb.size());
+  if (!key.empty()) std::memcpy(out.data() + hb.size(), key.data(), key.size());
+  if (!value.empty()) std::memcpy(out.data() + hb.size() + key.size(), value.data(), value.size());
+  return out;
+}
+
 TEST(StoreFuzz, RandomAndMutatedFramesLeaveTheServerServing) {
   TcpStoreServerConfig sc;
   sc.token = "fuzz";
@@ -871,19 +883,10 @@ TEST(StoreFuzz, RandomAndMutatedFramesLeaveTheServerServing) {
                           .key_len = static_cast<std::uint32_t>(key.size()),
                           .value_len = value.size(),
                           .arg = static_cast<std::int64_t>(pick(3))};
-    auto hb = wire::encode(h);
-    Bytes out(hb.begin(), hb.end());
-    out.insert(out.end(), reinterpret_cast<const std::byte*>(key.data()),
-               reinterpret_cast<const std::byte*>(key.data()) + key.size());
-    out.insert(out.end(), value.begin(), value.end());
-    return out;
+    return frame_bytes(h, key, value);
   };
-  const Bytes hello = [] {
-    auto hb = wire::encode(wire::RequestHeader{.opcode = wire::Opcode::kHello, .value_len = 4});
-    Bytes b(hb.begin(), hb.end());
-    for (char ch : std::string_view("fuzz")) b.push_back(static_cast<std::byte>(ch));
-    return b;
-  }();
+  const Bytes hello =
+      frame_bytes({.opcode = wire::Opcode::kHello, .value_len = 4}, "", bytes_of("fuzz"));
   int connections = 0;
   const auto t0 = SteadyClock::now();
   while (since(t0) < 1500ms) {
