@@ -102,12 +102,14 @@ struct TcpStoreServerConfig {
   std::size_t max_key_bytes = 4096;
   /// Largest value, in bytes; a frame announcing more is rejected before anything is read.
   std::size_t max_value_bytes = std::size_t{64} << 20;
-  /// Most connections served at once; more are refused ("busy"), except that a new connection
-  /// displaces the oldest one still waiting to authenticate, if any.
+  /// Most connections served at once. A new connection beyond this, or beyond
+  /// `max_unauthenticated`, displaces (closes) the oldest connection still waiting to
+  /// authenticate if that one has waited a second, and is otherwise refused as busy (clients
+  /// retry busy servers until their timeout).
   int max_connections = 1024;
-  /// Most connections that have not yet authenticated (sent a valid HELLO) at once. A new
-  /// connection beyond this displaces the oldest of them, so connections that never say HELLO
-  /// cannot keep a client with the right token out. At least 1.
+  /// Most connections that have not yet authenticated (sent a valid HELLO) at once; see
+  /// `max_connections` for what a new one beyond it gets. Connections that never say HELLO thus
+  /// cannot keep a client with the token out. At least 1.
   int max_unauthenticated = 64;
   /// A connection must have authenticated within this time of connecting, or it is closed.
   Milliseconds hello_timeout{3000};

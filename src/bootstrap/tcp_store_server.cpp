@@ -48,6 +48,8 @@ constexpr std::size_t kRejectDrainBytes = std::size_t{1} << 20;
 // reply, by the accept thread, and at most this many are held open for that.
 constexpr milliseconds kBusyLinger{500};
 constexpr std::size_t kMaxBusyLingering = 64;
+// A connection still waiting to authenticate after this long may be displaced by a new one.
+constexpr milliseconds kDisplaceAfter{1000};
 
 // NOTE [store memory bounds]
 // What clients can make the server hold is bounded:
@@ -94,6 +96,7 @@ struct TcpStoreServer::Impl {
     std::thread thread;
     std::atomic<bool> done{false};
     std::atomic<Auth> auth{Auth::kWaiting};
+    Deadline accepted = SteadyClock::now();
   };
   /// Bytes taken from `max_inflight_bytes` (NOTE [store memory bounds] 2), given back on
   /// destruction.
@@ -168,14 +171,16 @@ struct TcpStoreServer::Impl {
 
   void accept_loop() noexcept;
   void accept_one();
-  /// Answers kBusy on a connection over `max_connections`; the accept thread closes it later.
-  void refuse_busy(Socket sock);
+  /// Answers kBusy, with `reason`, on a connection over a limit; the accept thread closes it
+  /// later.
+  void refuse_busy(Socket sock, const std::string& reason);
   /// Serves an accepted connection, already counted in `active`, on a thread of its own.
   void start_connection(Socket sock);
   void reap_finished();
   /// Moves `c` out of Auth::kWaiting to `to`; false when it already left it.
   bool leave_waiting(Connection& c, Auth to) noexcept;
-  /// Closes the oldest connection still waiting to authenticate; false when there is none.
+  /// Closes the oldest connection still waiting to authenticate, if it has waited
+  /// `kDisplaceAfter`; false when there is none such.
   bool displace_oldest_unauthenticated();
   void serve(Connection& c);
   /// Reads `n` payload bytes, appending them to `out`, in pieces counted in `held` as they
@@ -246,24 +251,32 @@ void TcpStoreServer::Impl::accept_one() {
   }
   Socket sock(fd);
   set_nodelay(fd);
-  // A connection over either limit displaces the oldest one still waiting to authenticate:
-  // connections that never say HELLO cannot keep a client with the token out. Displaced ones
-  // end within moments, so `active` exceeds `max_connections` only briefly, by at most
-  // `max_unauthenticated`.
-  bool displace;
+  // A connection over either limit displaces the oldest one still waiting to authenticate,
+  // when that one has waited `kDisplaceAfter` (a client sends HELLO as soon as it connects),
+  // else it is refused as busy, which clients retry. So connections that never say HELLO cannot
+  // keep a client with the token out, and a crowd of clients connecting at once is slowed, not
+  // cut off. Only this thread adds to the counts; a displaced connection still counts until its
+  // thread ends, so `active` may exceed `max_connections` by those for a moment.
+  bool waiting_full;
   bool full;
   {
     std::lock_guard lock(count_mu);
-    displace = unauthenticated > 0 &&
-               (active >= config.max_connections || unauthenticated >= config.max_unauthenticated);
-    full = !displace && active >= config.max_connections;
-    if (!full) {
-      ++active;
-      ++unauthenticated;
-    }
+    waiting_full = unauthenticated >= config.max_unauthenticated;
+    full = active >= config.max_connections;
   }
-  if (full) return refuse_busy(std::move(sock));
-  if (displace) displace_oldest_unauthenticated();
+  if ((waiting_full || full) && !displace_oldest_unauthenticated()) {
+    return refuse_busy(
+        std::move(sock),
+        waiting_full
+            ? concat("the store has its maximum of ", config.max_unauthenticated,
+                     " connections waiting to authenticate")
+            : concat("the store serves its maximum of ", config.max_connections, " connections"));
+  }
+  {
+    std::lock_guard lock(count_mu);
+    ++active;
+    ++unauthenticated;
+  }
   start_connection(std::move(sock));
 }
 
@@ -277,8 +290,10 @@ bool TcpStoreServer::Impl::leave_waiting(Connection& c, Auth to) noexcept {
 
 bool TcpStoreServer::Impl::displace_oldest_unauthenticated() {
   std::lock_guard lock(conn_mu);
-  // `conns` is in the order of acceptance.
+  // `conns` is in the order of acceptance: the first one waiting is the oldest.
   for (auto& c : conns) {
+    if (c->auth.load() != Auth::kWaiting) continue;
+    if (SteadyClock::now() - c->accepted < kDisplaceAfter) return false;
     if (!leave_waiting(*c, Auth::kDisplaced)) continue;
     rejected.fetch_add(1);
     TPCOMM_LOG_WARN("store: closed the connection from ", c->peer,
@@ -291,10 +306,8 @@ bool TcpStoreServer::Impl::displace_oldest_unauthenticated() {
   return false;
 }
 
-void TcpStoreServer::Impl::refuse_busy(Socket sock) {
+void TcpStoreServer::Impl::refuse_busy(Socket sock, const std::string& reason) {
   const int fd = sock.get();
-  std::string reason =
-      concat("the store serves its maximum of ", config.max_connections, " connections");
   TPCOMM_LOG_WARN("store: refused a connection from ", net::peer_name(fd), ": ", reason);
   wire::ReplyHeader h{.code = ReplyCode::kBusy, .value_len = reason.size()};
   auto hb = wire::encode(h);
