@@ -143,7 +143,9 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_RANK_WATCH", o.rank_watch ? "1" : "0"},
       {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
       // The token is a secret: say whether it is set, never what it is.
-      {"TPCOMM_STORE_TOKEN", o.store_token.empty() ? "(unset)" : "(set)"},
+      {"TPCOMM_STORE_TOKEN",
+       o.store_token.empty() || !o.store_token_file.empty() ? "(unset)" : "(set)"},
+      {"TPCOMM_STORE_TOKEN_FILE", o.store_token_file.empty() ? "(unset)" : o.store_token_file},
       {"TPCOMM_STORE_BIND", o.store_bind.empty() ? "(default)" : o.store_bind},
   };
 }
@@ -262,7 +264,8 @@ Options options_reporting_every_error(std::vector<std::string>* errors) {
   try {
     return Options::from_lookup(good);
   } catch (const Error& e) {
-    // Only a variable that the table of knobs does not list can still fail here.
+    // Only a variable that the table of knobs does not list, or two that conflict, can still
+    // fail here.
     errors->push_back(e.what());
     return Options{};
   }

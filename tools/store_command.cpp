@@ -50,11 +50,14 @@ int run_store(const StoreArgs& args) {
   TcpStoreServer server(config);
   std::fprintf(stderr, "tpcomm store: serving on %s %s\n",
                net::join_host_port(config.bind, server.port()).c_str(),
-               config.token.empty() ? "without a token" : "with the token of TPCOMM_STORE_TOKEN");
+               config.token.empty()               ? "without a token"
+               : options.store_token_file.empty() ? "with the token of TPCOMM_STORE_TOKEN"
+                                                  : "with the token of TPCOMM_STORE_TOKEN_FILE");
   if (config.token.empty() && !net::is_loopback(config.bind)) {
     std::fprintf(stderr,
-                 "tpcomm store: warning: reachable from the network and no TPCOMM_STORE_TOKEN is "
-                 "set; anyone who can connect can read and write the store\n");
+                 "tpcomm store: warning: reachable from the network and neither "
+                 "TPCOMM_STORE_TOKEN nor TPCOMM_STORE_TOKEN_FILE is set; anyone who can connect "
+                 "can read and write the store\n");
   }
   std::printf("%d\n", server.port());
   std::fflush(stdout);

@@ -38,6 +38,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// | `TPCOMM_RANK_WATCH` | `rank_watch` | 1 |
 /// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
+/// | `TPCOMM_STORE_TOKEN_FILE` | `store_token_file`, `store_token` | unset |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
 struct Options {
   LogLevel log_level = LogLevel::kWarn;
@@ -91,6 +92,14 @@ struct Options {
   /// longer `TPCOMM_STORE_TOKEN`, naming the variable); empty disables the check, and an empty
   /// `TPCOMM_STORE_TOKEN=` counts as unset.
   std::string store_token;
+  /// The file `store_token` was read from (`TPCOMM_STORE_TOKEN_FILE`), empty when none. The
+  /// token is the file's contents less trailing newlines (CR or LF), 1 to 1024 bytes; the file
+  /// must be a regular file (a FIFO or device is refused without blocking). A missing,
+  /// unreadable, empty or too long file, or `TPCOMM_STORE_TOKEN` set as well, makes `from_env`
+  /// throw naming the variable. Every rank of a job reads the same path, which suits launchers
+  /// that give every rank the same environment (torchrun, mpirun, srun) without putting the
+  /// secret itself in the environment.
+  std::string store_token_file;
   /// Address the store server binds to; empty means the default rule above.
   std::string store_bind;
 

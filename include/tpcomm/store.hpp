@@ -106,11 +106,36 @@ struct TcpStoreServerConfig {
   std::size_t max_key_bytes = 4096;
   /// Largest value, in bytes; a frame announcing more is rejected before anything is read.
   std::size_t max_value_bytes = std::size_t{64} << 20;
-  /// Most connections served at once; more are refused.
+  /// Most connections served at once. A new connection beyond this, or beyond
+  /// `max_unauthenticated`, displaces (closes) the oldest connection still waiting to
+  /// authenticate if that one has waited a second, and is otherwise refused as busy (clients
+  /// retry busy servers until their timeout).
   int max_connections = 1024;
+  /// Most connections that have not yet authenticated (sent a valid HELLO) at once; see
+  /// `max_connections` for what a new one beyond it gets. Connections that never say HELLO thus
+  /// cannot keep a client with the token out. At least 1.
+  int max_unauthenticated = 64;
+  /// A connection must have authenticated within this time of connecting, or it is closed.
+  Milliseconds hello_timeout{3000};
   /// A frame that starts arriving must be complete within this time, or the connection is
   /// dropped (a stalled client cannot pin a server thread).
   Milliseconds frame_timeout{10000};
+  /// Most payload bytes the server holds in flight over all connections: keys and values of
+  /// requests being read (counted as they arrive, never as announced) and values of GET
+  /// replies being sent. A request that would go over it is read to its end, discarded and
+  /// answered "over limit"; a GET whose value would go over it is answered "over limit"; the
+  /// connection stays open and the client sees `Error(kUnavailable)` naming this limit. One
+  /// request is in flight per connection, so a connection holds at most `max_key_bytes +
+  /// max_value_bytes`. Must be at least that much.
+  std::size_t max_inflight_bytes = std::size_t{256} << 20;
+  /// Most keys stored at once; a SET or ADD that would create one more is answered "over
+  /// limit" (`Error(kUnavailable)` naming this limit) and changes nothing.
+  std::size_t max_keys = std::size_t{1} << 20;
+  /// Most bytes stored at once, keys and values together; a SET or ADD that would go over it is
+  /// answered "over limit" (`Error(kUnavailable)` naming this limit) and changes nothing. The
+  /// store carries ids, handles and host names (a few hundred bytes per rank and collective),
+  /// not tensors.
+  std::size_t max_stored_bytes = std::size_t{1} << 30;
 };
 
 /// The TCP store server: hosted by rank 0 inside a `TcpStore`, or standalone (`tpcomm store`).
@@ -118,9 +143,11 @@ struct TcpStoreServerConfig {
 /// Wire format: length-prefixed binary frames (see `src/bootstrap/wire.hpp`). Malformed,
 /// oversized or unauthenticated frames close that one connection with an error reply; the
 /// server keeps serving every other client. A connection must authenticate (HELLO with the
-/// token, empty when none is configured) within `frame_timeout` of connecting. One thread
+/// token, empty when none is configured) within `hello_timeout` of connecting. One thread
 /// serves each connection; a GET or WAIT waiting for its key notices within about 100 ms that
-/// its client hung up, and frees the thread.
+/// its client hung up, and frees the thread. What clients can make the server hold is bounded
+/// (`max_inflight_bytes`, `max_keys`, `max_stored_bytes`), and a client that stops reading a
+/// reply for about a second is dropped (counted in `rejected_frames`).
 class TcpStoreServer {
  public:
   /// Binds and starts serving on background threads. Throws `Error(kSystemError)` when the
@@ -132,13 +159,17 @@ class TcpStoreServer {
 
   /// The bound port.
   [[nodiscard]] int port() const noexcept;
-  /// Number of frames rejected so far (malformed, oversized, unauthenticated, stalled, or cut
-  /// off by the client in the middle).
+  /// Number of frames rejected so far (malformed, oversized, unauthenticated, stalled, cut off
+  /// by the client in the middle, or over a limit), and of replies the client did not read.
   [[nodiscard]] std::int64_t rejected_frames() const noexcept;
   /// Number of connections being served now (each holds one server thread).
   [[nodiscard]] int connections() const noexcept;
   /// Number of GET/WAIT requests waiting for their key now.
   [[nodiscard]] int waiting() const noexcept;
+  /// Payload bytes held in flight now (see `TcpStoreServerConfig::max_inflight_bytes`).
+  [[nodiscard]] std::size_t inflight_bytes() const noexcept;
+  /// Bytes stored now, keys and values together.
+  [[nodiscard]] std::size_t stored_bytes() const noexcept;
   /// Waits up to `timeout` until no client is connected; true when none is.
   bool wait_idle(Milliseconds timeout);
   /// Stops accepting, closes every connection and joins the threads. Idempotent.
@@ -154,7 +185,10 @@ class TcpStoreServer {
 /// One connection, used by one operation at a time (callers from several threads take turns).
 /// Keys and values longer than `server.max_key_bytes` / `server.max_value_bytes` are refused
 /// locally with `Error(kInvalidArgument)`. A GET or WAIT that the server times out throws
-/// `Error(kTimeout)` naming the key; the connection stays usable. A lost connection, a reply
+/// `Error(kTimeout)` naming the key; the connection stays usable. A request that would take
+/// the server over one of its limits (`max_keys`, `max_stored_bytes`, `max_inflight_bytes`)
+/// throws `Error(kUnavailable)` naming the limit, changes nothing, and leaves the connection
+/// usable. A lost connection, a reply
 /// that never comes, or an error reply after which the server closes the connection (wrong
 /// token, malformed frame) makes this and every later operation throw: the client does not
 /// reconnect, because an operation whose reply was lost may or may not have been applied.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -34,6 +35,19 @@ std::string hostname() {
   TPCOMM_CHECK(::gethostname(buf, sizeof(buf) - 1) == 0, Status::kSystemError,
                "gethostname: ", std::strerror(errno));
   return buf;
+}
+
+// Warns, once per process, that the store at `address` is open to the network.
+void warn_open_store(const std::string& address) {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  TPCOMM_LOG_WARN(
+      "bootstrap: rank 0 hosts the store on ", address,
+      ", which other machines can reach, without a token: anyone who can connect to it can "
+      "read and write the keys through which the ranks exchange peer-memory handles and ids, "
+      "and so spy on, disrupt or take over the job's communication. Give every rank the same "
+      "secret with TPCOMM_STORE_TOKEN=secret or TPCOMM_STORE_TOKEN_FILE=path, or keep a "
+      "one-node job on loopback with TPCOMM_STORE_BIND=127.0.0.1");
 }
 
 }  // namespace
@@ -273,6 +287,7 @@ Bootstrap Bootstrap::from_launch_info(const LaunchInfo& info, const Options& opt
   TPCOMM_LOG_INFO("bootstrap: rank ", info.rank, " of ", info.world_size, " (", info.source,
                   "), store at ", net::join_host_port(info.store_host, info.store_port),
                   info.rank == 0 ? concat(", hosted here on ", config.server.bind) : "");
+  const std::string bind = config.server.bind;
   std::shared_ptr<TcpStore> store;
   try {
     store = std::make_shared<TcpStore>(std::move(config));
@@ -280,6 +295,9 @@ Bootstrap Bootstrap::from_launch_info(const LaunchInfo& info, const Options& opt
     if (info.rank != 0 || e.status() != Status::kSystemError) throw;
     TPCOMM_THROW(e.status(), "rank 0 cannot host the store: ", e.what(),
                  " (choose a free port with TPCOMM_STORE_ADDR=host:port)");
+  }
+  if (info.rank == 0 && options.store_token.empty() && !net::is_loopback(bind)) {
+    warn_open_store(net::join_host_port(bind, store->port()));
   }
   auto impl = std::make_unique<Impl>(std::move(store), info.rank, info.world_size, "tpcomm");
   impl->derive_locality(info.local_rank, info.local_world_size);

@@ -465,18 +465,21 @@ void check_spec(const LaunchSpec& spec) {
 }
 
 // The environment every child shares: the inherited variables, less those the launcher manages
-// or `spec.env` sets; then the job's size, MASTER_ADDR, MASTER_PORT and, unless a non-empty one
-// is set, a store token (an empty one means "no token", which would leave the store open: it
-// is replaced); then `spec.env`.
+// or `spec.env` sets; then the job's size, MASTER_ADDR, MASTER_PORT and, unless a non-empty
+// token or token file is set, a store token (an empty one means "no token", which would leave
+// the store open: it is replaced); then `spec.env`.
 std::vector<std::string> common_environment(const LaunchSpec& spec, int port) {
   constexpr std::string_view kToken = "TPCOMM_STORE_TOKEN";
   std::set<std::string> overridden(kManagedVars.begin(), kManagedVars.end());
   for (const auto& [name, value] : spec.env) overridden.insert(name);
-  const char* inherited = std::getenv(kToken.data());
-  const auto given = std::find_if(spec.env.begin(), spec.env.end(),
-                                  [&](const auto& kv) { return kv.first == kToken; });
-  const bool has_token =
-      given != spec.env.end() ? !given->second.empty() : inherited != nullptr && *inherited != '\0';
+  auto is_set = [&](std::string_view var) {
+    const auto given = std::find_if(spec.env.begin(), spec.env.end(),
+                                    [&](const auto& kv) { return kv.first == var; });
+    if (given != spec.env.end()) return !given->second.empty();
+    const char* inherited = std::getenv(std::string(var).c_str());
+    return inherited != nullptr && *inherited != '\0';
+  };
+  const bool has_token = is_set(kToken) || is_set("TPCOMM_STORE_TOKEN_FILE");
   if (!has_token) overridden.insert(std::string(kToken));
   std::vector<std::string> common;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {

@@ -136,6 +136,9 @@ struct TcpStore::Impl {
         TPCOMM_THROW(Status::kInvalidArgument, what, ": the store at ", address,
                      " refused this client: ", reason,
                      " (every rank must use the job's TPCOMM_STORE_TOKEN)");
+      case ReplyCode::kOverLimit:
+        TPCOMM_THROW(Status::kUnavailable, what, ": the store at ", address,
+                     " is at a limit: ", reason);
       case ReplyCode::kBusy:
         broken = reason;
         TPCOMM_THROW(Status::kUnavailable, what, ": the store at ", address,

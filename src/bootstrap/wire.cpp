@@ -119,6 +119,7 @@ bool is_known(ReplyCode code) noexcept {
     case ReplyCode::kTooLarge:
     case ReplyCode::kUnauthenticated:
     case ReplyCode::kBusy:
+    case ReplyCode::kOverLimit:
     case ReplyCode::kRankLost:
       return true;
   }
@@ -163,6 +164,8 @@ std::string_view to_string(ReplyCode code) noexcept {
       return "unauthenticated";
     case ReplyCode::kBusy:
       return "busy";
+    case ReplyCode::kOverLimit:
+      return "over limit";
     case ReplyCode::kRankLost:
       return "rank lost";
   }

@@ -25,8 +25,9 @@ namespace tpcomm::wire {
 // 2. The server checks a header (`check_request`) before it reads or allocates the key and
 //    value, so a frame announcing 2^40 bytes costs it 32 bytes of reading.
 // 3. A rejected frame gets an error reply when the socket still accepts one; then the server
-//    closes that connection (and only that one). `kTimeout` and `kInvalidArgument` replies are
-//    answers to a well-formed request: the connection stays open.
+//    closes that connection (and only that one). `kTimeout`, `kInvalidArgument` and
+//    `kOverLimit` replies are answers to a well-formed request: the connection stays open (for
+//    `kOverLimit` the server reads the request to its end first).
 // 4. One request is in flight per connection: the client waits for the reply before it sends
 //    the next request, so replies need no request id.
 
@@ -82,10 +83,13 @@ enum class ReplyCode : std::uint16_t {
   kUnauthenticated = 5,
   /// The server already serves `max_connections` connections. Closes.
   kBusy = 6,
+  /// A well-formed request that would take the server over one of its limits (stored keys or
+  /// bytes, bytes in flight); the reason names the limit. Nothing changed. Connection stays open.
+  kOverLimit = 7,
   /// GET/WAIT: the key cannot come, because a rank of the job left (the reason says which).
   /// Connection stays open. On a watch connection: the notice that a rank left (result = the
   /// rank, value = the reason).
-  kRankLost = 7,
+  kRankLost = 8,
 };
 
 struct RequestHeader {

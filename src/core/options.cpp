@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // Options::from_env and the strict parsers behind it.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -32,6 +38,43 @@ constexpr std::array<std::pair<LogLevel, std::string_view>, 6> kLevelNames{{
     {LogLevel::kDebug, "debug"},
     {LogLevel::kTrace, "trace"},
 }};
+
+// The token in the file `path` names (TPCOMM_STORE_TOKEN_FILE): its contents less trailing
+// newlines. Only a regular file is read, so a FIFO or a device cannot block or feed the
+// process. Errors name the variable and the path, never the contents.
+std::string read_token_file(const std::string& path) {
+  constexpr const char* kVar = "TPCOMM_STORE_TOKEN_FILE";
+  auto fail = [&](const std::string& why) {
+    TPCOMM_THROW(Status::kInvalidArgument, kVar, "=\"", path, "\" is not valid: ", why);
+  };
+  // O_NONBLOCK: opening a FIFO for reading does not wait for a writer; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) fail(detail::concat("cannot open it: ", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail(detail::concat("cannot stat it: ", std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) fail("not a regular file");
+  // Room for the longest token and a CR LF after it, and one byte to tell a longer file.
+  std::string text(wire::kMaxTokenBytes + 3, '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(detail::concat("cannot read it: ", std::strerror(errno)));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  text.resize(got);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (text.empty()) fail("the file is empty (a token is needed)");
+  if (got == wire::kMaxTokenBytes + 3 || text.size() > wire::kMaxTokenBytes) {
+    fail(detail::concat("the token is longer than ", wire::kMaxTokenBytes, " bytes"));
+  }
+  return text;
+}
 
 }  // namespace
 
@@ -171,6 +214,15 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
                    v->size(), " bytes, longer than ", wire::kMaxTokenBytes, " bytes");
     }
     o.store_token = *v;
+  }
+  if (auto v = getenv("TPCOMM_STORE_TOKEN_FILE"); v && !v->empty()) {
+    // Two sources of one secret: refuse rather than pick one silently.
+    if (!o.store_token.empty()) {
+      TPCOMM_THROW(Status::kInvalidArgument,
+                   "TPCOMM_STORE_TOKEN and TPCOMM_STORE_TOKEN_FILE are both set: set only one");
+    }
+    o.store_token_file = *v;
+    o.store_token = read_token_file(*v);
   }
   if (auto v = getenv("TPCOMM_STORE_BIND")) o.store_bind = *v;
   return o;

@@ -11,6 +11,7 @@
 
 #include "bootstrap/agree.hpp"
 #include "bootstrap/socket.hpp"
+#include "core/log.hpp"
 #include "support/child.hpp"
 #include "tpcomm/status.hpp"
 
@@ -323,6 +324,58 @@ TEST(Bootstrap, WrongTokenCannotJoin) {
   pid_t intruder = rank_with(1, "wrong");
   EXPECT_EQ(testing::wait_child(intruder, 20s), 3);
   EXPECT_EQ(testing::wait_child(host, 20s), 3);
+}
+
+// Rank 0 of a job whose peers never come, hosting the store on `bind` with `token`; returns
+// what it logged.
+std::string log_of_rank0_hosting(const std::string& bind, const std::string& token) {
+  LaunchInfo info;
+  info.rank = 0;
+  info.world_size = 2;
+  info.source = "explicit";
+  Options options;
+  options.timeout_ms = 200;
+  options.store_bind = bind;
+  options.store_token = token;
+  ::testing::internal::CaptureStderr();
+  try {
+    Bootstrap::from_launch_info(info, options);
+  } catch (const Error& e) {
+    if (e.status() != Status::kTimeout) throw;
+  }
+  return ::testing::internal::GetCapturedStderr();
+}
+
+std::size_t count(const std::string& text, std::string_view needle) {
+  std::size_t n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// A store open to the network without a token says so at the default log level, once, with
+// what it risks and how to set a token.
+TEST(Bootstrap, AStoreOpenToTheNetworkWithoutATokenWarnsOnce) {
+  pid_t open = testing::fork_child([] {
+    log::set_level(LogLevel::kWarn);
+    const std::string first = log_of_rank0_hosting("0.0.0.0", "");
+    const std::string again = log_of_rank0_hosting("0.0.0.0", "");
+    for (std::string_view needle : {"without a token", "peer-memory handles",
+                                    "TPCOMM_STORE_TOKEN=", "TPCOMM_STORE_TOKEN_FILE="}) {
+      if (first.find(needle) == std::string::npos)
+        throw std::runtime_error("no \"" + std::string(needle) + "\" in: " + first);
+    }
+    if (count(first + again, "without a token") != 1)
+      throw std::runtime_error("warned more than once: " + first + again);
+  });
+  EXPECT_EQ(testing::wait_child(open, 20s), 0);
+  pid_t closed = testing::fork_child([] {
+    log::set_level(LogLevel::kWarn);
+    const std::string logged =
+        log_of_rank0_hosting("0.0.0.0", "secret") + log_of_rank0_hosting("127.0.0.1", "");
+    if (logged.find("without a token") != std::string::npos)
+      throw std::runtime_error("warned for a store with a token or on loopback: " + logged);
+  });
+  EXPECT_EQ(testing::wait_child(closed, 20s), 0);
 }
 
 TEST(Bootstrap, TypedHelpersCheckSizes) {

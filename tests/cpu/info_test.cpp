@@ -3,7 +3,10 @@
 // invalid TPCOMM_* variables make it exit non-zero.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <nlohmann/json.hpp>
+
+#include <cstdlib>
 #include <string>
 
 #include "support/run_program.hpp"
@@ -49,6 +52,24 @@ TEST(InfoCommand, NeverPrintsTheStoreToken) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("s3cr3t-token"), std::string::npos);
   EXPECT_EQ(nlohmann::json::parse(r.output)["knobs"]["TPCOMM_STORE_TOKEN"], "(set)");
+  EXPECT_EQ(nlohmann::json::parse(r.output)["knobs"]["TPCOMM_STORE_TOKEN_FILE"], "(unset)");
+}
+
+// The token file is listed by its path; its contents are never printed.
+TEST(InfoCommand, ListsTheStoreTokenFileByItsPath) {
+  char path[] = "/tmp/tpcomm-info-token-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "s3cr3t-file-token\n", 18), 18);
+  ::close(fd);
+  const auto r = test::run_program("TPCOMM_STORE_TOKEN_FILE=" + std::string(path) + " " +
+                                   std::string(TPCOMM_CLI_PATH) + " info --json");
+  ::unlink(path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("s3cr3t-file-token"), std::string::npos);
+  const auto knobs = nlohmann::json::parse(r.output)["knobs"];
+  EXPECT_EQ(knobs["TPCOMM_STORE_TOKEN_FILE"], path);
+  EXPECT_EQ(knobs["TPCOMM_STORE_TOKEN"], "(unset)");
 }
 
 // Every invalid variable is listed, the rest of the report is still printed, and the exit code

@@ -152,6 +152,17 @@ TEST_F(Launcher, KeepsAGivenToken) {
   EXPECT_EQ(env_of(1)["MASTER_PORT"], "12345");
 }
 
+// A token file names the job's secret: no random token is added beside it (both set is an
+// error for the ranks).
+TEST_F(Launcher, KeepsAGivenTokenFile) {
+  LaunchSpec s = spec(2, {"env:" + path("env.")});
+  s.env = {{"TPCOMM_STORE_TOKEN_FILE", "/run/secrets/tpcomm-token"}};
+  LaunchResult r = launch_local(s);
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(env_of(1)["TPCOMM_STORE_TOKEN_FILE"], "/run/secrets/tpcomm-token");
+  EXPECT_EQ(env_of(1)["TPCOMM_STORE_TOKEN"], "<unset>");
+}
+
 // An empty token means "no authentication": inherited or given, it is replaced by a random one,
 // the same for every rank.
 TEST_F(Launcher, AnEmptyTokenIsReplacedByARandomOne) {

@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
@@ -35,6 +40,7 @@ TEST(Options, Defaults) {
   EXPECT_TRUE(o.programmatic_launch);
   EXPECT_EQ(o.lm_head_a2a, Switch::kAuto);
   EXPECT_TRUE(o.store_token.empty());
+  EXPECT_TRUE(o.store_token_file.empty());
 }
 
 TEST(Options, ReadsEveryKnob) {
@@ -119,6 +125,89 @@ TEST(Options, OverlongStoreTokenNamesTheVariable) {
     EXPECT_NE(what.find("longer than 1024 bytes"), std::string::npos) << what;
     EXPECT_EQ(what.find("tttt"), std::string::npos) << what;
   }
+}
+
+// A scratch directory, removed with what it holds.
+class TokenFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tpcomm-token-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& contents) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path, std::ios::binary) << contents;
+    return path;
+  }
+  // The error `TPCOMM_STORE_TOKEN_FILE=path` gives; "" when it is accepted.
+  static std::string error_of(const std::string& path) {
+    try {
+      from({{"TPCOMM_STORE_TOKEN_FILE", path}});
+      return "";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      return e.what();
+    }
+  }
+  std::string dir_;
+};
+
+TEST_F(TokenFile, TheTokenIsTheFileLessTrailingNewlines) {
+  const std::string path = write("token", "s3cret\r\n\n");
+  Options o = from({{"TPCOMM_STORE_TOKEN_FILE", path}});
+  EXPECT_EQ(o.store_token, "s3cret");
+  EXPECT_EQ(o.store_token_file, path);
+  EXPECT_EQ(from({{"TPCOMM_STORE_TOKEN_FILE", write("long", std::string(1024, 't') + "\n")}})
+                .store_token.size(),
+            1024u);
+  // Empty is the same as unset.
+  EXPECT_TRUE(from({{"TPCOMM_STORE_TOKEN_FILE", ""}}).store_token.empty());
+}
+
+TEST_F(TokenFile, BadFilesAreErrorsNamingTheVariable) {
+  ASSERT_EQ(::mkfifo((dir_ + "/fifo").c_str(), 0600), 0);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {dir_ + "/missing", "cannot open it"},
+      {write("empty", ""), "the file is empty"},
+      {write("newlines", "\n\n"), "the file is empty"},
+      {write("overlong", std::string(1025, 't')), "longer than 1024 bytes"},
+      {write("huge", std::string(100000, 't')), "longer than 1024 bytes"},
+      {dir_, "not a regular file"},
+      // A FIFO with no writer: refused at once, not waited on.
+      {dir_ + "/fifo", "not a regular file"},
+  };
+  for (const auto& [path, needle] : cases) {
+    SCOPED_TRACE(path);
+    const std::string what = error_of(path);
+    EXPECT_NE(what.find("TPCOMM_STORE_TOKEN_FILE=\"" + path + "\""), std::string::npos) << what;
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_EQ(what.find("tttt"), std::string::npos) << what;
+  }
+  if (::geteuid() != 0) {
+    const std::string path = write("private", "s3cret");
+    ::chmod(path.c_str(), 0);
+    EXPECT_NE(error_of(path).find("cannot open it"), std::string::npos);
+  }
+}
+
+// Two sources of one secret are refused rather than one of them picked silently.
+TEST_F(TokenFile, TokenAndTokenFileTogetherAreAnError) {
+  const std::string path = write("token", "from-file");
+  try {
+    from({{"TPCOMM_STORE_TOKEN", "from-env"}, {"TPCOMM_STORE_TOKEN_FILE", path}});
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("TPCOMM_STORE_TOKEN and TPCOMM_STORE_TOKEN_FILE are both set"),
+              std::string::npos)
+        << what;
+  }
+  // An empty TPCOMM_STORE_TOKEN counts as unset.
+  EXPECT_EQ(from({{"TPCOMM_STORE_TOKEN", ""}, {"TPCOMM_STORE_TOKEN_FILE", path}}).store_token,
+            "from-file");
 }
 
 TEST(Options, LmHeadA2aSwitch) {

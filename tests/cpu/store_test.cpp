@@ -2,10 +2,13 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -15,6 +18,7 @@
 #include "bootstrap/deadline.hpp"
 #include "bootstrap/socket.hpp"
 #include "bootstrap/wire.hpp"
+#include "core/log.hpp"
 #include "support/child.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/store.hpp"
@@ -470,6 +474,7 @@ class HostileInput : public ::testing::Test {
   void SetUp() override {
     TcpStoreServerConfig config;
     config.frame_timeout = 300ms;
+    config.hello_timeout = 300ms;
     config.max_key_bytes = 256;
     config.max_value_bytes = 1 << 20;
     server_.emplace(config);
@@ -605,7 +610,9 @@ TEST_F(HostileInput, StalledFrameIsDroppedAfterTheFrameTimeout) {
 }
 
 TEST_F(HostileInput, SilentConnectionIsDroppedBeforeHello) {
+  auto t0 = SteadyClock::now();
   expect_rejected([](RawClient&) {}, wire::ReplyCode::kUnauthenticated);
+  EXPECT_GE(since(t0), 300ms);
 }
 
 TEST_F(HostileInput, SecondHello) {
@@ -615,6 +622,347 @@ TEST_F(HostileInput, SecondHello) {
         raw.send_header({.opcode = wire::Opcode::kHello});
       },
       wire::ReplyCode::kProtocolError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// What clients can make the server hold (NOTE [store memory bounds]).
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+// This process's resident memory, in bytes (the servers under test run in it).
+std::int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::int64_t pages = 0;
+  std::int64_t resident = 0;
+  statm >> pages >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+std::span<const std::byte> bytes_of(std::string_view s) { return wire::as_bytes(s); }
+
+// Headers that announce large values cost the server nothing until the bytes arrive.
+TEST(StoreLimits, AnnouncedPayloadIsNotAllocatedBeforeItArrives) {
+  constexpr int kClients = 16;
+  TcpStoreServerConfig sc;
+  sc.max_value_bytes = 16 * kMiB;
+  TcpStoreServer server(sc);
+  const std::int64_t before = resident_bytes();
+  std::vector<std::unique_ptr<RawClient>> raws;
+  for (int i = 0; i < kClients; ++i) {
+    raws.push_back(std::make_unique<RawClient>(server.port()));
+    raws.back()->hello();
+    raws.back()->send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = 16 * kMiB});
+    raws.back()->send(bytes_of("k"));
+  }
+  ASSERT_TRUE(eventually([&] { return server.connections() == kClients; }, 5s));
+  std::this_thread::sleep_for(300ms);  // every header has been read
+  // Before: 16 x 16 MiB allocated and zero-filled.
+  EXPECT_LT(resident_bytes() - before, std::int64_t{32} << 20);
+  // One of them sends its value after all, and it is stored.
+  Bytes value(16 * kMiB);
+  for (std::size_t i = 0; i < value.size(); ++i) value[i] = static_cast<std::byte>(i % 251);
+  raws[0]->send(value);
+  auto reply = raws[0]->read_reply();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->first.code, wire::ReplyCode::kOk);
+  TcpStore::Config cc = client_config(server.port());
+  cc.server = sc;
+  TcpStore reader(cc);
+  EXPECT_TRUE(reader.get("k") == value);
+}
+
+TEST(StoreLimits, BytesInFlightAreCappedOverAllConnections) {
+  TcpStoreServerConfig sc;
+  sc.max_key_bytes = 64;
+  sc.max_value_bytes = kMiB;
+  sc.max_inflight_bytes = 2 * kMiB;
+  TcpStoreServer server(sc);
+  const Bytes almost(kMiB - 1, std::byte{7});
+  // `a` holds 1 MiB + 1 byte in flight: it has sent all of its value but one byte.
+  RawClient a(server.port());
+  a.hello();
+  a.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
+  a.send(bytes_of("a"));
+  a.send(almost);
+  ASSERT_TRUE(eventually([&] { return server.inflight_bytes() == kMiB + 1; }, 5s))
+      << server.inflight_bytes();
+  // `b`'s value does not fit beside it: read, discarded and refused; `b` stays connected.
+  RawClient b(server.port());
+  b.hello();
+  b.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
+  b.send(bytes_of("b"));
+  b.send(almost);
+  b.send(std::span(almost.data(), 1));
+  auto refused = b.read_reply();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->first.code, wire::ReplyCode::kOverLimit);
+  EXPECT_NE(refused->second.find("max_inflight_bytes of 2097152"), std::string::npos)
+      << refused->second;
+  EXPECT_LE(server.inflight_bytes(), 2 * kMiB);
+  EXPECT_EQ(server.rejected_frames(), 1);
+  b.send_header({.opcode = wire::Opcode::kCheck, .key_len = 1});
+  b.send(bytes_of("b"));
+  auto check = b.read_reply();
+  ASSERT_TRUE(check.has_value());
+  EXPECT_EQ(check->first.code, wire::ReplyCode::kOk);
+  EXPECT_EQ(check->first.result, 0);
+  // `a` finishes; everything it held is given back, and a client can store 1 MiB again.
+  a.send(std::span(almost.data(), 1));
+  auto stored = a.read_reply();
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->first.code, wire::ReplyCode::kOk);
+  EXPECT_TRUE(eventually([&] { return server.inflight_bytes() == 0; }, 5s));
+  TcpStore::Config cc = client_config(server.port());
+  cc.server = sc;
+  TcpStore c(cc);
+  c.set("c", std::string(kMiB, 'c'));
+  EXPECT_EQ(text(c.get("a")).size(), kMiB);
+}
+
+// A client told "over limit" gets an error naming the limit and keeps its connection.
+TEST(StoreLimits, OverLimitIsAnErrorNamingTheLimit) {
+  TcpStoreServerConfig sc;
+  sc.max_value_bytes = kMiB;
+  sc.max_key_bytes = 64;
+  sc.max_inflight_bytes = kMiB + 64;
+  TcpStoreServer server(sc);
+  RawClient holder(server.port());
+  holder.hello();
+  holder.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
+  holder.send(bytes_of("h"));
+  holder.send(Bytes(512 << 10));
+  ASSERT_TRUE(eventually([&] { return server.inflight_bytes() >= (512 << 10); }, 5s));
+  TcpStore::Config cc = client_config(server.port());
+  cc.server = sc;
+  TcpStore c(cc);
+  expect_error([&] { c.set("big", std::string(kMiB, 'x')); }, Status::kUnavailable,
+               "max_inflight_bytes");
+  c.set("small", "1");
+  EXPECT_EQ(text(c.get("small")), "1");
+}
+
+// 20 clients GETting a 64 MiB value without reading held 1.3-1.8 GB for ~12 s. Now the copies
+// in flight are capped, and a client that does not read its reply is dropped within about a
+// second of stalling.
+TEST(StoreLimits, ClientsThatDoNotReadTheirRepliesHoldLittleForLong) {
+  constexpr int kReaders = 6;
+  constexpr std::size_t kValue = 24 * kMiB;
+  TcpStoreServerConfig sc;
+  sc.max_value_bytes = kValue;
+  sc.max_inflight_bytes = 2 * kValue + 4096;
+  TcpStoreServer server(sc);
+  TcpStore::Config cc = client_config(server.port());
+  cc.server = sc;
+  TcpStore writer(cc);
+  Bytes value(kValue);
+  for (std::size_t i = 0; i < value.size(); ++i) value[i] = static_cast<std::byte>(i % 253);
+  writer.set("big", value);
+  std::vector<std::unique_ptr<RawClient>> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.push_back(std::make_unique<RawClient>(server.port()));
+    readers.back()->hello();
+    readers.back()->send_header({.opcode = wire::Opcode::kGet, .key_len = 3, .arg = 1000});
+    readers.back()->send(bytes_of("big"));
+  }
+  const auto t0 = SteadyClock::now();
+  std::size_t most = 0;
+  while (since(t0) < 4s && (server.inflight_bytes() != 0 || server.rejected_frames() < kReaders)) {
+    most = std::max(most, server.inflight_bytes());
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_LE(most, sc.max_inflight_bytes);
+  EXPECT_EQ(server.inflight_bytes(), 0u) << "still held after " << since(t0).count() << " ms";
+  // Two were dropped for not reading, four refused for want of room.
+  EXPECT_EQ(server.rejected_frames(), kReaders);
+  EXPECT_TRUE(writer.get("big") == value);
+}
+
+TEST(StoreLimits, StoredKeysAndBytesAreCapped) {
+  TcpStoreServerConfig sc;
+  sc.max_keys = 3;
+  sc.max_stored_bytes = 100;
+  TcpStoreServer server(sc);
+  TcpStore c(client_config(server.port()));
+  c.set("a", "12345");          // 6 bytes
+  c.set("b", "1");              // 2 bytes
+  EXPECT_EQ(c.add("n", 1), 1);  // 9 bytes
+  EXPECT_EQ(server.stored_bytes(), 17u);
+  expect_error([&] { c.set("d", "1"); }, Status::kUnavailable, "max_keys of 3");
+  expect_error([&] { c.add("m", 1); }, Status::kUnavailable, "max_keys of 3");
+  c.set("a", "x");  // replacing a key is no new key
+  EXPECT_EQ(server.stored_bytes(), 13u);
+  expect_error([&] { c.set("a", std::string(89, 'x')); }, Status::kUnavailable,
+               "max_stored_bytes of 100");
+  EXPECT_EQ(text(c.get("a")), "x");
+  c.set("a", std::string(88, 'x'));  // exactly 100 bytes stored
+  EXPECT_EQ(server.stored_bytes(), 100u);
+  EXPECT_TRUE(c.erase("b"));
+  EXPECT_EQ(server.stored_bytes(), 98u);
+  c.set("d", "");
+  EXPECT_EQ(server.stored_bytes(), 99u);
+  EXPECT_EQ(c.add("n", 1), 2);
+  EXPECT_EQ(server.rejected_frames(), 3);
+}
+
+// 1030 connections that never said HELLO filled every slot; a client with the token was then
+// refused as busy. Now they have their own small limit, and once the oldest of them has waited
+// a second, a new connection displaces it.
+TEST(StoreLimits, SilentConnectionsCannotKeepATokenHolderOut) {
+  constexpr int kSilent = 12;
+  TcpStoreServerConfig sc;
+  sc.token = "secret";
+  sc.max_connections = 8;
+  sc.max_unauthenticated = 4;
+  sc.hello_timeout = 20s;
+  TcpStoreServer server(sc);
+  std::vector<std::unique_ptr<RawClient>> silent;
+  for (int i = 0; i < kSilent; ++i) silent.push_back(std::make_unique<RawClient>(server.port()));
+  // The first four wait; the others are refused as busy at once.
+  for (int i = 4; i < kSilent; ++i) {
+    auto reply = silent[static_cast<std::size_t>(i)]->read_reply();
+    ASSERT_TRUE(reply.has_value()) << i;
+    EXPECT_EQ(reply->first.code, wire::ReplyCode::kBusy);
+    EXPECT_NE(reply->second.find("maximum of 4 connections waiting to authenticate"),
+              std::string::npos)
+        << reply->second;
+  }
+  EXPECT_EQ(server.connections(), 4);
+  // The token holder is refused as busy until the oldest has waited a second, then takes its
+  // place (it retries busy servers until its timeout).
+  TcpStore::Config cc = client_config(server.port(), "secret");
+  cc.timeout = 3s;
+  TcpStore c(cc);
+  c.set("k", "v");
+  EXPECT_EQ(text(c.get("k")), "v");
+  EXPECT_TRUE(silent[0]->closed_by_server());
+  EXPECT_TRUE(eventually([&] { return server.connections() == 4; }, 5s)) << server.connections();
+  EXPECT_EQ(server.rejected_frames(), 1);
+}
+
+// Clients that connect all at once, more than `max_unauthenticated`, are slowed (refused as busy,
+// which they retry), never cut off.
+TEST(StoreLimits, ACrowdConnectingAtOnceGetsIn) {
+  constexpr int kClients = 16;
+  TcpStoreServerConfig sc;
+  sc.token = "secret";
+  sc.max_unauthenticated = 2;
+  TcpStoreServer server(sc);
+  std::vector<std::thread> threads;
+  std::atomic<int> failed{0};
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&] {
+      try {
+        TcpStore c(client_config(server.port(), "secret"));
+        c.add("n", 1);
+      } catch (const Error& e) {
+        ADD_FAILURE() << e.what();
+        failed.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  TcpStore c(client_config(server.port(), "secret"));
+  EXPECT_EQ(c.add("n", 0), kClients);
+  EXPECT_EQ(server.rejected_frames(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random and mutated frames: the server stays up, serves a well-formed client afterwards, and
+// holds nothing for them once they are gone.
+
+// A request's bytes: header, key, value.
+Bytes frame_bytes(const wire::RequestHeader& h, std::string_view key,
+                  std::span<const std::byte> value) {
+  const auto hb = wire::encode(h);
+  Bytes out(hb.size() + key.size() + value.size());
+  std::memcpy(out.data(), hb.data(), hb.size());
+  if (!key.empty()) std::memcpy(out.data() + hb.size(), key.data(), key.size());
+  if (!value.empty()) std::memcpy(out.data() + hb.size() + key.size(), value.data(), value.size());
+  return out;
+}
+
+TEST(StoreFuzz, RandomAndMutatedFramesLeaveTheServerServing) {
+  TcpStoreServerConfig sc;
+  sc.token = "fuzz";
+  sc.frame_timeout = 200ms;
+  sc.hello_timeout = 200ms;
+  sc.max_key_bytes = 64;
+  sc.max_value_bytes = 4096;
+  sc.max_inflight_bytes = 16 << 10;
+  sc.max_keys = 64;
+  sc.max_stored_bytes = 16 << 10;
+  TcpStoreServer server(sc);
+  TcpStore::Config cc = client_config(server.port(), "fuzz");
+  cc.server = sc;
+  {
+    TcpStore before(cc);
+    before.set("before", "kept");
+    EXPECT_EQ(before.add("n", 1), 1);
+  }
+  const LogLevel level = log::level();
+  log::set_level(LogLevel::kOff);  // thousands of rejections
+  const std::int64_t rss_before = resident_bytes();
+  std::mt19937_64 rng(20261203);
+  auto pick = [&](std::uint64_t n) { return static_cast<std::size_t>(rng() % n); };
+  auto frame = [&]() {
+    const auto op = static_cast<wire::Opcode>(1 + pick(8));
+    std::string key(pick(4) == 0 ? 0 : 1 + pick(16), 'k');
+    for (char& ch : key) ch = static_cast<char>('a' + pick(4));
+    Bytes value(op == wire::Opcode::kSet || op == wire::Opcode::kHello ? pick(64) : 0);
+    for (auto& v : value) v = static_cast<std::byte>(rng());
+    if (op == wire::Opcode::kHello && pick(2) == 0) {
+      auto token = bytes_of("fuzz");
+      value.assign(token.begin(), token.end());
+    }
+    wire::RequestHeader h{.opcode = op,
+                          .key_len = static_cast<std::uint32_t>(key.size()),
+                          .value_len = value.size(),
+                          .arg = static_cast<std::int64_t>(pick(3))};
+    return frame_bytes(h, key, value);
+  };
+  const Bytes hello =
+      frame_bytes({.opcode = wire::Opcode::kHello, .value_len = 4}, "", bytes_of("fuzz"));
+  int connections = 0;
+  const auto t0 = SteadyClock::now();
+  while (since(t0) < 1500ms) {
+    net::Socket s = net::connect_tcp("127.0.0.1", server.port(), deadline_after(2s));
+    ++connections;
+    Bytes stream;
+    if (pick(5) != 0) stream = hello;
+    for (std::size_t n = 1 + pick(4); n > 0; --n) {
+      Bytes f = pick(8) == 0 ? Bytes(1 + pick(200)) : frame();
+      if (f.size() > 0 && pick(2) == 0) {
+        for (std::size_t m = 1 + pick(3); m > 0; --m) f[pick(f.size())] = std::byte(rng());
+      }
+      if (pick(4) == 0) f.resize(pick(f.size() + 1));  // cut off
+      if (pick(16) == 0) {                             // a huge announced value
+        auto big = wire::encode(wire::RequestHeader{
+            .opcode = wire::Opcode::kSet, .key_len = 1, .value_len = rng() >> pick(64)});
+        f.assign(big.begin(), big.end());
+      }
+      stream.insert(stream.end(), f.begin(), f.end());
+    }
+    (void)net::send_all(s.get(), stream, deadline_after(200ms));
+    if (pick(2) == 0) {
+      // Read what comes back for a moment, like a client that waits for its replies.
+      std::byte sink[4096];
+      (void)net::wait_readable(s.get(), deadline_after(5ms));
+      (void)::recv(s.get(), sink, sizeof(sink), MSG_DONTWAIT);
+    }
+    if (pick(2) == 0) ::shutdown(s.get(), SHUT_WR);
+  }
+  log::set_level(level);
+  EXPECT_GT(connections, 100);
+  EXPECT_GT(server.rejected_frames(), connections / 2);
+  EXPECT_TRUE(server.wait_idle(5s)) << server.connections() << " connections left";
+  EXPECT_EQ(server.inflight_bytes(), 0u);
+  EXPECT_LE(server.stored_bytes(), sc.max_stored_bytes);
+  EXPECT_LT(resident_bytes() - rss_before, std::int64_t{64} << 20);
+  // Keys of the fuzzer's frames are made of a-d: these two are out of its reach.
+  TcpStore c(cc);
+  EXPECT_EQ(text(c.get("before")), "kept");
+  EXPECT_EQ(c.add("n", 1), 2);
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 //   touch:PREFIX    create the file PREFIX<rank>
 //   await:PATH      wait (at most 10 s, else exit 99) until PATH exists
 //   env:PREFIX      write RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-//                   MASTER_PORT, TPCOMM_STORE_TOKEN, TPCOMM_RANK and TPCOMM_TEST_EXTRA as
-//                   NAME=VALUE lines to PREFIX<rank>
+//                   MASTER_PORT, TPCOMM_STORE_TOKEN, TPCOMM_STORE_TOKEN_FILE, TPCOMM_RANK and
+//                   TPCOMM_TEST_EXTRA as NAME=VALUE lines to PREFIX<rank>
 // After the last step it exits 0.
 #include <sys/stat.h>
 #include <unistd.h>
@@ -56,7 +56,7 @@ int run_step(const std::string& step, const std::string& rank) {
       std::ofstream out(tmp);
       for (const char* var :
            {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "TPCOMM_STORE_TOKEN", "TPCOMM_RANK", "TPCOMM_TEST_EXTRA"}) {
+            "TPCOMM_STORE_TOKEN", "TPCOMM_STORE_TOKEN_FILE", "TPCOMM_RANK", "TPCOMM_TEST_EXTRA"}) {
         const char* v = std::getenv(var);
         out << var << "=" << (v != nullptr ? v : "<unset>") << "\n";
       }
