@@ -115,9 +115,10 @@ TEST(Wire, ChecksReplies) {
   EXPECT_FALSE(check_reply({.code = ReplyCode::kTimeout, .value_len = kMaxReasonBytes}, 0));
   EXPECT_TRUE(
       check_reply({.code = ReplyCode::kProtocolError, .value_len = kMaxReasonBytes + 1}, 1 << 20));
-  // "Over limit" is an error reply with a reason; the code after it is unknown.
+  // "Over limit" and "rank lost" are error replies with a reason; the code after them is unknown.
   EXPECT_FALSE(check_reply({.code = ReplyCode::kOverLimit, .value_len = kMaxReasonBytes}, 0));
-  EXPECT_TRUE(check_reply({.code = static_cast<ReplyCode>(8)}, 10));
+  EXPECT_FALSE(check_reply({.code = ReplyCode::kRankLost, .value_len = kMaxReasonBytes}, 0));
+  EXPECT_TRUE(check_reply({.code = static_cast<ReplyCode>(9)}, 10));
 }
 
 TEST(Wire, NamesOpcodes) {
@@ -125,6 +126,7 @@ TEST(Wire, NamesOpcodes) {
   EXPECT_EQ(to_string(static_cast<Opcode>(77)), "opcode 77");
   EXPECT_EQ(to_string(ReplyCode::kUnauthenticated), "unauthenticated");
   EXPECT_EQ(to_string(ReplyCode::kOverLimit), "over limit");
+  EXPECT_EQ(to_string(ReplyCode::kRankLost), "rank lost");
 }
 
 }  // namespace
