@@ -9,7 +9,7 @@ set -euo pipefail
 # python3-pytest runs the Python package's tests; python3-venv and python3-pip install it.
 packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libbenchmark-dev
           python3 python3-pytest python3-venv python3-pip)
-[ "${1:-}" = "--checks" ] && packages+=(clang-format clang-tidy python3-matplotlib)
+[ "${1:-}" = "--checks" ] && packages+=(clang-format clang-tidy clang python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
