@@ -70,7 +70,9 @@ def worker_graph(args):
             with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
                 for _ in range(args.iters):
                     group.all_reduce(x)
-        graph.upload()
+        # One replay first: the first launch of a graph uploads it.
+        group.bootstrap.barrier()
+        graph.replay()
         torch.cuda.synchronize()
         times = []
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
