@@ -383,6 +383,7 @@ TEST(MultiProcess, ZDeadPeerTimesOut) {
   if (std::getenv("TPCOMM_MGPU_DEAD_PEER") == nullptr)
     GTEST_SKIP() << "set TPCOMM_MGPU_DEAD_PEER=1";
   Options o = mgpu_options("one_shot");
+  ASSERT_FALSE(o.rank_watch) << "set TPCOMM_RANK_WATCH=0: this test measures the deadline path";
   o.timeout_ms = 3000;
   const int victim = g_boot->world_size() - 1;
   auto g = std::make_unique<Group>(*g_boot, g_device, o);
