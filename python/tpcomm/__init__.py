@@ -160,13 +160,52 @@ def _key(key):
     return key.encode()
 
 
-class Bootstrap:
+class _Handle:
+    """An object of the C API behind an opaque handle: `_kind` names it ("bootstrap", "group"),
+    and `tpcomm_<kind>_last_error` / `tpcomm_<kind>_destroy` are its error text and destructor."""
+
+    _kind = ""
+    _handle = None
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise InvalidArgumentError(2, f"the {self._kind} is closed")
+        return self._handle
+
+    def _call(self, status):
+        if status != 0:
+            last_error = getattr(_capi.lib(), f"tpcomm_{self._kind}_last_error")
+            _check(status, last_error(self._handle).decode(errors="replace"))
+
+    def close(self):
+        """Releases the handle."""
+        if self._handle is not None:
+            getattr(_capi.lib(), f"tpcomm_{self._kind}_destroy")(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
+            pass
+
+
+class Bootstrap(_Handle):
     """A rank's place in the job and the key-value store shared by its ranks.
 
     `Bootstrap()` reads the launcher's environment (torchrun, mpirun, srun, `tpcomm launch`,
     TPCOMM_*); `Bootstrap(rank=r, world_size=n, store_port=p)` takes explicit values (rank 0
     hosts the TCP store on `store_host`:`store_port`). Collective either way.
     """
+
+    _kind = "bootstrap"
 
     def __init__(self, rank=None, world_size=None, local_rank=-1, local_world_size=-1,
                  store_host="127.0.0.1", store_port=0):
@@ -189,34 +228,9 @@ class Bootstrap:
         self.local_world_size = info.local_world_size
         self.node_id = info.node_id
 
-    @property
-    def handle(self):
-        if self._handle is None:
-            raise InvalidArgumentError(2, "the bootstrap is closed")
-        return self._handle
-
-    def _call(self, status):
-        if status != 0:
-            _check(status, _capi.lib().tpcomm_bootstrap_last_error(self._handle).decode(
-                errors="replace"))
-
     def close(self):
         """Releases the handle (rank 0 stops the store after its peers disconnect)."""
-        if getattr(self, "_handle", None) is not None:
-            _capi.lib().tpcomm_bootstrap_destroy(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
-            pass
+        super().close()
 
     def barrier(self):
         """Returns when every rank has called it."""
@@ -266,13 +280,15 @@ class Bootstrap:
         return bool(existed.value)
 
 
-class Group:
+class Group(_Handle):
     """A communicator over a bootstrap's ranks on CUDA device `device` (`tpcomm::Group`).
 
     Collectives take `tpcomm.tensor(...)` descriptors and a stream (a `cudaStream_t` as an int;
     0 is the legacy default stream). Collective on creation; every rank calls the same
     collectives in the same order. `tpcomm.torch` wraps it for PyTorch tensors.
     """
+
+    _kind = "group"
 
     def __init__(self, bootstrap, device, custom_all_reduce=True, nccl=True, fusion=True):
         lib = _capi.lib()
@@ -289,34 +305,9 @@ class Group:
         self.world_size = info.world_size
         self.device = info.device
 
-    @property
-    def handle(self):
-        if self._handle is None:
-            raise InvalidArgumentError(2, "the group is closed")
-        return self._handle
-
-    def _call(self, status):
-        if status != 0:
-            _check(status, _capi.lib().tpcomm_group_last_error(self._handle).decode(
-                errors="replace"))
-
     def close(self):
         """Destroys the group (not collective)."""
-        if getattr(self, "_handle", None) is not None:
-            _capi.lib().tpcomm_group_destroy(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
-            pass
+        super().close()
 
     @property
     def last_error(self):
