@@ -8,27 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "tpcomm/tpcomm.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                              \
-    }                                                                          \
-  } while (0)
-
-#define CHECK_OK(call)                                                          \
-  do {                                                                          \
-    const tpcomm_status s_ = (call);                                            \
-    if (s_ != TPCOMM_OK) {                                                      \
-      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call, \
-              tpcomm_status_string(s_), tpcomm_last_error());                   \
-      ++failures;                                                               \
-    }                                                                           \
-  } while (0)
 
 #define CHECK_CUDA(call) CHECK((call) == cudaSuccess)
 
