@@ -27,6 +27,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
   Pack<T> head{};
   if (first < packs) head = load_pack(in, first, count, in_aligned);
   const LamportFrame f = lamport_frame(p);
+  if (f.failed) return poison_outputs_block<T>(p);
+  lamport_push_header<R>(p, f);
 
   // Push this rank's input into slot `rank` of every rank's buffer.
   const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * slot_bytes;
@@ -43,23 +45,24 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
   T* out = static_cast<T*>(p.output);
   const bool out_aligned = is_aligned16(out);
   const Epilogue epilogue(p);
+  const LamportCheck* check = &f.check;
   bool ok = true;
   if constexpr (Epilogue::kRows) {
     ok = finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
       Pack<T> got[R];
-      if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait)) return false;
+      if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait, check)) return false;
       x = sum_packs<T, R>(got);
       return true;
     });
   } else {
     for (std::int64_t v = first; v < packs && ok; v += stride) {
       Pack<T> got[R];
-      ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait);
+      ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait, check);
       if (ok)
         store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
     }
   }
-  lamport_end(p, f, ok, packs * 16);
+  lamport_end<T>(p, f, ok, packs * 16);
 }
 
 }  // namespace tpcomm::kernels

@@ -29,6 +29,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
   const T* in = static_cast<const T*>(p.input);
   const bool in_aligned = is_aligned16(in);
   const LamportFrame f = lamport_frame(p);
+  if (f.failed) return poison_outputs_block<T>(p);
+  lamport_push_header<R>(p, f);
 
   // Scatter: slice s of this rank's input to slot `rank` of rank s.
 #pragma unroll 1
@@ -45,12 +47,14 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
   // slot `rank` of every rank.
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
   const Epilogue epilogue(p);
+  // Each thread checks the peers' fingerprints in its first poll, of either phase.
+  const LamportCheck* check = &f.check;
   bool ok = true;
 #pragma unroll 1
   for (std::int64_t i = first; i < slice && ok; i += stride) {
     if (p.rank * slice + i >= packs) break;
     Pack<T> got[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait);
+    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait, check);
     if (!ok) break;
     const std::int64_t v = p.rank * slice + i;
     const uint4 sum = lamport_outgoing(epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems).raw);
@@ -69,8 +73,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
       ok = finish_rows<T, /*kBareSums=*/false>(
           epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
             const int s = static_cast<int>(v / slice);
-            return lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait,
-                                    s);
+            return lamport_poll_one<T, R>(mine + s * slot_bytes + (slice + v - s * slice) * 16, x,
+                                          f.wait, s, check);
           });
     else
       ok = false;
@@ -82,14 +86,14 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
 #pragma unroll
       for (int s = 0; s < R; ++s) slots += s * slice + i < packs ? 1 : 0;
       Pack<T> sums[R];
-      ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, slots);
+      ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, check, slots);
       if (!ok) break;
 #pragma unroll
       for (int s = 0; s < R; ++s)
         if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);
     }
   }
-  lamport_end(p, f, ok, 2 * slice * 16);
+  lamport_end<T>(p, f, ok, 2 * slice * 16);
 }
 
 }  // namespace tpcomm::kernels

@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReducePara
   Pack<T> head{};
   if (prefetch) head = load_pack(in, first, count, in_aligned);
   const AllReduceFrame<T, R> f = make_frame<T, R>(p);
+  if (f.failed) return poison_outputs_block<T>(p);
 
   // Stage this rank's input (NOTE [staging]). Block b copies exactly the packs that block b of
   // every rank reads below, so block b's barrier is all the ordering they need.
@@ -35,7 +36,8 @@ __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReducePara
     for (; v < packs; v += stride)
       store_pack_ws(f.staging_self, v, load_pack(in, v, count, in_aligned));
   }
-  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait)) return;
+  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait))
+    return poison_outputs_block<T>(p);
   if (!p.end_barrier) allow_next_launch();
 
   T* out = static_cast<T*>(p.output);
@@ -49,7 +51,8 @@ __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReducePara
   // Registered inputs belong to the caller again when this kernel ends: wait until every peer
   // has read them.
   if (p.end_barrier) {
-    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait)) return;
+    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait))
+      return poison_outputs_block<T>(p);
     allow_next_launch();
   }
   end_launch(p.pads[p.rank]->seq, f.seq);

@@ -14,6 +14,7 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
   begin_launch();
   if (p.count == 0) return;  // a warm-up launch: nothing to do (NOTE [first launch])
   const AllReduceFrame<T, R> f = make_frame<T, R>(p);
+  if (f.failed) return poison_outputs_block<T>(p);
   const std::int64_t count = p.count;
   const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
   // Slice s is packs [s * slice, min((s + 1) * slice, packs)). Within every slice, block b
@@ -32,7 +33,8 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
         if (const std::int64_t v = s * slice + i; v < packs)
           store_pack_ws(f.staging_self, v, load_pack(in, v, count, in_aligned));
   }
-  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait)) return;
+  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait))
+    return poison_outputs_block<T>(p);
 
   // Reduce-scatter: this rank's slice, summed in rank order (bitwise the same as one-shot) and
   // finished by the epilogue before it is shared.
@@ -43,7 +45,8 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
     if (const std::int64_t v = p.rank * slice + i; v < packs)
       store_pack_ws(scratch_self, v,
                     epilogue(reduce_pack<T, R>(f.src, v, count, src_aligned), v * Pack<T>::kElems));
-  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(2), f.wait)) return;
+  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(2), f.wait))
+    return poison_outputs_block<T>(p);
   if (!p.end_barrier) allow_next_launch();
 
   // All-gather: every reduced slice from its owner's scratch.
@@ -64,7 +67,8 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
   // The next operation's reduce-scatter overwrites scratch only after its start barrier, so
   // only registered inputs need the end barrier (NOTE [staging]).
   if (p.end_barrier) {
-    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait)) return;
+    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait))
+      return poison_outputs_block<T>(p);
     allow_next_launch();
   }
   end_launch(p.pads[p.rank]->seq, f.seq);

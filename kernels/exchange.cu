@@ -90,6 +90,30 @@ __device__ __forceinline__ void copy_region(const char* src, char* out, const Co
   }
 }
 
+/// Fills region `c` of `out` with all-one bytes (NOTE [poisoned outputs] in
+/// kernels/common/poison.cuh), the whole of it from this block alone.
+template <int V>
+__device__ __forceinline__ void poison_region(char* out, const CopyRegion& c) {
+  using A = typename Access<V>::type;
+  const auto per_row = static_cast<std::uint32_t>(c.row_bytes / V);
+  if (per_row == 0 || c.rows == 0) return;
+  const std::uint64_t n = static_cast<std::uint64_t>(c.rows) * per_row;
+  A ones;
+  memset(&ones, 0xFF, sizeof(ones));
+  for (std::uint64_t k = threadIdx.x; k < n; k += blockDim.x) {
+    const std::uint32_t row = static_cast<std::uint32_t>(k) / per_row;
+    const std::uint32_t col = static_cast<std::uint32_t>(k) - row * per_row;
+    *reinterpret_cast<A*>(out + c.dst_offset + row * c.dst_pitch + std::int64_t{col} * V) = ones;
+  }
+}
+
+/// What a block of the exchange that gives up leaves: every region of its output poisoned.
+template <int R, int V>
+__device__ __forceinline__ void poison_exchange(const ExchangeParams& p) {
+#pragma unroll
+  for (int s = 0; s < R; ++s) poison_region<V>(static_cast<char*>(p.output), p.from[s]);
+}
+
 __device__ __forceinline__ char* staging_half(const ExchangeParams& p, int rank,
                                               std::uint32_t seq) {
   return p.staging[rank] + static_cast<std::int64_t>(seq & 1u) * p.half_bytes;
@@ -116,23 +140,29 @@ template <int R, int V>
 __global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
   begin_launch();
   if (p.world_size == 0) return;  // a warm-up launch (NOTE [first launch])
-  __shared__ std::uint32_t seq_shared;
-  if (threadIdx.x == 0) seq_shared = p.pads[p.rank]->seq[blockIdx.x] + 1u;
+  __shared__ std::uint32_t seq_shared, failed_shared;
+  const WaitContext wait = wait_context(p);
+  if (threadIdx.x == 0) {
+    SignalPad* self = p.pads[p.rank];
+    seq_shared = self->seq[blockIdx.x] + 1u;
+    failed_shared = start_operation(self, wait);
+  }
   const void* registered[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
     registered[r] = p.registered != nullptr ? p.registered->ptr[r] : nullptr;
   __syncthreads();
   const std::uint32_t seq = seq_shared;
+  if (failed_shared != 0) return poison_exchange<R, V>(p);
   const char* src[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
     src[r] = registered[r] != nullptr ? static_cast<const char*>(registered[r])
                                       : staging_half(p, r, seq);
-  const WaitContext wait{p.timeout_ns, p.abort_flag, p.error, p.rank};
   // Pattern 2 of NOTE [memory ordering]: every peer's input (staged by a kernel that completed
   // before its exchange kernel began, or registered) is complete once its flag arrives.
-  if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 1, wait)) return;
+  if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 1, wait))
+    return poison_exchange<R, V>(p);
   if (!p.end_barrier) allow_next_launch();
 
   const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -152,7 +182,8 @@ __global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
 
   // Registered inputs belong to their callers again when the kernel ends.
   if (p.end_barrier) {
-    if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 3, wait)) return;
+    if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 3, wait))
+      return poison_exchange<R, V>(p);
     allow_next_launch();
   }
   end_launch(p.pads[p.rank]->seq, seq);

@@ -157,6 +157,9 @@ struct AllReduceParams {
   /// Host-mapped error report and abort flag (NOTE [bounded waits], kernels/common/sync.cuh).
   ErrorWord* error;
   const std::uint32_t* abort_flag;
+  /// The call's fingerprint and the group's call number (NOTE [fingerprints]).
+  std::uint64_t fingerprint;
+  std::uint32_t call;
   /// The epilogue and its arguments (Lamport kernels only).
   FusionParams fusion;
 };
@@ -237,6 +240,9 @@ struct ExchangeParams {
   std::uint64_t timeout_ns;
   ErrorWord* error;
   const std::uint32_t* abort_flag;
+  /// The call's fingerprint and the group's call number (NOTE [fingerprints]).
+  std::uint64_t fingerprint;
+  std::uint32_t call;
 };
 static_assert(std::is_trivially_copyable_v<ExchangeParams>);
 

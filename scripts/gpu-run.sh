@@ -4,7 +4,7 @@
 # the folder given as the first argument. Uses the build in ./build (configure and build it
 # first, or carry it from a machine with the same CUDA toolkit).
 #
-#   scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange|step|python]
+#   scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|exchange|step|python]
 #
 # `python` installs the Python package (`pip install --no-build-isolation .`, into a venv that
 # sees the system's torch, or with --user where venv is missing) and runs its tests: the C API
@@ -14,7 +14,7 @@
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
-out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|bench|fused|exchange|step|python]}
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|exchange|step|python]}
 what=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -33,6 +33,42 @@ step() {  # step NAME COMMAND...: runs (at most STEP_TIMEOUT seconds), logs, rec
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - start)))")
   return 0
+}
+
+# Faults: the kill and stop matrix (graph replays in every failure mode), mismatched calls
+# across processes, and the gpu tier's fault tests.
+faults() {
+  ulimit -c 0  # the teardown cases end with SIGABRT
+  step mgpu-mismatch "$bin/tpcomm" launch -n 2 --timeout 300 -- "$bin/tpcomm_mgpu_tests" \
+    --gtest_filter='*Mismatched*'
+  local kill victim algo mode handling sig
+  for kill in 1:lamport 0:two_shot 1:one_shot:pdl0 1:lamport:graph:raise 0:one_shot:graph:raise \
+      1:lamport:graph:callback 1:two_shot:graph:callback 1:lamport_two_shot:graph:teardown \
+      1:lamport:graph:callback:STOP 1:one_shot:eager:raise:STOP; do
+    IFS=: read -r victim algo mode handling sig <<<"$kill"
+    kill_env=(TPCOMM_PDL=1 TPCOMM_ASYNC_ERROR_HANDLING="${handling:-raise}")
+    [ "$mode" = pdl0 ] && kill_env=(TPCOMM_PDL=0)
+    [ "$mode" = graph ] && kill_env+=(TPCOMM_MGPU_KILL_GRAPH=1)
+    [ -n "$sig" ] && kill_env+=(TPCOMM_MGPU_KILL_SIGNAL="$sig")
+    step "kill-rank$victim-$algo${mode:+-$mode}${handling:+-$handling}${sig:+-$sig}" \
+      env "${kill_env[@]}" bash -c '
+      port=$((20000 + RANDOM % 20000)); pids=()
+      timeout_ms=30000; [ -n "$4" ] && timeout_ms=2000
+      for r in 0 1; do
+        env TPCOMM_RANK=$r TPCOMM_WORLD_SIZE=2 TPCOMM_LOCAL_RANK=$r TPCOMM_LOCAL_WORLD_SIZE=2 \
+          TPCOMM_STORE_ADDR=127.0.0.1:$port TPCOMM_TIMEOUT_MS=$timeout_ms \
+          TPCOMM_MGPU_KILL=$2 TPCOMM_MGPU_KILL_ALGO=$3 "$1" --gtest_filter="*RankKilled*" &
+        pids+=($!)
+      done
+      survivor=$((1 - $2)); rc=0
+      wait "${pids[$survivor]}"; got=$?
+      want=0; [ "$TPCOMM_ASYNC_ERROR_HANDLING" = teardown ] && want=134
+      echo "rank $survivor (survivor) exited $got (expected $want)"; [ "$got" = "$want" ] || rc=1
+      [ -n "$4" ] && kill -KILL "${pids[$2]}"
+      wait "${pids[$2]}"; got=$?
+      echo "rank $2 (victim) exited $got (expected 137)"; [ "$got" = 137 ] || rc=1
+      exit $rc' _ "$bin/tpcomm_mgpu_tests" "$victim" "$algo" "$sig"
+  done
 }
 
 { nvidia-smi; nvidia-smi topo -m; } >"$out/info.txt" 2>&1
@@ -54,28 +90,38 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
     -n 2 --timeout 300 -- "$bin/tpcomm_mgpu_tests" --gtest_filter='*DeadPeer*'
   # A rank killed with SIGKILL, the store's host among them, at the default deadline: the rank
   # watch notices it. Two ranks started by hand (a launcher would stop the survivor); the victim
-  # ends with 137, the survivor must pass.
-  for kill in 1:lamport 0:two_shot 1:one_shot:pdl0 1:lamport:graph 0:one_shot:graph; do
-    IFS=: read -r victim algo mode <<<"$kill"
-    kill_env=(TPCOMM_PDL=1)
-    [ "$mode" = pdl0 ] && kill_env=(TPCOMM_PDL=0)
-    [ "$mode" = graph ] && kill_env+=(TPCOMM_MGPU_KILL_GRAPH=1)
-    step "kill-rank$victim-$algo${mode:+-$mode}" env "${kill_env[@]}" bash -c '
-      port=$((20000 + RANDOM % 20000)); pids=()
-      for r in 0 1; do
-        env TPCOMM_RANK=$r TPCOMM_WORLD_SIZE=2 TPCOMM_LOCAL_RANK=$r TPCOMM_LOCAL_WORLD_SIZE=2 \
-          TPCOMM_STORE_ADDR=127.0.0.1:$port TPCOMM_TIMEOUT_MS=30000 \
-          TPCOMM_MGPU_KILL=$2 TPCOMM_MGPU_KILL_ALGO=$3 "$1" --gtest_filter="*RankKilled*" &
-        pids+=($!)
+  # ends with 137, the survivor must pass. Graph replays: the survivor never asks the group
+  # anything, its watchdog acts by itself in each failure mode (teardown: the survivor ends with
+  # SIGABRT, 134); STOP stops the victim instead, noticed at a 2 s deadline (the script then
+  # kills it).
+  faults
+fi
+
+if [ "$what" = faults ]; then
+  step faults-gpu "$bin/tpcomm_gpu_tests" --gtest_filter='*Fault*'
+  faults
+fi
+
+if [ "$what" = overhead ]; then
+  # What the fault checks cost where nothing is wrong: graph-replayed latency of every custom
+  # algorithm, the fused operation and the exchange, this build against the one in $BASE (the
+  # commit before them), alternating, twice each.
+  base=${BASE:-build-base}/bin/tpcomm
+  for r in 2 4 8; do
+    for rep in 1 2; do
+      for b in "$base" "$bin/tpcomm"; do
+        step overhead "$b" bench --virtual-ranks "$r" -b 1K -e 1M -f 4 -d bfloat16 --graph -n 50 \
+          -w 5 --graph-replays 20 --algo lamport,lamport_two_shot,one_shot,two_shot,auto
+        step overhead "$b" bench --virtual-ranks "$r" --op allreduce_add_rmsnorm --hidden 7168 \
+          -b 14336 -e 917504 -f 4 -d bfloat16 --graph -n 50 -w 5 --graph-replays 20 --algo auto
+        step overhead "$b" bench --virtual-ranks "$r" --op allgather -b 1K -e 1M -f 16 \
+          -d bfloat16 --graph -n 50 -w 5 --graph-replays 20 --algo pull
       done
-      rc=0
-      for r in 0 1; do
-        wait "${pids[$r]}"; got=$?
-        if [ "$r" = "$2" ]; then want=137; else want=0; fi
-        echo "rank $r exited $got (expected $want)"; [ "$got" = "$want" ] || rc=1
-      done
-      exit $rc' _ "$bin/tpcomm_mgpu_tests" "$victim" "$algo"
+    done
   done
+fi
+
+if [ "$what" = all ] || [ "$what" = tests ]; then
   # A rank that never starts: the other's setup fails at its deadline, naming it (expected rc 1).
   step never-starts env TPCOMM_RANK=0 TPCOMM_WORLD_SIZE=2 TPCOMM_STORE_ADDR=127.0.0.1:29477 \
     TPCOMM_TIMEOUT_MS=3000 bash -c 'time "$1" bench -b 1K -e 1K -n 1 -w 1' _ "$bin/tpcomm"

@@ -43,6 +43,9 @@ namespace tpcomm {
 namespace {
 
 static_assert(TPCOMM_INTERNAL == static_cast<int>(Status::kInternal));
+static_assert(TPCOMM_MISMATCH == static_cast<int>(Status::kMismatch));
+static_assert(TPCOMM_FAILURE_CALLBACK == static_cast<int>(FailureMode::kCallback));
+static_assert(TPCOMM_FAILURE_TEARDOWN == static_cast<int>(FailureMode::kTeardown));
 static_assert(TPCOMM_F8E5M2 == static_cast<int>(DType::kF8E5M2));
 static_assert(TPCOMM_AVG == static_cast<int>(ReduceOp::kAvg));
 static_assert(TPCOMM_MAX_DIMS == TensorView::kMaxDims);
@@ -179,7 +182,7 @@ tpcomm_status tpcomm_version(const char** version, int* number) {
 }
 
 const char* tpcomm_status_string(int status) {
-  if (status < 0 || status > TPCOMM_INTERNAL) return "unknown";
+  if (status < 0 || status > TPCOMM_MISMATCH) return "unknown";
   // Every name of `to_string(Status)` is a literal.
   return tpcomm::to_string(static_cast<Status>(status)).data();
 }
@@ -383,6 +386,21 @@ tpcomm_status tpcomm_group_health(tpcomm_group group) {
 tpcomm_status tpcomm_group_abort(tpcomm_group group) {
   return tpcomm::group_call("tpcomm_group_abort", group, [&](tpcomm::Group& g) {
     g.abort();
+    return Status::kOk;
+  });
+}
+
+tpcomm_status tpcomm_group_set_failure_mode(tpcomm_group group, int mode, tpcomm_failure_fn fn,
+                                            void* user) {
+  return tpcomm::group_call("tpcomm_group_set_failure_mode", group, [&](tpcomm::Group& g) {
+    TPCOMM_C_REQUIRE(mode >= TPCOMM_FAILURE_RAISE && mode <= TPCOMM_FAILURE_CALLBACK, "mode ", mode,
+                     " is not a tpcomm_failure_mode");
+    tpcomm::Group::FailureHandler handler;
+    if (fn != nullptr)
+      handler = [fn, user](Status s, const std::string& message) {
+        fn(static_cast<int>(s), message.c_str(), user);
+      };
+    g.set_failure_mode(static_cast<tpcomm::FailureMode>(mode), std::move(handler));
     return Status::kOk;
   });
 }

@@ -7,15 +7,20 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 
 #include "backends/backend.hpp"
 #include "backends/custom_ar.hpp"
+#include "backends/fingerprint.hpp"
 #include "backends/nccl_comm.hpp"
 #include "backends/nccl_lib.hpp"
 #include "bootstrap/rank_watch.hpp"
@@ -106,8 +111,8 @@ class CustomArBackend final : public Backend {
     if (exchanges(r.op))
       return ar_->exchange(*r.plan, r.in, r.out,
                            ExchangeChoice{static_cast<ExchangeAlgo>(c.algo), c.blocks, c.threads},
-                           r.capturing, stream);
-    return ar_->run(r.in, r.out, c, r.capturing, stream, r.fusion);
+                           r.capturing, stream, r.tag);
+    return ar_->run(r.in, r.out, c, r.capturing, stream, r.tag, r.fusion);
   }
 
  private:
@@ -221,11 +226,40 @@ struct Group::Impl {
   std::shared_ptr<RankWatch> rank_watch;
   std::uint64_t watch_id = 0;
   std::atomic<bool> abort_requested{false};
+  std::atomic<bool> aborted_by_user{false};  // `Group::abort()`: not a failure to act on
   std::mutex abort_mu;
-  std::string abort_reason;  // guarded by abort_mu; the first request's
+  std::string abort_reason;                // guarded by abort_mu; the first request's
+  Status abort_status = Status::kAborted;  // guarded by abort_mu; the first request's
+  // Collective calls made so far (NOTE [fingerprints]): every rank counts the same calls.
+  std::uint32_t calls = 0;
+  // The calls captured in the open capture scope, compared across ranks when it closes.
+  std::vector<CallTag> captured;
+  // NOTE [watchdog]
+  // A thread per group polls, every kWatchdogPeriod, what the kernels reported (the host-mapped
+  // error word) and the abort requests of the rank watch, so that a failure is noticed and acted
+  // on though the caller never calls again (a CUDA graph replayed in a loop): it logs the group,
+  // the rank and the fault once, then, by the failure mode, marks the group failed (raise: the
+  // kernels give up, the next call fails), also calls the handler (callback), or takes the
+  // process down (teardown). It reads only what is safe from another thread
+  // (`CustomAllReduce::kernel_failure`, the atomics here) and never launches work.
+  static constexpr auto kWatchdogPeriod = std::chrono::milliseconds(10);
+  std::thread watchdog;
+  std::mutex watchdog_mu;
+  std::condition_variable watchdog_cv;
+  bool watchdog_stop = false;                      // guarded by watchdog_mu
+  FailureMode failure_mode = FailureMode::kRaise;  // guarded by watchdog_mu
+  Group::FailureHandler failure_handler;           // guarded by watchdog_mu
 
   explicit Impl(Bootstrap b) : boot(std::move(b)) {}
   ~Impl() {
+    if (watchdog.joinable()) {
+      {
+        std::lock_guard lock(watchdog_mu);
+        watchdog_stop = true;
+      }
+      watchdog_cv.notify_all();
+      watchdog.join();
+    }
     if (rank_watch) rank_watch->unsubscribe(watch_id);
     // A communicator waiting for a rank that is gone is aborted, not finalised at a deadline.
     if (abort_requested.load() && nccl != nullptr) nccl->comm().abort();
@@ -251,20 +285,84 @@ struct Group::Impl {
     });
   }
 
-  /// Thread-safe: the custom kernels give up now, the next call on the owning thread fails.
-  void request_abort(std::string reason) noexcept {
+  /// Thread-safe: the custom kernels give up now, the next call on the owning thread fails with
+  /// `status`.
+  void request_abort(std::string reason, Status status = Status::kAborted) noexcept {
     {
       std::lock_guard lock(abort_mu);
-      if (abort_reason.empty()) abort_reason = std::move(reason);
+      if (abort_reason.empty()) {
+        abort_reason = std::move(reason);
+        abort_status = status;
+      }
     }
     abort_requested.store(true, std::memory_order_release);
     if (custom != nullptr) custom->impl().abort_kernels();
   }
 
+  /// The failure the watchdog acts on, if any (NOTE [watchdog]); thread-safe.
+  std::optional<std::pair<Status, std::string>> watched_failure() noexcept {
+    if (aborted_by_user.load(std::memory_order_acquire)) return std::nullopt;
+    if (custom != nullptr) {
+      std::string message;
+      if (Status s = custom->impl().kernel_failure(&message); s != Status::kOk) {
+        // A kernel that gave up because of the rank watch's abort: the lost rank is the news.
+        if (s != Status::kAborted || !abort_requested.load(std::memory_order_acquire))
+          return std::pair{s, std::move(message)};
+      }
+    }
+    if (abort_requested.load(std::memory_order_acquire)) {
+      std::lock_guard lock(abort_mu);
+      return std::pair{abort_status, abort_reason};
+    }
+    return std::nullopt;
+  }
+
+  /// NOTE [watchdog]: polls until a failure, acts on it once, and returns.
+  void watch() noexcept {
+    std::unique_lock lock(watchdog_mu);
+    std::optional<std::pair<Status, std::string>> failure;
+    while (!watchdog_stop) {
+      lock.unlock();
+      failure = watched_failure();
+      lock.lock();
+      if (failure || watchdog_cv.wait_for(lock, kWatchdogPeriod, [&] { return watchdog_stop; }))
+        break;
+    }
+    if (!failure || watchdog_stop) return;
+    const FailureMode mode = failure_mode;
+    Group::FailureHandler handler = failure_handler;
+    lock.unlock();
+    const auto& [status, message] = *failure;
+    TPCOMM_LOG_ERROR("group of ", boot.world_size(), " ranks, rank ", boot.rank(), " (device ",
+                     device, "): ", to_string(status), ": ", message, "; the group has failed",
+                     mode == FailureMode::kTeardown ? "; taking the process down "
+                                                      "(TPCOMM_ASYNC_ERROR_HANDLING=teardown)"
+                                                    : "");
+    if (mode == FailureMode::kTeardown) std::abort();  // NOTE [watchdog]: by request
+    request_abort(message, status);
+    if (mode == FailureMode::kCallback && handler) {
+      try {
+        handler(status, message);
+      } catch (...) {  // NOLINT(bugprone-empty-catch): a handler's exception cannot go anywhere
+      }
+    }
+  }
+
+  void start_watchdog() {
+    if (custom == nullptr && !rank_watch) return;
+    failure_mode = options.failure_mode;
+    watchdog = std::thread([this] { watch(); });
+  }
+
+  /// The tag of a new collective call (NOTE [fingerprints]).
+  CallTag tag(Op op, DType dtype, std::int64_t count, std::uint32_t shape = 0) noexcept {
+    return CallTag{fingerprint(op, dtype, count, shape), ++calls};
+  }
+
   Status fail(Status s, std::string message) noexcept {
     last_error = std::move(message);
     if (s == Status::kTimeout || s == Status::kAborted || s == Status::kNcclError ||
-        s == Status::kCudaError || s == Status::kInternal)
+        s == Status::kCudaError || s == Status::kInternal || s == Status::kMismatch)
       health = s;
     return s;
   }
@@ -275,14 +373,16 @@ struct Group::Impl {
     if (health != Status::kOk) return health;
     if (abort_requested.load(std::memory_order_acquire)) {
       std::string why;
+      Status status = Status::kAborted;
       {
         std::lock_guard lock(abort_mu);
         why = abort_reason;
+        status = abort_status;
       }
       if (custom != nullptr) custom->impl().abort();
       if (nccl != nullptr) nccl->comm().abort();
       TPCOMM_LOG_ERROR("group rank ", boot.rank(), ": ", why, "; the group is aborted");
-      return fail(Status::kAborted, std::move(why));
+      return fail(status, std::move(why));
     }
     if (custom != nullptr) {
       if (Status h = custom->impl().health(); h != Status::kOk)
@@ -354,6 +454,9 @@ struct Group::Impl {
     if (req.op != Op::kSend && req.op != Op::kRecv) TPCOMM_TRY(warm_up(stream));
     TPCOMM_TRY(order(stream));
     req.capturing = capturing(stream);
+    if (req.capturing && req.tag.call != 0 &&
+        (captured.empty() || captured.back().call != req.tag.call))
+      captured.push_back(req.tag);
     const Backend* served = nullptr;
     Status s = chain.run(req, stream, &served);
     if (s == Status::kOk) return s;
@@ -374,14 +477,16 @@ struct Group::Impl {
   /// The fused operation where no fused kernel serves it: the group's all-reduce into an output
   /// that can hold the sum, then the local kernel. Which output holds it is a local choice, but
   /// every rank runs the same all-reduce (same size, dtype and op), so paths still agree.
-  Status add_rmsnorm_fallback(const AddRmsNormCall& c, Stream stream) noexcept {
+  Status add_rmsnorm_fallback(const AddRmsNormCall& c, const CallTag& tag, Stream stream) noexcept {
     // As `dispatch` does, before the first kernel of this call.
     TPCOMM_TRY(warm_up(stream));
     TPCOMM_TRY(order(stream));
     const std::int64_t count = c.x.numel();
     kernels::FusionParams f = c.fusion;
     auto reduce = [&](const TensorView& in, const TensorView& out) {
-      return dispatch(Request{Op::kAllReduce, in, out, ReduceOp::kSum, -1, false}, stream);
+      Request req{Op::kAllReduce, in, out, ReduceOp::kSum, -1, false};
+      req.tag = tag;
+      return dispatch(req, stream);
     };
     auto local = [&](const void* sum) -> Status {
       if (Status s =
@@ -421,6 +526,42 @@ struct Group::Impl {
     return local(c.residual_out.data);
   }
 
+  /// Collective, when a capture scope closes: the ranks' captured calls must be the same calls
+  /// (NOTE [fingerprints]), or the graphs would meet mismatched peers at every replay. kMismatch
+  /// on every rank alike, naming the first call that differs.
+  Status compare_captured() noexcept {
+    std::vector<std::vector<std::byte>> all;
+    try {
+      all = boot.all_gather(std::as_bytes(std::span(captured)));
+    } catch (const Error& e) {
+      return fail(e.status(), detail::concat("closing a capture scope: ", e.what()));
+    }
+    auto calls_of = [&](int r) {
+      const auto& bytes = all[static_cast<std::size_t>(r)];
+      std::vector<CallTag> tags(bytes.size() / sizeof(CallTag));
+      std::memcpy(tags.data(), bytes.data(), tags.size() * sizeof(CallTag));
+      return tags;
+    };
+    const std::vector<CallTag> first = calls_of(0);
+    for (int r = 1; r < boot.world_size(); ++r) {
+      const std::vector<CallTag> other = calls_of(r);
+      std::size_t i = 0;
+      while (i < first.size() && i < other.size() && first[i].fingerprint == other[i].fingerprint)
+        ++i;
+      if (i == first.size() && i == other.size()) continue;
+      auto name = [&](const std::vector<CallTag>& tags) {
+        return i < tags.size() ? describe_fingerprint(tags[i].fingerprint)
+                               : std::string("no call (its capture ended)");
+      };
+      if (custom != nullptr) custom->impl().abort();
+      return fail(Status::kMismatch,
+                  detail::concat("ranks captured different collectives (captured call ", i + 1,
+                                 " of the scope): rank 0 ", name(first), ", rank ", r, " ",
+                                 name(other), "; every rank must capture the same calls"));
+    }
+    return Status::kOk;
+  }
+
   /// Logs once per reason (a static string) why a call takes its fallback, `what`.
   void note_fallback(const char* what, const char* why) noexcept {
     for (const char* seen : fallbacks_logged)
@@ -455,7 +596,8 @@ struct Group::Impl {
   /// into a stream-ordered temporary ([world, T, S]), then this rank's rows of each shard
   /// copied into its columns. Every rank runs the same all-gather, so paths agree.
   Status lm_head_by_all_gather(const TensorView& shards, const TensorView& out,
-                               const LmHeadLayout& layout, Stream stream) noexcept {
+                               const LmHeadLayout& layout, const CallTag& tag,
+                               Stream stream) noexcept {
     TPCOMM_TRY(warm_up(stream));
     TPCOMM_TRY(order(stream));
     const int world = boot.world_size();
@@ -470,6 +612,7 @@ struct Group::Impl {
         cudaMallocAsync(&gathered, static_cast<std::size_t>(world * shards.nbytes()), s));
     const TensorView all = TensorView::flat(gathered, shards.dtype, world * shards.numel(), device);
     Request req{Op::kAllGather, shards.flattened(), all, ReduceOp::kSum, -1, false};
+    req.tag = tag;
     ExchangePlan plan;
     if (custom != nullptr) {
       plan = plan_all_gather(shards.nbytes(), world, boot.rank());
@@ -615,6 +758,7 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   if (want_nccl) m.add_nccl(peers, nccl_why);
   if (m.custom != nullptr) m.load_tune_table(peers);
   m.watch_members();
+  m.start_watchdog();
 }
 
 Group::~Group() = default;
@@ -630,7 +774,15 @@ const TuneTable* Group::tune_table() const noexcept { return impl_->table; }
 
 Status Group::health() noexcept { return impl_->poll_health(); }
 
+void Group::set_failure_mode(FailureMode mode, FailureHandler handler) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.watchdog_mu);
+  m.failure_mode = mode;
+  m.failure_handler = std::move(handler);
+}
+
 void Group::abort() noexcept {
+  impl_->aborted_by_user.store(true, std::memory_order_release);
   try {
     impl_->request_abort("group aborted");
   } catch (...) {  // NOLINT(bugprone-empty-catch): the reason could not be kept; the flag is set
@@ -643,7 +795,9 @@ Status Group::all_reduce(const TensorView& in, const TensorView& out, Stream str
   Impl& m = *impl_;
   TPCOMM_TRY(m.poll_health());
   TPCOMM_TRY(m.check_pair(in, out, 1, 1, "all_reduce"));
-  return m.dispatch(Request{Op::kAllReduce, in, out, op, -1, false}, stream);
+  Request req{Op::kAllReduce, in, out, op, -1, false};
+  req.tag = m.tag(Op::kAllReduce, in.dtype, in.numel(), static_cast<std::uint32_t>(op));
+  return m.dispatch(req, stream);
 }
 
 Status Group::all_gather(const TensorView& in, const TensorView& out, Stream stream) noexcept {
@@ -652,6 +806,7 @@ Status Group::all_gather(const TensorView& in, const TensorView& out, Stream str
   TPCOMM_TRY(m.check_pair(in, out, 1, world_size(), "all_gather"));
   if (in.numel() == 0) return Status::kOk;  // the same on every rank
   Request req{Op::kAllGather, in, out, ReduceOp::kSum, -1, false};
+  req.tag = m.tag(Op::kAllGather, in.dtype, in.numel());
   ExchangePlan plan;
   if (m.custom != nullptr) {
     plan = plan_all_gather(in.nbytes(), world_size(), rank());
@@ -665,7 +820,9 @@ Status Group::reduce_scatter(const TensorView& in, const TensorView& out, Stream
   Impl& m = *impl_;
   TPCOMM_TRY(m.poll_health());
   TPCOMM_TRY(m.check_pair(in, out, world_size(), 1, "reduce_scatter"));
-  return m.dispatch(Request{Op::kReduceScatter, in, out, op, -1, false}, stream);
+  Request req{Op::kReduceScatter, in, out, op, -1, false};
+  req.tag = m.tag(Op::kReduceScatter, in.dtype, in.numel(), static_cast<std::uint32_t>(op));
+  return m.dispatch(req, stream);
 }
 
 Status Group::all_to_all(const TensorView& in, const TensorView& out, Stream stream) noexcept {
@@ -680,6 +837,7 @@ Status Group::all_to_all(const TensorView& in, const TensorView& out, Stream str
     return m.fail(Status::kInvalidArgument, "all_to_all: input and output overlap");
   if (in.numel() == 0) return Status::kOk;  // the same on every rank
   Request req{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false};
+  req.tag = m.tag(Op::kAllToAll, in.dtype, in.numel());
   ExchangePlan plan;
   if (m.custom != nullptr) {
     plan = plan_all_to_all(in.nbytes(), world_size(), rank());
@@ -727,6 +885,7 @@ Status Group::all_to_all(const TensorView& in, const TensorView& out,
   if (moved == 0) return Status::kOk;
   Request req{Op::kAllToAll, in, out, ReduceOp::kSum, -1, false};
   req.counts = counts.data();
+  req.tag = m.tag(Op::kAllToAll, in.dtype, moved, shape_hash(counts));
   ExchangePlan plan;
   if (m.custom != nullptr) {
     plan = plan_all_to_all(counts, dtype_size(in.dtype), world, rank());
@@ -783,11 +942,14 @@ Status Group::lm_head_exchange(const TensorView& shard_logits, const TensorView&
     return m.fail(s, std::move(message));
   if (shard_logits.numel() == 0) return Status::kOk;  // no rank has rows: the same everywhere
   Request req{Op::kLmHeadExchange, shard_logits, out, ReduceOp::kSum, -1, false};
+  std::vector<std::int64_t> shape{shard_logits.shape[1], out.shape[1]};
+  for (int r = 0; r < world_size(); ++r) shape.push_back(layout.rows_of(r));
+  req.tag = m.tag(Op::kLmHeadExchange, shard_logits.dtype, shard_logits.numel(), shape_hash(shape));
   ExchangePlan plan;
   const char* why = m.lm_head_fallback(req, plan, layout, shard_logits.shape[1], out.shape[1]);
   if (why == nullptr) return m.dispatch(req, stream);
   m.note_fallback("lm_head_exchange: all-gather of the shards, then a copy of the local rows", why);
-  return m.lm_head_by_all_gather(shard_logits, out, layout, stream);
+  return m.lm_head_by_all_gather(shard_logits, out, layout, req.tag, stream);
 }
 
 std::string Group::backend_for_all_gather(const TensorView& in,
@@ -873,7 +1035,9 @@ Status Group::broadcast(const TensorView& in, const TensorView& out, int root,
     TPCOMM_TRY(m.check_view(out, "output", "broadcast"));
   }
   TensorView source = rank() == root ? in : out;
-  return m.dispatch(Request{Op::kBroadcast, source, out, ReduceOp::kSum, root, false}, stream);
+  Request req{Op::kBroadcast, source, out, ReduceOp::kSum, root, false};
+  req.tag = m.tag(Op::kBroadcast, out.dtype, out.numel(), static_cast<std::uint32_t>(root));
+  return m.dispatch(req, stream);
 }
 
 Status Group::send(const TensorView& buf, int peer, Stream stream) noexcept {
@@ -913,12 +1077,14 @@ Status Group::all_reduce_add_rmsnorm(const TensorView& x, const TensorView& resi
   if (call.rows == 0) return Status::kOk;
   Request req{Op::kAllReduceAddRmsNorm, x, residual_out, ReduceOp::kSum, -1, false};
   req.fusion = &call.fusion;
+  req.tag = m.tag(Op::kAllReduceAddRmsNorm, x.dtype, x.numel(),
+                  fused_shape(static_cast<int>(call.fusion.kind), call.fusion.hidden));
   const char* why = m.custom == nullptr
                         ? (world_size() == 1 ? "world size 1" : "no custom all-reduce")
                         : m.custom->supports(req).reason;
   if (why == nullptr) return m.dispatch(req, stream);
   m.note_fallback("all_reduce_add_rmsnorm: all-reduce, then add + RMSNorm", why);
-  return m.add_rmsnorm_fallback(call, stream);
+  return m.add_rmsnorm_fallback(call, req.tag, stream);
 }
 
 std::string Group::backend_for_add_rmsnorm(const TensorView& x, const TensorView& norm_out,
@@ -969,6 +1135,7 @@ Group::CaptureScope Group::capture(Stream stream) {
     m.nccl->comm().set_enabled(true);
   }
   if (m.custom != nullptr) m.custom->impl().begin_capture();
+  m.captured.clear();
   return CaptureScope(this);
 }
 
@@ -987,6 +1154,10 @@ Status Group::CaptureScope::close() noexcept {
   group_ = nullptr;
   m.scope_open = false;
   if (m.nccl != nullptr) m.nccl->comm().set_enabled(m.nccl_was_enabled);
+  if (Status s = m.compare_captured(); s != Status::kOk) {
+    TPCOMM_LOG_ERROR("group rank ", m.boot.rank(), ": ", m.last_error);
+    return s;
+  }
   if (m.custom == nullptr) return Status::kOk;
   if (Status s = m.custom->impl().end_capture(); s != Status::kOk)
     return m.fail(s, m.custom->impl().error_message());

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -44,9 +45,18 @@ struct GroupConfig {
 /// stream. Not thread-safe: one thread per rank.
 ///
 /// Errors: hot-path calls return a `Status` and never throw. kInvalidArgument leaves the group
-/// usable. kTimeout/kAborted/kNcclError make the group unusable: every later call returns that
-/// status, `last_error()` says what happened (who waited for whom), and the caller can build a
-/// new group. kUnsupported means no backend could serve the request.
+/// usable. kTimeout/kAborted/kMismatch/kNcclError make the group unusable: every later call
+/// returns that status, `last_error()` says what happened (who waited for whom, or both ranks'
+/// calls when the ranks called different collectives), and the caller can build a new group.
+/// kUnsupported means no backend could serve the request.
+///
+/// Failures are noticed without the caller asking: each group runs a watchdog thread that, within
+/// milliseconds of a lost rank, a kernel that gave up at its deadline, or ranks whose calls
+/// differ, logs the failure and acts as `set_failure_mode` (default `TPCOMM_ASYNC_ERROR_HANDLING`,
+/// raise) says. A kernel that cannot complete poisons its outputs (every byte 0xFF: NaN in
+/// floating types, -1 in signed integers), so that a result consumed before anyone reads the
+/// error, a CUDA graph's replays above all, cannot look plausible; every later kernel of the
+/// group does the same at once.
 class Group {
  public:
   /// Builds the communicators. Collective over `boot`; the group then keeps a namespace of its
@@ -215,12 +225,21 @@ class Group {
 
   /// kOk while usable; otherwise the sticky failure.
   [[nodiscard]] Status health() noexcept;
+  /// Called by the watchdog when the group fails: the failure and the message `last_error()`
+  /// will give. Runs on the watchdog's thread; it may call `abort()` and `health()`-free
+  /// functions of other objects, not this group's collectives.
+  using FailureHandler = std::function<void(Status, const std::string&)>;
+  /// Sets what this group's watchdog does when the group fails (`FailureMode`: raise, teardown,
+  /// or callback with `handler`; callback without a handler acts as raise). Overrides
+  /// `Options::failure_mode`. Thread-safe.
+  void set_failure_mode(FailureMode mode, FailureHandler handler = {});
   /// What went wrong last (an invalid argument, a timeout naming the rank that did not arrive).
   [[nodiscard]] const std::string& last_error() const noexcept;
   /// Makes every waiting kernel of this group give up and every later call return kAborted.
   /// Safe from any thread, while the owning thread waits or calls: the custom kernels give up
   /// at their next poll; an NCCL communicator is aborted by the owning thread's next call (or
-  /// when the group is destroyed).
+  /// when the group is destroyed). The watchdog does not treat it as a failure (no teardown, no
+  /// callback).
   void abort() noexcept;
 
   /// Measures every custom all-reduce candidate per size bucket (inside CUDA graphs, on a

@@ -18,6 +18,23 @@ enum class LogLevel : int { kOff, kError, kWarn, kInfo, kDebug, kTrace };
 std::string_view to_string(LogLevel l) noexcept;
 std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 
+/// What a group's watchdog does when the group fails (a lost rank, a kernel that gave up, ranks
+/// that called different collectives), from `TPCOMM_ASYNC_ERROR_HANDLING`.
+enum class FailureMode : int {
+  /// Mark the group failed at once and log it; the next call returns the failure (`Group`'s
+  /// contract: the caller builds a new group). Outputs of the kernels that could not complete,
+  /// graph replays included, are poisoned (NaN).
+  kRaise,
+  /// Log the failure and take the process down (`std::abort`), as PyTorch's process groups do:
+  /// no call after the fault can return. Not for ranks that are threads of one process.
+  kTeardown,
+  /// As kRaise, then call the handler given to `Group::set_failure_mode` on the watchdog's
+  /// thread (engines that drain and restart).
+  kCallback,
+};
+std::string_view to_string(FailureMode m) noexcept;
+std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
+
 /// All run-time knobs. `from_env()` reads each `TPCOMM_*` variable once; a field left at its
 /// default means the variable was unset. `NCCL_*` variables are never read here: they pass
 /// through to NCCL untouched.
@@ -36,6 +53,7 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept;
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
 /// | `TPCOMM_RANK_WATCH` | `rank_watch` | 1 |
+/// | `TPCOMM_ASYNC_ERROR_HANDLING` | `failure_mode` | `raise` (or `teardown`, `callback`) |
 /// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
 /// | `TPCOMM_STORE_TOKEN_FILE` | `store_token_file`, `store_token` | unset |
@@ -81,6 +99,9 @@ struct Options {
   /// fail their pending and next calls with kAborted naming the rank, and waits on the store
   /// fail at once instead of at their deadlines. Off: only the deadlines notice.
   bool rank_watch = true;
+  /// What each group's watchdog does when the group fails (`FailureMode`); `Group::
+  /// set_failure_mode` overrides it per group.
+  FailureMode failure_mode = FailureMode::kRaise;
   /// The user's setting for assembling a vocabulary-sharded LM head's logits with one
   /// all-to-all, to pass as `LmHeadA2aInputs::lm_head_a2a` (tpcomm/policy.hpp): auto lets
   /// `decide_lm_head_a2a` decide, 1 and 0 force it on and off. Accepted, in any case: auto;

@@ -36,6 +36,9 @@ enum class Status : int {
   kProtocolError,
   /// A bug in tpcomm.
   kInternal,
+  /// The ranks called different collectives (another operation, count, dtype or shape) at the
+  /// same point: every rank that noticed names both calls. The group is unusable afterwards.
+  kMismatch,
 };
 
 /// Short stable name of a status, e.g. "timeout".

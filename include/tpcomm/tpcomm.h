@@ -45,7 +45,8 @@ typedef enum tpcomm_status {
   TPCOMM_UNAVAILABLE = 7, /* no driver, no NCCL, no peer access */
   TPCOMM_SYSTEM_ERROR = 8,
   TPCOMM_PROTOCOL_ERROR = 9,
-  TPCOMM_INTERNAL = 10
+  TPCOMM_INTERNAL = 10,
+  TPCOMM_MISMATCH = 11 /* the ranks called different collectives; the group is unusable */
 } tpcomm_status;
 
 /* Element types: the numbering of `tpcomm::DType`. */
@@ -176,6 +177,19 @@ tpcomm_status tpcomm_group_rank_info(tpcomm_group group, tpcomm_rank_info* out);
 tpcomm_status tpcomm_group_health(tpcomm_group group);
 /* Makes every waiting kernel of the group give up and every later call return TPCOMM_ABORTED. */
 tpcomm_status tpcomm_group_abort(tpcomm_group group);
+/* What the group's watchdog does when the group fails (`tpcomm::FailureMode`; the default is
+ * TPCOMM_ASYNC_ERROR_HANDLING's, raise): mark it failed so that the next call fails; take the
+ * process down (abort); or also call `fn(status, message, user)` on the watchdog's thread. */
+typedef enum tpcomm_failure_mode {
+  TPCOMM_FAILURE_RAISE = 0,
+  TPCOMM_FAILURE_TEARDOWN = 1,
+  TPCOMM_FAILURE_CALLBACK = 2
+} tpcomm_failure_mode;
+typedef void (*tpcomm_failure_fn)(int status, const char* message, void* user);
+/* Sets the failure mode of `group`; `fn` (may be NULL) and `user` serve TPCOMM_FAILURE_CALLBACK.
+ * Thread-safe. */
+tpcomm_status tpcomm_group_set_failure_mode(tpcomm_group group, int mode, tpcomm_failure_fn fn,
+                                            void* user);
 /* Measures the custom all-reduce per size and installs the table on every rank (rank 0 stores
  * it in the tune file). Collective. */
 tpcomm_status tpcomm_group_tune(tpcomm_group group);

@@ -28,16 +28,37 @@ namespace tpcomm::kernels {
 // NOTE [bounded waits]
 // No wait spins forever. Every spin polls a deadline (`%globaltimer`, checked every 64 spins)
 // and a host-mapped abort flag (every 1024 spins). On either it records what happened in the
-// host-mapped ErrorWord and the whole block returns early, leaving the output incomplete; the
-// host reads the word before the group's next call and from then on answers kTimeout/kAborted.
-// Once the word is set, every later wait of the rank gives up at its next abort poll, so the
-// operations already queued behind a failed one (a whole graph of them) drain in microseconds.
-// It never traps, so the CUDA context survives and the process can build a new group. The
-// report names the operation; the host then reads how far the awaited peer's block got (for the
-// barrier kernels, the last barrier value it published to this rank; for the Lamport kernels, its
-// `SignalPad::lamport_started`), so the message can say whether the peer never began the
-// operation (its stream was held, NOTE [first launch] in backends/custom_ar.cpp) or was stuck
-// inside it. None of this is on the kernels' fast path.
+// host-mapped ErrorWord and in its own signal pad's `failed` word, and the whole block returns
+// early, poisoning its outputs (NOTE [poisoned outputs]); the host reads the word from its
+// watchdog thread and before the group's next call, and from then on answers
+// kTimeout/kAborted/kMismatch. Once a rank has failed, every later kernel of the rank gives up at
+// its start (it reads `failed` with the operation count, at no cost), and every wait already
+// spinning gives up at its next abort poll, so the operations queued behind a failed one (a whole
+// graph of them, replayed again and again) finish in microseconds with poisoned outputs and can
+// never complete on stale data. It never traps, so the CUDA context survives and the process can
+// build a new group. The report names the operation; the host then reads how far the awaited
+// peer's block got (for the barrier kernels, the last barrier value it published to this rank;
+// for the Lamport kernels, its `SignalPad::lamport_started`) and which call it last started
+// (`SignalPad::posted_call`), so the message can say whether the peer never began the operation
+// (its stream was held, NOTE [first launch] in backends/custom_ar.cpp), was stuck inside it, or
+// was in another collective. None of this is on the kernels' fast path.
+
+// NOTE [fingerprints]
+// Every operation carries a 64-bit fingerprint of the call (the operation, dtype, element count
+// and shape parameters; backends/fingerprint.hpp), the same on every rank for the same call, and
+// the group's call number. Kernels check the fingerprints of the peers whose data they take:
+//  - the barrier kernels (one-shot, two-shot, the exchange): each thread that publishes a barrier
+//    flag to peer t first writes its fingerprint into peer t's `SignalPad::fingerprints`, and
+//    after the flag arrived compares what peer t wrote there with its own (pattern 2 makes it
+//    visible). One more store and load per barrier, off the data path;
+//  - the Lamport kernels: block 0 pushes a 16-byte header with the fingerprint into every rank's
+//    `SignalPad::lamport_fingerprint` of the buffer it pushes into, before its data; each thread
+//    loads the headers together with its first packs and compares them before it stores anything.
+// A difference fails the operation with kMismatch on every rank that sees it, naming both calls.
+// Ranks whose calls took different kinds of kernel (a Lamport kernel on one, a barrier kernel or
+// NCCL on another) never meet: they wait until the deadline, and the host then reads the peer's
+// `posted_fingerprint` and `posted_call` (block 0 of every kernel writes them at its start) and
+// names the mismatch when the peer is in the same call with another fingerprint.
 
 __device__ __forceinline__ std::uint64_t globaltimer_ns() {
   std::uint64_t t;
@@ -60,24 +81,40 @@ __device__ __forceinline__ bool reached(std::uint32_t value, std::uint32_t targe
   return static_cast<std::int32_t>(value - target) >= 0;
 }
 
-/// Where a wait gives up: deadline, abort flag and the report to fill.
+/// Where a wait gives up: deadline, abort flag, the report to fill, and what the operation is.
 struct WaitContext {
   std::uint64_t timeout_ns;  // 0 = no deadline
   const std::uint32_t* abort_flag;
   ErrorWord* error;
+  std::uint32_t* failed;  // this rank's `SignalPad::failed`
+  std::uint64_t fingerprint;
+  std::uint32_t call;
   int rank;
 };
 
-/// Records in the host-mapped error word that this block gave up waiting for `peer`, and which
-/// count (`Counter`: ErrorWord::kBarrierCount or kLamportCount) numbers its operations; the host
-/// then reads which operation it was and how far that peer got (NOTE [bounded waits]).
+/// The wait context of a kernel's parameters (`AllReduceParams` or `ExchangeParams`).
+template <class Params>
+__device__ __forceinline__ WaitContext wait_context(const Params& p) {
+  return WaitContext{p.timeout_ns,  p.abort_flag, p.error, &p.pads[p.rank]->failed,
+                     p.fingerprint, p.call,       p.rank};
+}
+
+/// Records in the host-mapped error word that this block gave up waiting for `peer` (`code`),
+/// and which count (`Counter`: ErrorWord::kBarrierCount or kLamportCount) numbers its operations;
+/// the host then reads which operation it was and how far that peer got (NOTE [bounded waits]).
+/// Marks the rank failed, so that its later kernels give up at their start.
 template <std::uint32_t Counter>
-__device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer) {
+__device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer,
+                                       std::uint64_t peer_fingerprint = 0) {
   volatile ErrorWord* e = w.error;
   e->rank = static_cast<std::uint32_t>(w.rank);
   e->peer = static_cast<std::uint32_t>(peer);
   e->block = blockIdx.x;
   e->counter = Counter;
+  e->call = w.call;
+  e->fingerprint = w.fingerprint;
+  e->peer_fingerprint = peer_fingerprint;
+  *reinterpret_cast<volatile std::uint32_t*>(w.failed) = code;
   __threadfence_system();
   e->code = code;
 }
@@ -115,9 +152,15 @@ __device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target
                                               w, peer);
 }
 
-/// Barrier of this block with block `blockIdx.x` of every peer (patterns 1 and 2). `pads[r]`
-/// is rank r's signal pad as mapped here. Every thread of the block must call it; returns false
-/// in every thread when any wait gave up.
+__device__ __forceinline__ std::uint64_t ld_volatile_u64(const std::uint64_t* p) {
+  return *reinterpret_cast<const volatile std::uint64_t*>(p);
+}
+
+/// Barrier of this block with block `blockIdx.x` of every peer (patterns 1 and 2), checking that
+/// every peer is in an operation with this one's fingerprint (NOTE [fingerprints]). `pads[r]` is
+/// rank r's signal pad as mapped here; `value` is `seq * kPhases + phase`. Every thread of the
+/// block must call it; returns false in every thread when any wait gave up or a fingerprint
+/// differed.
 template <int R>
 __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, std::uint32_t value,
                                               const WaitContext& w) {
@@ -125,10 +168,33 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
   bool ok = true;
   const int t = static_cast<int>(threadIdx.x);
   if (t < R && t != rank) {
+    const std::uint32_t parity = (value / SignalPad::kPhases) & 1u;
+    *reinterpret_cast<volatile std::uint64_t*>(&pads[t]->fingerprints[parity][blockIdx.x][rank]) =
+        w.fingerprint;
     st_release_sys(&pads[t]->flags[blockIdx.x][rank], value);
     ok = wait_flag(&pads[rank]->flags[blockIdx.x][t], value, w, t);
+    if (ok) {
+      const std::uint64_t theirs =
+          ld_volatile_u64(&pads[rank]->fingerprints[parity][blockIdx.x][t]);
+      if (theirs != w.fingerprint) {
+        report<ErrorWord::kBarrierCount>(w, ErrorWord::kMismatch, t, theirs);
+        ok = false;
+      }
+    }
   }
   return __syncthreads_and(ok) != 0;
+}
+
+/// The start of every operation's kernel, after `begin_launch`: block 0 posts the operation's
+/// fingerprint and call number in this rank's pad (NOTE [fingerprints]); returns this rank's
+/// `failed` word (NOTE [bounded waits]). Thread 0 only; its caller shares the answer with the
+/// block through the barrier it already has.
+__device__ __forceinline__ std::uint32_t start_operation(SignalPad* self, const WaitContext& w) {
+  if (blockIdx.x == 0) {
+    *reinterpret_cast<volatile std::uint64_t*>(&self->posted_fingerprint) = w.fingerprint;
+    *reinterpret_cast<volatile std::uint32_t*>(&self->posted_call) = w.call;
+  }
+  return *reinterpret_cast<const volatile std::uint32_t*>(&self->failed);
 }
 
 // NOTE [programmatic launch]

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/poison.cuh"
 #include "kernels/common/sync.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/kernels.hpp"
@@ -17,6 +18,7 @@ struct AllReduceFrame {
   T* staging_self;    // this rank's staging half of this operation
   std::uint32_t seq;  // this operation's number (NOTE [signal pad])
   bool stage_self;    // this rank copies its input into `staging_self` first
+  bool failed;        // this rank has failed: give up at once (NOTE [bounded waits])
   WaitContext wait;
 
   __device__ std::uint32_t barrier_value(std::uint32_t phase) const {
@@ -39,9 +41,14 @@ __device__ __forceinline__ T* scratch_of(const AllReduceParams& p, int rank) {
 /// `begin_launch`.
 template <class T, int R>
 __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams& p) {
-  __shared__ std::uint32_t seq_shared;
+  __shared__ std::uint32_t seq_shared, failed_shared;
   AllReduceFrame<T, R> f;
-  if (threadIdx.x == 0) seq_shared = p.pads[p.rank]->seq[blockIdx.x] + 1u;
+  f.wait = wait_context(p);
+  if (threadIdx.x == 0) {
+    SignalPad* self = p.pads[p.rank];
+    seq_shared = self->seq[blockIdx.x] + 1u;
+    failed_shared = start_operation(self, f.wait);
+  }
   // Issued before the block waits for the count, so that both loads are in flight together.
   // Every index is a constant after unrolling, so `in` and `src` stay in registers.
   const void* in[R];
@@ -52,11 +59,11 @@ __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams
   f.stage_self = p.registered == nullptr || p.registered->ptr[p.rank] == nullptr;
   __syncthreads();
   f.seq = seq_shared;
+  f.failed = failed_shared != 0;
 #pragma unroll
   for (int r = 0; r < R; ++r)
     f.src[r] = in[r] != nullptr ? static_cast<const T*>(in[r]) : staging_half<T>(p, r, f.seq);
   f.staging_self = staging_half<T>(p, p.rank, f.seq);
-  f.wait = WaitContext{p.timeout_ns, p.abort_flag, p.error, p.rank};
   return f;
 }
 

@@ -4,8 +4,10 @@ capture in `torch.cuda.graph` and replay with new data, the errors for bad tenso
 1, one process); and the two-process tensor-parallel MLP under torchrun (torchrun_mlp.py).
 Skipped without PyTorch or a CUDA device."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -135,3 +137,74 @@ def test_two_process_mlp_under_torchrun():
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("matches the reference") == 2, r.stdout + r.stderr
+
+
+def _probe(mode, op, sig, port, timeout_ms=None):
+    """Runs fault_probe.py's two ranks (rank 1 the victim); returns the survivor's return code,
+    its output, the victim's FAULT time and the monotonic time the survivor ended."""
+    env = dict(os.environ)
+    env.pop("TPCOMM_ASYNC_ERROR_HANDLING", None)
+    if timeout_ms is not None:
+        env["TPCOMM_TIMEOUT_MS"] = str(timeout_ms)
+    script = os.path.join(HERE, "fault_probe.py")
+    procs = [subprocess.Popen([sys.executable, script, str(r), str(port), mode, op, sig, "1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r in (0, 1)]
+    survivor, victim = procs
+    deadline = time.monotonic() + 120
+    while survivor.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    ended = time.monotonic()
+    if survivor.poll() is None:
+        survivor.kill()
+    victim.kill()  # stopped, or already gone
+    out, err = survivor.communicate()
+    vout, verr = victim.communicate()
+    fault = [float(line.split()[1]) for line in vout.splitlines() if line.startswith("FAULT ")]
+    assert fault, vout + verr
+    return survivor.returncode, out + err, fault[0], ended
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="no GPU")
+def test_graph_replays_after_a_kill_take_the_process_down_by_default():
+    rc, text, fault, ended = _probe("default", "all_reduce", "KILL", 29621)
+    assert rc == -signal.SIGABRT, text
+    assert "taking the process down" in text, text
+    assert "WRONG" not in text, text
+    assert ended - fault < 1.5, (ended - fault, text)
+    print(f"teardown {ended - fault:.3f} s after the kill")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="no GPU")
+def test_graph_replays_after_a_kill_are_poisoned_and_the_callback_runs():
+    rc, text, fault, _ = _probe("callback", "fused", "KILL", 29622)
+    assert rc == 0, text
+    told = [float(line.split()[1]) for line in text.splitlines() if line.startswith("TOLD ")]
+    assert told and told[0] - fault < 1.0, text
+    assert "POISONED" in text and "HEALTH AbortedError" in text, text
+    print(f"callback {told[0] - fault:.3f} s after the kill")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="no GPU")
+def test_graph_replays_after_a_stop_are_poisoned_at_the_deadline():
+    rc, text, fault, _ = _probe("raise", "all_reduce", "STOP", 29623, timeout_ms=2000)
+    assert rc == 0, text
+    poisoned = [float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("POISONED ")]
+    assert poisoned and poisoned[0] - fault < 3.0, text
+    assert "HEALTH TimeoutError" in text, text
+    print(f"poisoned {poisoned[0] - fault:.3f} s after the stop")
+
+
+def test_health_and_abort_on_the_group():
+    g = TpcommGroup(device=0, bootstrap=tpcomm.Bootstrap(rank=0, world_size=1),
+                    failure_mode="raise")
+    try:
+        g.health()
+        g.abort()
+        with pytest.raises(tpcomm.AbortedError):
+            g.health()
+        with pytest.raises(tpcomm.AbortedError):
+            g.all_reduce(torch.ones(8, device="cuda"))
+    finally:
+        g.close()

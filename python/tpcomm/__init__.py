@@ -90,6 +90,10 @@ class UnavailableError(TpcommError):
     """A component is missing on this machine (driver, NCCL, peer access)."""
 
 
+class MismatchError(TpcommError):
+    """The ranks called different collectives at the same point; the group is unusable."""
+
+
 _ERRORS = {
     1: UnsupportedError,
     2: InvalidArgumentError,
@@ -98,7 +102,10 @@ _ERRORS = {
     5: TimeoutError,
     6: AbortedError,
     7: UnavailableError,
+    11: MismatchError,
 }
+#: What a group's watchdog does when the group fails (`tpcomm_failure_mode`).
+FAILURE_MODES = {"raise": 0, "teardown": 1, "callback": 2}
 
 
 def _check(status, message=None):
@@ -318,7 +325,27 @@ class Group(_Handle):
         self._call(_capi.lib().tpcomm_group_health(self.handle))
 
     def abort(self):
+        """Makes every waiting kernel give up and every later call raise AbortedError."""
         self._call(_capi.lib().tpcomm_group_abort(self.handle))
+
+    def set_failure_mode(self, mode, callback=None):
+        """What the group's watchdog does when the group fails (a lost rank, a kernel that gave
+        up, ranks that called different collectives): "raise" marks it failed (the next call
+        raises), "teardown" takes the process down, "callback" also calls
+        `callback(error)` with the `TpcommError` on the watchdog's thread."""
+        if mode not in FAILURE_MODES:
+            raise InvalidArgumentError(2, f"failure mode {mode!r} is not one of "
+                                          f"{sorted(FAILURE_MODES)}")
+        fn = _capi.FAILURE_FN()
+        if callback is not None:
+            def fn_py(status, message, _user):
+                error = _ERRORS.get(status, TpcommError)(
+                    status, message.decode(errors="replace"))
+                callback(error)
+            fn = _capi.FAILURE_FN(fn_py)
+        self._call(_capi.lib().tpcomm_group_set_failure_mode(self.handle, FAILURE_MODES[mode],
+                                                             fn, None))
+        self._failure_fn = fn  # kept alive while the library may call it
 
     def tune(self):
         """Measures the custom all-reduce per size and installs the table. Collective."""

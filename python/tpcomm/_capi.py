@@ -43,6 +43,9 @@ class CGroupConfig(ctypes.Structure):
     ]
 
 
+#: `tpcomm_failure_fn`: void (*)(int status, const char* message, void* user).
+FAILURE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
 _h = ctypes.c_void_p
 _p = ctypes.c_void_p
 _t = ctypes.POINTER(CTensor)
@@ -70,6 +73,7 @@ _SIGNATURES = {
     "tpcomm_group_rank_info": [_h, ctypes.POINTER(CRankInfo)],
     "tpcomm_group_health": [_h],
     "tpcomm_group_abort": [_h],
+    "tpcomm_group_set_failure_mode": [_h, _i, FAILURE_FN, _p],
     "tpcomm_group_tune": [_h],
     "tpcomm_group_warm_up": [_h, _p],
     "tpcomm_group_backend_for": [_h, _i, _t, _t, _i, _s, _sz],

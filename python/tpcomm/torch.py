@@ -15,6 +15,7 @@ out-of-place: each returns new tensors. Every rank calls the same ops in the sam
 """
 import contextlib
 import itertools
+import os
 import threading
 from typing import List, Optional, Tuple
 
@@ -283,10 +284,17 @@ class TpcommGroup:
     Built from torchrun's environment (or any launcher `tpcomm.Bootstrap()` recognises) on this
     rank's GPU (`device`, default `LOCAL_RANK % device_count`). Under torchrun in a process that
     also runs torch.distributed, set `TPCOMM_STORE_ADDR` to a port other than MASTER_PORT.
+
+    When the group fails (a lost rank, a kernel that gave up, ranks that called different
+    collectives), its watchdog acts without being asked: by default it takes the process down
+    ("teardown"), as PyTorch's NCCL process groups do, since an engine replaying CUDA graphs would
+    otherwise go on with poisoned (NaN) results. `failure_mode="raise"` (or
+    TPCOMM_ASYNC_ERROR_HANDLING=raise) marks the group failed instead, so that `health()` and the
+    next call raise; "callback" also calls `on_failure(error)` on the watchdog's thread.
     """
 
     def __init__(self, device=None, bootstrap=None, custom_all_reduce=True, nccl=True,
-                 fusion=True):
+                 fusion=True, failure_mode=None, on_failure=None):
         self.bootstrap = bootstrap if bootstrap is not None else tpcomm.Bootstrap()
         if device is None:
             device = self.bootstrap.local_rank % torch.cuda.device_count()
@@ -294,9 +302,20 @@ class TpcommGroup:
         torch.cuda.set_device(self.device)
         self.group = tpcomm.Group(self.bootstrap, self.device.index, custom_all_reduce, nccl,
                                   fusion)
+        if failure_mode is None:
+            failure_mode = os.environ.get("TPCOMM_ASYNC_ERROR_HANDLING", "teardown").lower()
+        self.group.set_failure_mode(failure_mode, on_failure)
         self.rank_in_group = self.group.rank
         self.world_size = self.group.world_size
         self.handle = register_group(self.group)
+
+    def health(self):
+        """Raises the group's failure (a `tpcomm.TpcommError`), if it has failed."""
+        self.group.health()
+
+    def abort(self):
+        """Makes every waiting kernel give up and every later call raise; safe from any thread."""
+        self.group.abort()
 
     def close(self):
         if self.handle is not None:

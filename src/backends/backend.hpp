@@ -35,6 +35,15 @@ enum class Op : std::uint8_t {
 
 std::string_view to_string(Op op) noexcept;
 
+/// A call's identity as its kernels carry it (NOTE [fingerprints] in kernels/common/sync.cuh):
+/// the fingerprint of what was asked (backends/fingerprint.hpp), and the group's count of
+/// collective calls when it was made (a captured call keeps the number it was captured with).
+/// Both the same on every rank for the same call.
+struct CallTag {
+  std::uint64_t fingerprint = 0;
+  std::uint32_t call = 0;
+};
+
 /// One collective call, already validated by the group. Every field is identical on every rank
 /// for the same call (except the pointers), which is what makes backend decisions rank-invariant.
 struct Request {
@@ -54,6 +63,9 @@ struct Request {
   /// kAllGather, kAllToAll, kLmHeadExchange: what this rank copies from each rank, when the
   /// group may serve it with the custom kernels (world size 2..8); nullptr otherwise.
   const ExchangePlan* plan = nullptr;
+  /// What the call was, for the kernels to check against their peers'. A fallback's inner calls
+  /// carry the outer call's tag.
+  CallTag tag{};
 };
 
 /// A backend's answer to "can you serve this?": `reason` says why not (a static string); `plan`

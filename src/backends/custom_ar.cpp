@@ -7,9 +7,11 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <vector>
 
+#include "backends/fingerprint.hpp"
 #include "bootstrap/agree.hpp"
 #include "core/cuda_check.hpp"
 #include "core/cuda_driver.hpp"
@@ -103,8 +105,12 @@ struct CustomAllReduce::Impl {
   std::uint32_t* abort_host = nullptr;  // host-mapped
   std::uint32_t* abort_dev = nullptr;
   RankPtrs* registry = nullptr;        // device, kRegistrySlots entries
-  cudaStream_t side_stream = nullptr;  // for reading the pads after a failure
-  std::vector<const void*> recorded;   // this scope's buffers; nullptr = staged
+  cudaStream_t side_stream = nullptr;  // for the pads after a failure; under failure_mu
+  // The kernels' failure as `kernel_failure` describes it, once, for every thread.
+  std::mutex failure_mu;
+  Status failure = Status::kOk;       // guarded by failure_mu
+  std::string failure_message;        // guarded by failure_mu
+  std::vector<const void*> recorded;  // this scope's buffers; nullptr = staged
   std::int64_t scope_first_slot = 0;
   std::optional<PeerMappings> registered;     // peers' captured buffers, mapped here
   std::optional<PeerBuffer> exchange_buffer;  // `prepare_exchange`'s staging, if larger
@@ -144,6 +150,11 @@ struct CustomAllReduce::Impl {
     TPCOMM_CHECK(kernels::fill_lamport_empty(workspaces[rank] + layout.lamport, lamport_bytes,
                                              nullptr) == Status::kOk,
                  Status::kCudaError, "emptying the Lamport buffers failed");
+    auto* own_pad = reinterpret_cast<SignalPad*>(workspaces[rank] + layout.signal);
+    TPCOMM_CHECK(
+        kernels::fill_lamport_empty(own_pad->lamport_fingerprint,
+                                    sizeof(own_pad->lamport_fingerprint), nullptr) == Status::kOk,
+        Status::kCudaError, "emptying the Lamport headers failed");
     TPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
     TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_host), sizeof(ErrorWord),
                                     cudaHostAllocMapped));
@@ -198,38 +209,96 @@ struct CustomAllReduce::Impl {
     return std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
   }
 
-  /// After a wait gave up (NOTE [bounded waits]): the operation this rank's block `e.block` was
-  /// in (one past the count it last completed), and the one `e.peer`'s same block last started,
-  /// nullopt when unreadable. For the barrier kernels that is the last barrier value the peer's
-  /// block published to this rank (`seq * kPhases + phase`, its count modulo 2^30, completed
-  /// from this rank's: ranks are never far apart); for the Lamport kernels, its
-  /// `lamport_started`.
-  std::pair<std::uint32_t, std::optional<std::uint32_t>> progress(
-      const ErrorWord& e) const noexcept {
-    if (e.peer >= static_cast<std::uint32_t>(world) || e.block >= kMaxBlocks) return {0, {}};
+  /// What the pads say after a wait gave up (NOTE [bounded waits]).
+  struct Progress {
+    /// The operation this rank's block `e.block` was in (one past the count it last completed),
+    /// and the one `e.peer`'s same block last started: for the barrier kernels the last barrier
+    /// value the peer's block published to this rank (`seq * kPhases + phase`, its count modulo
+    /// 2^30, completed from this rank's: ranks are never far apart); for the Lamport kernels, its
+    /// `lamport_started`.
+    std::uint32_t op = 0;
+    std::uint32_t peer_op = 0;
+    /// The call the peer's kernels last started, and its fingerprint (NOTE [fingerprints]).
+    std::uint32_t peer_call = 0;
+    std::uint64_t peer_fingerprint = 0;
+  };
+  /// Reads `Progress` for error word `e` on `stream`; nullopt when unreadable.
+  std::optional<Progress> progress(const ErrorWord& e, cudaStream_t stream) const noexcept {
+    if (e.peer >= static_cast<std::uint32_t>(world) || e.block >= kMaxBlocks) return {};
     const bool lamport = e.counter == ErrorWord::kLamportCount;
     auto pad = [&](std::uint32_t r) {
       return reinterpret_cast<const SignalPad*>(workspaces[r] + layout.signal);
     };
     const SignalPad* own = pad(static_cast<std::uint32_t>(rank));
-    std::array<std::uint32_t, 2> v{};
-    const std::uint32_t* words[2] = {
+    const SignalPad* theirs = pad(e.peer);
+    std::array<std::uint32_t, 3> v{};
+    std::uint64_t peer_fingerprint = 0;
+    const std::uint32_t* words[3] = {
         lamport ? &own->lamport_seq[e.block] : &own->seq[e.block],
-        lamport ? &pad(e.peer)->lamport_started[e.block] : &own->flags[e.block][e.peer]};
+        lamport ? &theirs->lamport_started[e.block] : &own->flags[e.block][e.peer],
+        &theirs->posted_call};
     int previous = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess)
-      return {0, {}};
+    if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return {};
     bool read = true;
-    for (int i = 0; i < 2 && read; ++i)
-      read = cudaMemcpyAsync(&v[i], words[i], sizeof(v[i]), cudaMemcpyDeviceToHost, side_stream) ==
+    for (int i = 0; i < 3 && read; ++i)
+      read = cudaMemcpyAsync(&v[i], words[i], sizeof(v[i]), cudaMemcpyDeviceToHost, stream) ==
              cudaSuccess;
-    read = read && cudaStreamSynchronize(side_stream) == cudaSuccess;
+    read = read &&
+           cudaMemcpyAsync(&peer_fingerprint, &theirs->posted_fingerprint, sizeof(peer_fingerprint),
+                           cudaMemcpyDeviceToHost, stream) == cudaSuccess;
+    read = read && cudaStreamSynchronize(stream) == cudaSuccess;
     cudaSetDevice(previous);
-    if (!read) return {0, {}};
-    const std::uint32_t op = v[0] + 1u;
-    if (lamport) return {op, v[1]};
-    const std::uint32_t low = v[1] / SignalPad::kPhases;
-    return {op, op + static_cast<std::uint32_t>(static_cast<std::int32_t>((low - op) << 2) >> 2)};
+    if (!read) return {};
+    Progress p;
+    p.op = v[0] + 1u;
+    p.peer_op = v[1];
+    if (!lamport) {
+      const std::uint32_t low = v[1] / SignalPad::kPhases;
+      p.peer_op =
+          p.op + static_cast<std::uint32_t>(static_cast<std::int32_t>((low - p.op) << 2) >> 2);
+    }
+    p.peer_call = v[2];
+    p.peer_fingerprint = peer_fingerprint;
+    return p;
+  }
+
+  /// The status and message of the failure error word `e` reports.
+  std::pair<Status, std::string> describe(const ErrorWord& e, cudaStream_t stream) const {
+    const std::string mine = describe_fingerprint(e.fingerprint);
+    auto mismatch = [&](std::uint64_t theirs) {
+      return std::pair{
+          Status::kMismatch,
+          detail::concat("ranks called different collectives (call ", e.call, "): rank ", e.rank,
+                         " ", mine, ", rank ", e.peer, " ", describe_fingerprint(theirs))};
+    };
+    if (e.code == ErrorWord::kMismatch) return mismatch(e.peer_fingerprint);
+    const std::optional<Progress> p = progress(e, stream);
+    // A peer that waits in the same call with another fingerprint took another kind of kernel.
+    if (e.code == ErrorWord::kTimeout && p && p->peer_call == e.call &&
+        p->peer_fingerprint != e.fingerprint && p->peer_fingerprint != 0)
+      return mismatch(p->peer_fingerprint);
+    const bool peer_started = !p || static_cast<std::int32_t>(p->peer_op - p->op) >= 0;
+    std::string message = detail::concat(
+        "custom all-reduce: rank ", e.rank,
+        e.code == ErrorWord::kAborted ? " was aborted while waiting for rank "
+                                      : " timed out waiting for rank ",
+        e.peer, " in call ", e.call, " (", mine, "; block ", e.block,
+        p ? detail::concat(", operation ", p->op) : std::string(), "), which ",
+        !p ? std::string("may or may not have started it (its progress is unreadable)")
+        : peer_started
+            ? std::string("had started it (it waits for another rank, or stopped)")
+            : detail::concat("had not started it (its last was operation ", p->peer_op, ")"));
+    if (p && p->peer_call != e.call && p->peer_fingerprint != 0)
+      message += detail::concat("; rank ", e.peer, "'s kernels last started call ", p->peer_call,
+                                " (", describe_fingerprint(p->peer_fingerprint), ")");
+    if (!peer_started && peers_in_process)
+      message +=
+          ". Ranks that share a process: a kernel launched for the first time on a stream while "
+          "its peers wait can hold that stream until they give up; launch each of your kernels "
+          "once on every stream before its first collective (README, 'Ranks that share a "
+          "process')";
+    return {e.code == ErrorWord::kAborted ? Status::kAborted : Status::kTimeout,
+            std::move(message)};
   }
 
   /// After every rank wrote its probes: checks what arrived here.
@@ -293,8 +362,11 @@ struct CustomAllReduce::Impl {
       TPCOMM_THROW(Status::kCudaError, "mapping captured buffers failed on ", why);
   }
 
-  kernels::AllReduceParams params(const TensorView& in, const TensorView& out) const {
+  kernels::AllReduceParams params(const TensorView& in, const TensorView& out,
+                                  const CallTag& tag) const {
     kernels::AllReduceParams p{};
+    p.fingerprint = tag.fingerprint;
+    p.call = tag.call;
     p.input = in.data;
     p.output = out.data;
     for (int r = 0; r < world; ++r) {
@@ -396,31 +468,31 @@ CustomAllReduce::CustomAllReduce(std::unique_ptr<Impl> impl, SelectorCaps caps)
 
 CustomAllReduce::~CustomAllReduce() = default;
 
+Status CustomAllReduce::kernel_failure(std::string* message) noexcept {
+  Impl& m = *impl_;
+  const volatile ErrorWord* e = m.error_host;
+  if (e->code == 0) return Status::kOk;
+  std::lock_guard lock(m.failure_mu);
+  if (m.failure == Status::kOk) {
+    const ErrorWord word{e->code,    e->rank, e->peer,        e->block,
+                         e->counter, e->call, e->fingerprint, e->peer_fingerprint};
+    try {
+      std::tie(m.failure, m.failure_message) = m.describe(word, m.side_stream);
+    } catch (...) {  // the message could not be built; the status stands
+      m.failure = word.code == ErrorWord::kAborted ? Status::kAborted : Status::kTimeout;
+    }
+  }
+  if (message != nullptr) *message = m.failure_message;
+  return m.failure;
+}
+
 Status CustomAllReduce::health() noexcept {
   if (health_ != Status::kOk) return health_;
-  const volatile ErrorWord* e = impl_->error_host;
-  const std::uint32_t code = e->code;
-  if (code == 0) return Status::kOk;
-  health_ = code == ErrorWord::kAborted ? Status::kAborted : Status::kTimeout;
-  // Wrap-safe, like the kernels' counts (NOTE [signal pad]).
-  const ErrorWord word{e->code, e->rank, e->peer, e->block, e->counter};
-  const auto [op, peer_op] = impl_->progress(word);
-  const bool peer_started = !peer_op || static_cast<std::int32_t>(*peer_op - op) >= 0;
-  error_message_ = detail::concat(
-      "custom all-reduce: rank ", word.rank,
-      code == ErrorWord::kAborted ? " was aborted while waiting for rank "
-                                  : " timed out waiting for rank ",
-      word.peer, " (block ", word.block,
-      peer_op ? detail::concat(", operation ", op) : std::string(), "), which ",
-      !peer_op ? std::string("may or may not have started it (its progress is unreadable)")
-      : peer_started
-          ? std::string("had started it (it waits for another rank, or stopped)")
-          : detail::concat("had not started it (its last was operation ", *peer_op, ")"));
-  if (!peer_started && impl_->peers_in_process)
-    error_message_ +=
-        ". Ranks that share a process: a kernel launched for the first time on a stream while "
-        "its peers wait can hold that stream until they give up; launch each of your kernels "
-        "once on every stream before its first collective (README, 'Ranks that share a process')";
+  std::string message;
+  const Status s = kernel_failure(&message);
+  if (s == Status::kOk) return s;
+  health_ = s;
+  error_message_ = std::move(message);
   TPCOMM_LOG_ERROR(error_message_);
   return health_;
 }
@@ -454,7 +526,20 @@ void CustomAllReduce::abort_kernels() noexcept {
 }
 
 void CustomAllReduce::abort() noexcept {
+  Impl& m = *impl_;
   abort_kernels();
+  // Kernels that never wait (their peers' data already there) would not see the abort flag:
+  // mark the rank failed on the device too, so that every later kernel, a graph's above all,
+  // gives up at its start (NOTE [bounded waits]). The copy engine does it beside the kernels.
+  auto* pad = reinterpret_cast<SignalPad*>(m.workspaces[m.rank] + m.layout.signal);
+  std::lock_guard lock(m.failure_mu);  // the side stream's other user
+  int previous = 0;
+  if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(m.device) == cudaSuccess) {
+    if (cudaMemcpyAsync(&pad->failed, m.abort_host, sizeof(pad->failed), cudaMemcpyHostToDevice,
+                        m.side_stream) == cudaSuccess)
+      cudaStreamSynchronize(m.side_stream);
+    cudaSetDevice(previous);
+  }
   if (health_ == Status::kOk) {
     health_ = Status::kAborted;
     error_message_ = "custom all-reduce: aborted";
@@ -462,11 +547,11 @@ void CustomAllReduce::abort() noexcept {
 }
 
 Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice choice,
-                            bool capturing, Stream stream,
+                            bool capturing, Stream stream, const CallTag& tag,
                             const kernels::FusionParams* fusion) noexcept {
   if (Status h = health(); h != Status::kOk) return h;
   Impl& m = *impl_;
-  kernels::AllReduceParams p = m.params(in, out);
+  kernels::AllReduceParams p = m.params(in, out, tag);
   if (fusion != nullptr) p.fusion = *fusion;
   // Lamport always copies the input into the peers' buffers: nothing to register.
   const kernels::KernelId kernel = info(choice.algo).kernel;
@@ -485,10 +570,12 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
 
 Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
                                  const TensorView& out, ExchangeChoice choice, bool capturing,
-                                 Stream stream) noexcept {
+                                 Stream stream, const CallTag& tag) noexcept {
   if (Status h = health(); h != Status::kOk) return h;
   Impl& m = *impl_;
   kernels::ExchangeParams p{};
+  p.fingerprint = tag.fingerprint;
+  p.call = tag.call;
   p.input = in.data;
   p.input_bytes = plan.input_bytes;
   p.output = out.data;
@@ -581,7 +668,8 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
   auto time = [&](const Choice& c, std::int64_t bytes) {
     const auto iv = TensorView::flat(in, DType::kBF16, bytes / 2, m.device);
     const auto ov = TensorView::flat(out, DType::kBF16, bytes / 2, m.device);
-    return time_ops(c, [&] { return run(iv, ov, c, /*capturing=*/false, stream); });
+    const CallTag tag{fingerprint(Op::kAllReduce, DType::kBF16, bytes / 2)};
+    return time_ops(c, [&] { return run(iv, ov, c, /*capturing=*/false, stream, tag); });
   };
   auto time_fused = [&](const Choice& c, std::int64_t bytes) {
     const std::int64_t hidden = tune_fused_hidden(bytes);
@@ -595,15 +683,17 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
     f.hidden = hidden;
     const auto iv = TensorView::flat(in, DType::kBF16, count, m.device);
     const auto ov = TensorView::flat(out, DType::kBF16, count, m.device);
+    const CallTag tag{fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, count,
+                                  fused_shape(static_cast<int>(f.kind), hidden))};
     if (c.algo != Algo::kNone)
-      return time_ops(c, [&] { return run(iv, ov, c, /*capturing=*/false, stream, &f); });
+      return time_ops(c, [&] { return run(iv, ov, c, /*capturing=*/false, stream, tag, &f); });
     // The fallback: the built-in all-reduce into residual_out, then the local kernel there.
     const Choice reduce =
         select_all_reduce(count * 2, DType::kBF16, ReduceOp::kSum, caps_, {}, nullptr);
     TPCOMM_CHECK(reduce.algo != Algo::kNone, Status::kInternal, "tuning: no all-reduce for ",
                  count * 2, " bytes");
     return time_ops(c, [&] {
-      TPCOMM_TRY(run(iv, ov, reduce, /*capturing=*/false, stream));
+      TPCOMM_TRY(run(iv, ov, reduce, /*capturing=*/false, stream, tag));
       return kernels::launch_add_rmsnorm(out, out, f, count, DType::kBF16, stream);
     });
   };
@@ -614,7 +704,8 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
     const ExchangePlan plan = plan_all_to_all(chunk * m.world, m.world, m.rank);
     const auto iv = TensorView::flat(in, DType::kU8, chunk * m.world, m.device);
     const auto ov = TensorView::flat(out, DType::kU8, chunk * m.world, m.device);
-    return time_ops(c, [&] { return exchange(plan, iv, ov, c, /*capturing=*/false, stream); });
+    const CallTag tag{fingerprint(Op::kAllToAll, DType::kU8, chunk * m.world)};
+    return time_ops(c, [&] { return exchange(plan, iv, ov, c, /*capturing=*/false, stream, tag); });
   };
   TuneTable plain = tune_all_reduce(caps_, *m.boot, key, time);
   std::vector<TuneEntry> fused = tune_fused(caps_, *m.boot, time_fused);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/fingerprint.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
@@ -43,9 +44,10 @@ class CustomAllReduce {
   /// capture scope; large messages then read the caller's buffer in place and record it for
   /// registration. Returns the sticky failure status once a wait timed out or the group was
   /// aborted; kUnsupported when the registry is full. With `fusion`, the Lamport kernel of
-  /// `choice` also runs that epilogue (`out` is then residual_out).
+  /// `choice` also runs that epilogue (`out` is then residual_out). `tag` is what the kernels
+  /// check against their peers' (NOTE [fingerprints] in kernels/common/sync.cuh).
   [[nodiscard]] Status run(const TensorView& in, const TensorView& out, Choice choice,
-                           bool capturing, Stream stream,
+                           bool capturing, Stream stream, const CallTag& tag,
                            const kernels::FusionParams* fusion = nullptr) noexcept;
 
   /// Runs this rank's part of an exchange (all-gather, all-to-all, the LM-head exchange):
@@ -54,10 +56,10 @@ class CustomAllReduce {
   /// it must not overlap `out`. `capturing` as for `run`: inside an open capture scope an
   /// aligned input is read in place and recorded for registration. Every rank must call it with
   /// the same `choice`. Sticky failure status as for `run`; kUnsupported when the registry is
-  /// full.
+  /// full. `tag` as for `run`.
   [[nodiscard]] Status exchange(const ExchangePlan& plan, const TensorView& in,
                                 const TensorView& out, ExchangeChoice choice, bool capturing,
-                                Stream stream) noexcept;
+                                Stream stream, const CallTag& tag) noexcept;
 
   /// Collective: makes the exchange's staging buffer hold inputs of at least `bytes` bytes (an
   /// extra peer buffer, two halves of `bytes`; nothing when the all-reduce's staging already
@@ -87,9 +89,13 @@ class CustomAllReduce {
   /// Every rank must have recorded the same number; any rank's failure fails all.
   [[nodiscard]] Status end_capture() noexcept;
 
-  /// kOk, or kTimeout/kAborted once a kernel gave up (sticky), with `error_message()` naming
-  /// who waited for whom.
+  /// kOk, or kTimeout/kAborted/kMismatch once a kernel gave up (sticky), with
+  /// `error_message()` naming who waited for whom, or both ranks' calls. Logged once.
   [[nodiscard]] Status health() noexcept;
+  /// What `health` reads, safe from any thread (the group's watchdog): kOk while no kernel gave
+  /// up; else the failure and, in `message`, what happened (worked out once, on the first call
+  /// after the kernels reported, by reading the pads on a side stream). Does not log.
+  [[nodiscard]] Status kernel_failure(std::string* message) noexcept;
   [[nodiscard]] const std::string& error_message() const noexcept { return error_message_; }
   /// Makes every waiting and future kernel of this group give up. Idempotent.
   void abort() noexcept;

@@ -39,6 +39,12 @@ constexpr std::array<std::pair<LogLevel, std::string_view>, 6> kLevelNames{{
     {LogLevel::kTrace, "trace"},
 }};
 
+constexpr std::array<std::pair<FailureMode, std::string_view>, 3> kFailureModeNames{{
+    {FailureMode::kRaise, "raise"},
+    {FailureMode::kTeardown, "teardown"},
+    {FailureMode::kCallback, "callback"},
+}};
+
 // The token in the file `path` names (TPCOMM_STORE_TOKEN_FILE): its contents less trailing
 // newlines. Only a regular file is read, so a FIFO or a device cannot block or feed the
 // process. Errors name the variable and the path, never the contents.
@@ -147,6 +153,19 @@ std::optional<LogLevel> parse_log_level(std::string_view s) noexcept {
   return std::nullopt;
 }
 
+std::string_view to_string(FailureMode m) noexcept {
+  for (const auto& [k, n] : kFailureModeNames)
+    if (k == m) return n;
+  return "unknown";
+}
+
+std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept {
+  const std::string v = lower(s);
+  for (const auto& [k, n] : kFailureModeNames)
+    if (n == v) return k;
+  return std::nullopt;
+}
+
 Options Options::from_lookup(const std::function<std::optional<std::string>(const char*)>& getenv) {
   Options o;
   auto bad = [](const char* name, const std::string& value, std::string_view expected) {
@@ -202,6 +221,11 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   flag("TPCOMM_DISABLE_NCCL", o.disable_nccl);
   flag("TPCOMM_PDL", o.programmatic_launch);
   flag("TPCOMM_RANK_WATCH", o.rank_watch);
+  if (auto v = getenv("TPCOMM_ASYNC_ERROR_HANDLING")) {
+    auto m = parse_failure_mode(*v);
+    if (!m) bad("TPCOMM_ASYNC_ERROR_HANDLING", *v, "raise, teardown or callback");
+    o.failure_mode = *m;
+  }
   if (auto v = getenv("TPCOMM_LM_HEAD_A2A")) {
     auto s = parse_switch(*v);
     if (!s) bad("TPCOMM_LM_HEAD_A2A", *v, "auto, 1 or 0 (or on/off, true/false)");

@@ -35,6 +35,8 @@ std::string_view to_string(Status s) noexcept {
       return "protocol error";
     case Status::kInternal:
       return "internal error";
+    case Status::kMismatch:
+      return "mismatch";
   }
   return "unknown status";
 }

@@ -51,11 +51,28 @@ struct alignas(128) SignalPad {
   /// Written by peer r through its mapping at setup, read back here: proves that the mapping
   /// really carries data before any kernel relies on it.
   std::uint64_t probe[kMaxRanks];
+  /// `fingerprints[seq % 2][b][p]`: the fingerprint of the operation in which peer p's block b
+  /// published its latest barrier value to this rank, written before that flag (NOTE
+  /// [fingerprints]). By the parity of the operation count: a peer is at most one barrier ahead,
+  /// so it never overwrites the entry of an operation this rank still checks.
+  std::uint64_t fingerprints[2][kMaxBlocks][kMaxRanks];
+  /// `lamport_fingerprint[j][p]`: the 16-byte header that peer p pushes with its data into
+  /// Lamport buffer j, emptied and refilled like the buffer's slots (NOTE [lamport]).
+  alignas(16) std::uint32_t lamport_fingerprint[kLamportBuffers][kMaxRanks][4];
+  /// What this rank's kernels last started: the fingerprint and the group's call number, read by
+  /// a peer's host after a wait for this rank gave up (NOTE [fingerprints]).
+  std::uint64_t posted_fingerprint;
+  std::uint32_t posted_call;
+  /// Non-zero once a kernel of this rank gave up (the ErrorWord code): every later kernel of the
+  /// rank gives up at its start and poisons its outputs (NOTE [poisoned outputs]).
+  std::uint32_t failed;
 };
 static_assert(std::is_trivially_copyable_v<SignalPad>);
 static_assert(offsetof(SignalPad, flags) == 0);
 static_assert(offsetof(SignalPad, seq) == sizeof(std::uint32_t) * kMaxBlocks * kMaxRanks);
 static_assert(sizeof(SignalPad) % 128 == 0);
+static_assert(offsetof(SignalPad, lamport_fingerprint) % 16 == 0);
+static_assert(sizeof(SignalPad::lamport_fingerprint) % 16 == 0);
 
 /// One pointer per rank, as mapped in the reading rank's address space. A null entry means
 /// "this rank's input is in its staging buffer" (see NOTE [staging]).
@@ -139,21 +156,27 @@ static_assert(WorkspaceLayout::make(256, 1000, 4).total ==
               WorkspaceLayout::make(256).lamport + 3 * 4 * 1024);
 
 /// Where a kernel reports that it gave up waiting. Lives in host-mapped memory: the host reads
-/// it without synchronising. `code` is 0 while healthy; the first block to fail writes it.
+/// it without synchronising. `code` is 0 while healthy; the first block to fail writes it (the
+/// other fields first, then `code`).
 struct ErrorWord {
   static constexpr std::uint32_t kTimeout = 1;
   static constexpr std::uint32_t kAborted = 2;
+  /// A peer's operation has another fingerprint (NOTE [fingerprints]): `peer_fingerprint`.
+  static constexpr std::uint32_t kMismatch = 3;
 
   /// Which count `op` is.
   static constexpr std::uint32_t kBarrierCount = 0;  // `SignalPad::seq`
   static constexpr std::uint32_t kLamportCount = 1;  // `SignalPad::lamport_seq`
 
   std::uint32_t code;
-  std::uint32_t rank;     // the rank that reported
-  std::uint32_t peer;     // the peer it was waiting for
-  std::uint32_t block;    // the block that was waiting
-  std::uint32_t counter;  // kBarrierCount or kLamportCount: which count numbers its operations
+  std::uint32_t rank;         // the rank that reported
+  std::uint32_t peer;         // the peer it was waiting for
+  std::uint32_t block;        // the block that was waiting
+  std::uint32_t counter;      // kBarrierCount or kLamportCount: which count numbers its operations
+  std::uint32_t call;         // the group's call number of the reporting operation
+  std::uint64_t fingerprint;  // the reporting operation's
+  std::uint64_t peer_fingerprint;  // kMismatch: what the peer's operation carried
 };
-static_assert(sizeof(ErrorWord) == 20);
+static_assert(sizeof(ErrorWord) == 40);
 
 }  // namespace tpcomm

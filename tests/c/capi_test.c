@@ -43,7 +43,8 @@ static void test_version(void) {
   CHECK(strcmp(tpcomm_status_string(TPCOMM_TIMEOUT), "timeout") == 0);
   CHECK(strcmp(tpcomm_status_string(TPCOMM_INVALID_ARGUMENT), "invalid argument") == 0);
   CHECK(strcmp(tpcomm_status_string(-1), "unknown") == 0);
-  CHECK(strcmp(tpcomm_status_string(TPCOMM_INTERNAL + 1), "unknown") == 0);
+  CHECK(strcmp(tpcomm_status_string(TPCOMM_MISMATCH), "mismatch") == 0);
+  CHECK(strcmp(tpcomm_status_string(TPCOMM_MISMATCH + 1), "unknown") == 0);
 }
 
 static void test_info(void) {

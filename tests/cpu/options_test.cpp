@@ -39,6 +39,7 @@ TEST(Options, Defaults) {
   EXPECT_FALSE(o.disable_nccl);
   EXPECT_TRUE(o.programmatic_launch);
   EXPECT_EQ(o.lm_head_a2a, Switch::kAuto);
+  EXPECT_EQ(o.failure_mode, FailureMode::kRaise);
   EXPECT_TRUE(o.store_token.empty());
   EXPECT_TRUE(o.store_token_file.empty());
 }
@@ -56,6 +57,7 @@ TEST(Options, ReadsEveryKnob) {
                     {"TPCOMM_DISABLE_NCCL", "yes"},
                     {"TPCOMM_PDL", "0"},
                     {"TPCOMM_LM_HEAD_A2A", "1"},
+                    {"TPCOMM_ASYNC_ERROR_HANDLING", "Teardown"},
                     {"TPCOMM_STORE_TOKEN", "s3cret"},
                     {"TPCOMM_STORE_BIND", "0.0.0.0"}});
   EXPECT_EQ(o.log_level, LogLevel::kDebug);
@@ -70,6 +72,7 @@ TEST(Options, ReadsEveryKnob) {
   EXPECT_TRUE(o.disable_nccl);
   EXPECT_FALSE(o.programmatic_launch);
   EXPECT_EQ(o.lm_head_a2a, Switch::kOn);
+  EXPECT_EQ(o.failure_mode, FailureMode::kTeardown);
   EXPECT_EQ(o.store_token, "s3cret");
   EXPECT_EQ(o.store_bind, "0.0.0.0");
 }
@@ -83,7 +86,8 @@ TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
                                                         {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
                                                         {"TPCOMM_LAMPORT_MAX_BYTES", "100"},
                                                         {"TPCOMM_DISABLE_NCCL", "maybe"},
-                                                        {"TPCOMM_LM_HEAD_A2A", "sometimes"}}) {
+                                                        {"TPCOMM_LM_HEAD_A2A", "sometimes"},
+                                                        {"TPCOMM_ASYNC_ERROR_HANDLING", "1"}}) {
     try {
       from({{name, value}});
       FAIL() << name << "=" << value << " accepted";
@@ -273,6 +277,15 @@ TEST(Parse, IntAndBool) {
   EXPECT_EQ(parse_switch("0"), Switch::kOff);
   EXPECT_FALSE(parse_switch("").has_value());
   EXPECT_FALSE(parse_switch("automatic").has_value());
+}
+
+TEST(Options, FailureModesByName) {
+  for (FailureMode m : {FailureMode::kRaise, FailureMode::kTeardown, FailureMode::kCallback}) {
+    EXPECT_EQ(parse_failure_mode(to_string(m)), m);
+  }
+  EXPECT_EQ(parse_failure_mode("CALLBACK"), FailureMode::kCallback);
+  for (const char* bad : {"", "0", "abort", "raise ", "skip"})
+    EXPECT_FALSE(parse_failure_mode(bad).has_value()) << bad;
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -418,15 +420,35 @@ TEST(MultiProcess, ZDeadPeerTimesOut) {
 // A rank's process killed in the middle of back-to-back all-reduces (TPCOMM_MGPU_KILL=<rank>,
 // TPCOMM_MGPU_KILL_ALGO=<algorithm>; two ranks started by hand, since a launcher would stop the
 // survivor): the survivor's next call fails within a second naming the rank, and the group is
-// destroyed within two, at the default 30 s deadline (NOTE [rank watch]).
+// destroyed within two, at the default 30 s deadline (NOTE [rank watch]). With
+// TPCOMM_MGPU_KILL_GRAPH=1 the survivor replays a graph of ten all-reduces in a loop and never
+// asks the group anything: its watchdog notices by itself (TPCOMM_ASYNC_ERROR_HANDLING: callback,
+// timed here; raise; teardown, which ends the process with SIGABRT), and every element of every
+// replay's output is exact (zero) or poisoned (NaN), every replay after the first poisoned one
+// wholly poisoned. TPCOMM_MGPU_KILL_SIGNAL=STOP stops the victim instead (SIGSTOP): the survivor
+// is told at its deadline.
 TEST(MultiProcess, ZRankKilledIsNoticed) {
   const char* victim_env = std::getenv("TPCOMM_MGPU_KILL");
   if (victim_env == nullptr) GTEST_SKIP() << "set TPCOMM_MGPU_KILL=<rank>";
   const int victim = std::atoi(victim_env);
   const char* algo = std::getenv("TPCOMM_MGPU_KILL_ALGO");
+  const char* signal_env = std::getenv("TPCOMM_MGPU_KILL_SIGNAL");
+  const bool stop = signal_env != nullptr && std::string(signal_env) == "STOP";
   Options o = mgpu_options(algo != nullptr ? algo : "auto");
-  ASSERT_EQ(o.timeout_ms, 30000) << "run at the default deadline";
+  if (!stop) {
+    ASSERT_EQ(o.timeout_ms, 30000) << "run at the default deadline";
+  }
   auto g = std::make_unique<Group>(*g_boot, g_device, o);
+  using Clock = std::chrono::steady_clock;
+  std::mutex told_mu;
+  std::optional<Clock::time_point> told;
+  std::string told_message;
+  if (o.failure_mode == FailureMode::kCallback)
+    g->set_failure_mode(FailureMode::kCallback, [&](Status, const std::string& message) {
+      std::lock_guard lock(told_mu);
+      told = Clock::now();
+      told_message = message;
+    });
   StreamHolder stream;
   constexpr std::int64_t kCount = 8192;
   DeviceBuffer in(kCount * 2), out(kCount * 2);
@@ -438,9 +460,9 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
                          TensorView::flat(out.get(), DType::kBF16, kCount, g_device),
                          stream.stream());
   };
-  // TPCOMM_MGPU_KILL_GRAPH=1: ten all-reduces captured in a graph, replayed.
   const bool graph = std::getenv("TPCOMM_MGPU_KILL_GRAPH") != nullptr;
-  cudaGraphExec_t exec = nullptr;
+  const int fault_at = graph ? 20 : 200;
+  auto fault = [&] { ::raise(stop ? SIGSTOP : SIGKILL); };
   if (graph) {
     cudaGraph_t captured = nullptr;
     auto scope = g->capture(stream.stream());
@@ -448,45 +470,124 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
     for (int k = 0; k < 10; ++k) ASSERT_EQ(ar(), Status::kOk) << g->last_error();
     ASSERT_EQ(cudaStreamEndCapture(stream.get(), &captured), cudaSuccess);
     ASSERT_EQ(scope.close(), Status::kOk) << g->last_error();
+    cudaGraphExec_t exec = nullptr;
     ASSERT_EQ(cudaGraphInstantiate(&exec, captured, 0), cudaSuccess);
     cudaGraphDestroy(captured);
+    // Every element is zero (the exact sum) or NaN (poisoned), nothing else.
+    std::vector<std::uint16_t> host(kCount);
+    auto last_exact = Clock::now();
+    std::optional<Clock::time_point> first_poisoned;
+    int replays_poisoned = 0;
+    for (int i = 0; i < 1000000; ++i) {
+      if (g_boot->rank() == victim && i == fault_at) fault();
+      ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(host.data(), out.get(), kCount * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      int zero = 0, nan = 0;
+      for (std::uint16_t v : host) {
+        zero += v == 0 ? 1 : 0;
+        nan += (v & 0x7F80u) == 0x7F80u && (v & 0x7Fu) != 0 ? 1 : 0;
+      }
+      ASSERT_EQ(zero + nan, kCount) << "replay " << i << ": an element neither exact nor NaN";
+      if (first_poisoned) {
+        ASSERT_EQ(nan, kCount) << "replay " << i << " after a poisoned one";
+      }
+      if (nan == 0) last_exact = Clock::now();
+      if (nan > 0 && !first_poisoned) first_poisoned = Clock::now();
+      if (nan > 0) ++replays_poisoned;
+      bool done = replays_poisoned >= 20;
+      if (o.failure_mode == FailureMode::kCallback) {
+        std::lock_guard lock(told_mu);
+        done = done && told.has_value();
+      }
+      if (done) break;
+      ASSERT_LT(Clock::now() - last_exact, std::chrono::seconds(20)) << "nothing after 20 s";
+    }
+    cudaGraphExecDestroy(exec);
+    const double poisoned_s = std::chrono::duration<double>(*first_poisoned - last_exact).count();
+    double told_s = -1;
+    if (o.failure_mode == FailureMode::kCallback) {
+      std::lock_guard lock(told_mu);
+      told_s = std::chrono::duration<double>(*told - last_exact).count();
+      EXPECT_LT(told_s, stop ? o.timeout_ms / 1000.0 + 1.0 : 1.0) << told_message;
+    }
+    // Raise (and callback): the group is failed, without a call having asked.
+    const Status health = g->health();
+    EXPECT_EQ(health, stop ? Status::kTimeout : Status::kAborted) << g->last_error();
+    std::printf(
+        "rank %d %s (%s, graph replays, %s): first poisoned replay %.3f s after the last exact "
+        "one, %d poisoned replays, told %.3f s after: %s\n",
+        victim, stop ? "stopped" : "killed", o.algo.c_str(),
+        std::string(to_string(o.failure_mode)).c_str(), poisoned_s, replays_poisoned, told_s,
+        g->last_error().c_str());
+    g.reset();
+    return;
   }
-  using Clock = std::chrono::steady_clock;
   auto last_ok = Clock::now();
   Status failed = Status::kOk;
   for (int i = 0; i < 100000 && failed == Status::kOk; ++i) {
-    if (g_boot->rank() == victim && i == (graph ? 20 : 200)) ::raise(SIGKILL);
-    if (graph) {
-      ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
-      failed = g->health();
-    } else {
-      failed = ar();
-    }
-    if (failed == Status::kOk && (graph || i % 10 == 9)) {
+    if (g_boot->rank() == victim && i == fault_at) fault();
+    failed = ar();
+    if (failed == Status::kOk && i % 10 == 9) {
       ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
       failed = g->health();
       if (failed == Status::kOk) last_ok = Clock::now();
     }
     ASSERT_LT(Clock::now() - last_ok, std::chrono::seconds(20)) << "no error after 20 s";
   }
-  if (exec != nullptr) cudaGraphExecDestroy(exec);
   const auto noticed = Clock::now();
-  EXPECT_EQ(failed, Status::kAborted) << g->last_error();
+  EXPECT_EQ(failed, stop ? Status::kTimeout : Status::kAborted) << g->last_error();
   const std::string gone = "rank " + std::to_string(victim) + " left";
-  EXPECT_NE(g->last_error().find(victim == 0 ? "rank 0, or the process serving" : gone.c_str()),
-            std::string::npos)
-      << g->last_error();
+  if (!stop) {
+    EXPECT_NE(g->last_error().find(victim == 0 ? "rank 0, or the process serving" : gone.c_str()),
+              std::string::npos)
+        << g->last_error();
+  }
   const double notice_s = std::chrono::duration<double>(noticed - last_ok).count();
-  EXPECT_LT(notice_s, 1.0);
+  EXPECT_LT(notice_s, stop ? o.timeout_ms / 1000.0 + 1.0 : 1.0);
   ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
   const std::string error = g->last_error();
   g.reset();
   const double teardown_s = std::chrono::duration<double>(Clock::now() - noticed).count();
   EXPECT_LT(teardown_s, 2.0);
   std::printf(
-      "rank %d killed (%s%s): error %.3f s after the last good call, group destroyed %.3f s "
+      "rank %d %s (%s): error %.3f s after the last good call, group destroyed %.3f s "
       "later: %s\n",
-      victim, o.algo.c_str(), graph ? ", graph replays" : "", notice_s, teardown_s, error.c_str());
+      victim, stop ? "stopped" : "killed", o.algo.c_str(), notice_s, teardown_s, error.c_str());
+}
+
+// Ranks that call different collectives, across processes: the same size of different element
+// counts (both Lamport), and an all-reduce against an all-gather (different kinds of kernel,
+// noticed at a short deadline). Every rank fails with kMismatch naming both calls.
+TEST(MultiProcess, MismatchedCallsFailEveryRank) {
+  if (g_boot->world_size() != 2) GTEST_SKIP() << "two ranks";
+  for (const bool kinds : {false, true}) {
+    SCOPED_TRACE(kinds ? "all-reduce vs all-gather" : "4096 vs 8192 elements");
+    Options o = mgpu_options("auto");
+    o.timeout_ms = 3000;
+    Group g(*g_boot, g_device, o);
+    StreamHolder stream;
+    DeviceBuffer in(8192 * 2), out(2 * 8192 * 2);
+    ASSERT_EQ(cudaMemset(in.get(), 0, 8192 * 2), cudaSuccess);
+    const int rank = g_boot->rank();
+    const std::int64_t n = rank == 0 || kinds ? 4096 : 8192;
+    Status s;
+    if (kinds && rank == 1)
+      s = g.all_gather(TensorView::flat(in.get(), DType::kBF16, n, g_device),
+                       TensorView::flat(out.get(), DType::kBF16, 2 * n, g_device), stream.stream());
+    else
+      s = g.all_reduce(TensorView::flat(in.get(), DType::kBF16, n, g_device),
+                       TensorView::flat(out.get(), DType::kBF16, n, g_device), stream.stream());
+    ASSERT_EQ(s, Status::kOk) << g.last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    EXPECT_EQ(g.health(), Status::kMismatch) << g.last_error();
+    const std::string other = kinds ? "rank 1 all_gather 4096" : "rank 1 all_reduce 8192";
+    EXPECT_NE(g.last_error().find("rank 0 all_reduce 4096"), std::string::npos) << g.last_error();
+    EXPECT_NE(g.last_error().find(other), std::string::npos) << g.last_error();
+    std::printf("rank %d: %s\n", rank, g.last_error().c_str());
+    g_boot->barrier();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a kernel that gives up leaves in its outputs: all-one bytes (NOTE [poisoned outputs]).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernels.hpp"
+
+namespace tpcomm::kernels {
+
+// NOTE [poisoned outputs]
+// A kernel that cannot complete its operation (a wait gave up, a peer's fingerprint differed, or
+// its rank had already failed: NOTE [bounded waits]) must not leave outputs that look like a
+// result, since a CUDA graph goes on replaying it and the caller may read them before anyone reads
+// the error. So every block that gives up fills every output of the operation with all-one
+// bytes: NaN in every floating type (f32, f16, bf16, f8e4m3, f8e5m2, f64), -1 in signed integers
+// and the largest value in unsigned ones (documented in the README). Each such block fills the
+// whole of each output, not only its share: blocks of the same launch that completed wrote exact
+// values, and element stores never tear (every store here and in the kernels is of whole,
+// naturally aligned elements or 16-byte packs of them), so each element ends either exact or
+// poisoned, never a mixture. Only the failure path pays for it.
+
+/// Fills `bytes` bytes at `out` (aligned to `elem`, which divides 16 and `bytes`) with all-one
+/// bytes, in stores of whole elements of `elem` bytes or 16-byte packs of them; every thread of
+/// the block calls it.
+__device__ inline void poison_block(void* out, std::int64_t bytes, int elem) {
+  if (out == nullptr || bytes <= 0) return;
+  auto* p = static_cast<char*>(out);
+  const auto misaligned = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p) % 16);
+  const std::int64_t head = misaligned == 0 ? 0 : std::min<std::int64_t>(16 - misaligned, bytes);
+  const std::int64_t packs = (bytes - head) / 16;
+  const std::int64_t tail = head + packs * 16;
+  auto element = [&](std::int64_t at) {
+    switch (elem) {
+      case 8:
+        *reinterpret_cast<std::uint64_t*>(p + at) = ~std::uint64_t{0};
+        break;
+      case 4:
+        *reinterpret_cast<std::uint32_t*>(p + at) = ~std::uint32_t{0};
+        break;
+      case 2:
+        *reinterpret_cast<std::uint16_t*>(p + at) = 0xFFFFu;
+        break;
+      default:
+        p[at] = static_cast<char>(0xFF);
+    }
+  };
+  for (std::int64_t at = threadIdx.x * elem; at < head; at += blockDim.x * elem) element(at);
+  const uint4 ones = make_uint4(~0u, ~0u, ~0u, ~0u);
+  for (std::int64_t i = threadIdx.x; i < packs; i += blockDim.x)
+    reinterpret_cast<uint4*>(p + head)[i] = ones;
+  for (std::int64_t at = tail + threadIdx.x * elem; at < bytes; at += blockDim.x * elem)
+    element(at);
+}
+
+/// Poisons every output of an all-reduce kernel over elements of type `T`: the sum (or
+/// residual_out), and with a fused epilogue the normalised rows and the per-row scales.
+template <class T>
+__device__ inline void poison_outputs_block(const AllReduceParams& p) {
+  poison_block(p.output, p.count * static_cast<std::int64_t>(sizeof(T)), sizeof(T));
+  const FusionParams& f = p.fusion;
+  if (f.kind == Fusion::kNone) return;
+  const FusionTraits t = traits(f.kind);
+  if (t.norm && f.norm_out != p.output) {
+    const int elem = t.quant == Quant::kNone ? static_cast<int>(sizeof(T)) : 1;
+    poison_block(f.norm_out, p.count * elem, elem);
+  }
+  if (t.quant == Quant::kFp8Token && f.hidden > 0)
+    poison_block(f.row_scales, p.count / f.hidden * 4, 4);
+}
+
+}  // namespace tpcomm::kernels
