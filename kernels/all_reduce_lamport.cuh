@@ -39,30 +39,30 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
     for (int r = 0; r < R; ++r) st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + v * 16, x);
   }
   lamport_refill<R>(p, f);
+  const uint4 header = lamport_load_header<R>(p, f);  // NOTE [fingerprints]
 
   // Poll this rank's buffer; reduce every pack in rank order once all slots hold it.
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
   T* out = static_cast<T*>(p.output);
   const bool out_aligned = is_aligned16(out);
   const Epilogue epilogue(p);
-  const LamportCheck* check = &f.check;
   bool ok = true;
   if constexpr (Epilogue::kRows) {
     ok = finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
       Pack<T> got[R];
-      if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait, check)) return false;
+      if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait)) return false;
       x = sum_packs<T, R>(got);
       return true;
     });
   } else {
     for (std::int64_t v = first; v < packs && ok; v += stride) {
       Pack<T> got[R];
-      ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait, check);
+      ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait);
       if (ok)
         store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
     }
   }
-  lamport_end<T>(p, f, ok, packs * 16);
+  lamport_end<T, R>(p, f, ok, packs * 16, header);
 }
 
 }  // namespace tpcomm::kernels

@@ -42,19 +42,18 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
                     lamport_outgoing(load_pack(in, v, count, in_aligned).raw));
   }
   lamport_refill<R>(p, f);
+  const uint4 header = lamport_load_header<R>(p, f);  // NOTE [fingerprints]
 
   // Reduce this rank's slice in rank order, finish it with the epilogue, and push each result to
   // slot `rank` of every rank.
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
   const Epilogue epilogue(p);
-  // Each thread checks the peers' fingerprints in its first poll, of either phase.
-  const LamportCheck* check = &f.check;
   bool ok = true;
 #pragma unroll 1
   for (std::int64_t i = first; i < slice && ok; i += stride) {
     if (p.rank * slice + i >= packs) break;
     Pack<T> got[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait, check);
+    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait);
     if (!ok) break;
     const std::int64_t v = p.rank * slice + i;
     const uint4 sum = lamport_outgoing(epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems).raw);
@@ -73,8 +72,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
       ok = finish_rows<T, /*kBareSums=*/false>(
           epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
             const int s = static_cast<int>(v / slice);
-            return lamport_poll_one<T, R>(mine + s * slot_bytes + (slice + v - s * slice) * 16, x,
-                                          f.wait, s, check);
+            return lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait,
+                                    s);
           });
     else
       ok = false;
@@ -86,14 +85,14 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
 #pragma unroll
       for (int s = 0; s < R; ++s) slots += s * slice + i < packs ? 1 : 0;
       Pack<T> sums[R];
-      ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, check, slots);
+      ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, slots);
       if (!ok) break;
 #pragma unroll
       for (int s = 0; s < R; ++s)
         if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);
     }
   }
-  lamport_end<T>(p, f, ok, 2 * slice * 16);
+  lamport_end<T, R>(p, f, ok, 2 * slice * 16, header);
 }
 
 }  // namespace tpcomm::kernels

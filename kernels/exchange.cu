@@ -109,7 +109,7 @@ __device__ __forceinline__ void poison_region(char* out, const CopyRegion& c) {
 
 /// What a block of the exchange that gives up leaves: every region of its output poisoned.
 template <int R, int V>
-__device__ __forceinline__ void poison_exchange(const ExchangeParams& p) {
+__device__ __noinline__ void poison_exchange(const ExchangeParams& p) {
 #pragma unroll
   for (int s = 0; s < R; ++s) poison_region<V>(static_cast<char*>(p.output), p.from[s]);
 }

@@ -79,13 +79,6 @@ __device__ __forceinline__ std::uint64_t lamport_header_fingerprint(uint4 h) {
   return fp;
 }
 
-/// What a thread checks before it first uses what its peers pushed: every rank's header in this
-/// operation's buffer, against this operation's (NOTE [fingerprints]).
-struct LamportCheck {
-  const char* headers;  // this rank's `lamport_fingerprint[buffer]`, one 16-byte entry per rank
-  uint4 expected;
-};
-
 /// Where one launch of a Lamport kernel works (NOTE [lamport]).
 struct LamportFrame {
   std::uint32_t seq;   // this operation's Lamport number
@@ -93,7 +86,6 @@ struct LamportFrame {
   int previous;        // the buffer the previous Lamport operation left behind
   std::int64_t stale;  // bytes per slot that operation used
   bool failed;         // this rank has failed: give up at once (NOTE [bounded waits])
-  LamportCheck check;
   WaitContext wait;
 };
 
@@ -119,8 +111,6 @@ __device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) 
   f.previous = static_cast<int>((f.seq + kLamportBuffers - 1) % kLamportBuffers);
   f.stale = dirty_shared[f.previous];
   f.failed = failed_shared != 0;
-  f.check = LamportCheck{reinterpret_cast<const char*>(self->lamport_fingerprint[f.buffer]),
-                         lamport_header(p.fingerprint)};
   return f;
 }
 
@@ -130,9 +120,18 @@ template <int R>
 __device__ __forceinline__ void lamport_push_header(const AllReduceParams& p,
                                                     const LamportFrame& f) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const uint4 header = lamport_header(p.fingerprint);
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-    st_volatile(p.pads[r]->lamport_fingerprint[f.buffer][p.rank], f.check.expected);
+  for (int r = 0; r < R; ++r) st_volatile(p.pads[r]->lamport_fingerprint[f.buffer][p.rank], header);
+}
+
+/// Thread t < R loads rank t's header of this operation's buffer when its block starts polling
+/// (NOTE [fingerprints]); `lamport_end` checks it. Other threads load nothing.
+template <int R>
+__device__ __forceinline__ uint4 lamport_load_header(const AllReduceParams& p,
+                                                     const LamportFrame& f) {
+  if (threadIdx.x >= R) return uint4{};
+  return ld_volatile(p.pads[p.rank]->lamport_fingerprint[f.buffer][threadIdx.x]);
 }
 
 /// Refills with the empty mark what the previous operation left in this rank's buffer; the
@@ -152,59 +151,16 @@ __device__ __forceinline__ void lamport_refill(const AllReduceParams& p, const L
     reinterpret_cast<uint4*>(p.pads[p.rank]->lamport_fingerprint[f.previous])[first] = empty;
 }
 
-/// Waits for the headers `h` (loaded from `c.headers`) to arrive and compares each with this
-/// operation's; false when a wait gave up or one differs (reported as kMismatch).
-template <int R>
-__device__ __forceinline__ bool lamport_agree(const LamportCheck& c, uint4 (&h)[R],
-                                              const WaitContext& w) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    uint4 x = h[r];
-    if (!lamport_arrived(x)) {
-      const char* at = c.headers + r * 16;
-      if (!wait_until<ErrorWord::kLamportCount>(
-              [&] {
-                x = ld_volatile(at);
-                return lamport_arrived(x);
-              },
-              w, r))
-        return false;
-    }
-    if (x.x != c.expected.x || x.y != c.expected.y || x.z != c.expected.z || x.w != c.expected.w) {
-      report<ErrorWord::kLamportCount>(w, ErrorWord::kMismatch, r, lamport_header_fingerprint(x));
-      return false;
-    }
-  }
-  return true;
-}
-
-/// Loads every rank's header of `check` (nothing when null); `lamport_agree` then checks them.
-template <int R>
-__device__ __forceinline__ void lamport_load_headers(const LamportCheck* check, uint4 (&h)[R]) {
-  if (check == nullptr) return;
-#pragma unroll
-  for (int r = 0; r < R; ++r) h[r] = ld_volatile(check->headers + r * 16);
-}
-
 /// Polls the pack at `offset` bytes into slots 0..`slots`-1 of `buffer` (this rank's, as
 /// mapped here) until none holds the empty mark; the packs in `got`. False when a wait gave up
 /// (NOTE [bounded waits]).
-/// With `check` (a thread's first poll), every rank's header is loaded with the packs and
-/// checked before them (NOTE [fingerprints]), and `check` is then cleared.
 template <class T, int R>
 __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t slot_bytes,
                                              std::int64_t offset, Pack<T> (&got)[R],
-                                             const WaitContext& w, const LamportCheck*& check,
-                                             int slots = R) {
+                                             const WaitContext& w, int slots = R) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (r < slots) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
-  uint4 headers[R];
-  lamport_load_headers<R>(check, headers);
-  if (check != nullptr) {
-    if (!lamport_agree<R>(*check, headers, w)) return false;
-    check = nullptr;
-  }
   bool ok = true;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -224,17 +180,11 @@ __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t sl
 }
 
 /// Polls the pack at `at` until it holds no empty mark; false when the wait gave up, naming
-/// `peer` as the rank waited for. `check` as for `lamport_poll`.
-template <class T, int R>
+/// `peer` as the rank waited for.
+template <class T>
 __device__ __forceinline__ bool lamport_poll_one(const char* at, Pack<T>& got, const WaitContext& w,
-                                                 int peer, const LamportCheck*& check) {
+                                                 int peer) {
   uint4 x = ld_volatile(at);
-  uint4 headers[R];
-  lamport_load_headers<R>(check, headers);
-  if (check != nullptr) {
-    if (!lamport_agree<R>(*check, headers, w)) return false;
-    check = nullptr;
-  }
   bool ok = true;
   if (!lamport_arrived(x))
     ok = wait_until<ErrorWord::kLamportCount>(
@@ -247,13 +197,39 @@ __device__ __forceinline__ bool lamport_poll_one(const char* at, Pack<T>& got, c
   return ok;
 }
 
-/// Ends a Lamport launch that used `used` bytes of every slot: records them for the next
-/// operation's refill and the new operation count (`end_launch`). Every thread calls it with
-/// its own `ok`; after a failed wait it records nothing and poisons the outputs (NOTE [poisoned
-/// outputs]).
-template <class T>
+/// Thread t < R: whether rank t's header `seen` (from `lamport_load_header`, polled again until
+/// it arrives) carries this operation's fingerprint; kMismatch reported where not (NOTE
+/// [fingerprints]). True in other threads.
+template <int R>
+__device__ __forceinline__ bool lamport_check_header(const AllReduceParams& p,
+                                                     const LamportFrame& f, uint4 seen) {
+  const int t = static_cast<int>(threadIdx.x);
+  if (t >= R) return true;
+  if (!lamport_arrived(seen)) {
+    const void* at = p.pads[p.rank]->lamport_fingerprint[f.buffer][t];
+    if (!wait_until<ErrorWord::kLamportCount>(
+            [&] {
+              seen = ld_volatile(at);
+              return lamport_arrived(seen);
+            },
+            f.wait, t))
+      return false;
+  }
+  const uint4 mine = lamport_header(p.fingerprint);
+  if (seen.x == mine.x && seen.y == mine.y && seen.z == mine.z && seen.w == mine.w) return true;
+  report<ErrorWord::kLamportCount>(f.wait, ErrorWord::kMismatch, t,
+                                   lamport_header_fingerprint(seen));
+  return false;
+}
+
+/// Ends a Lamport launch that used `used` bytes of every slot: checks the peers' headers
+/// (`header`, from `lamport_load_header`), records the bytes for the next operation's refill and
+/// the new operation count (`end_launch`). Every thread calls it with its own `ok`; after a
+/// failed wait or check it records nothing and poisons the outputs (NOTE [poisoned outputs]).
+template <class T, int R>
 __device__ __forceinline__ void lamport_end(const AllReduceParams& p, const LamportFrame& f,
-                                            bool ok, std::int64_t used) {
+                                            bool ok, std::int64_t used, uint4 header) {
+  ok = ok && lamport_check_header<R>(p, f, header);
   if (!__syncthreads_and(ok)) return poison_outputs_block<T>(p);
   SignalPad* self = p.pads[p.rank];
   if (blockIdx.x == 0 && threadIdx.x == 0)

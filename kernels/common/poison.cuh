@@ -22,8 +22,8 @@ namespace tpcomm::kernels {
 
 /// Fills `bytes` bytes at `out` (aligned to `elem`, which divides 16 and `bytes`) with all-one
 /// bytes, in stores of whole elements of `elem` bytes or 16-byte packs of them; every thread of
-/// the block calls it.
-__device__ inline void poison_block(void* out, std::int64_t bytes, int elem) {
+/// the block calls it. Not inlined: the failure path stays out of the kernels' hot code.
+static __device__ __noinline__ void poison_block(void* out, std::int64_t bytes, int elem) {
   if (out == nullptr || bytes <= 0) return;
   auto* p = static_cast<char*>(out);
   const auto misaligned = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p) % 16);
@@ -56,7 +56,7 @@ __device__ inline void poison_block(void* out, std::int64_t bytes, int elem) {
 /// Poisons every output of an all-reduce kernel over elements of type `T`: the sum (or
 /// residual_out), and with a fused epilogue the normalised rows and the per-row scales.
 template <class T>
-__device__ inline void poison_outputs_block(const AllReduceParams& p) {
+__device__ __noinline__ void poison_outputs_block(const AllReduceParams& p) {
   poison_block(p.output, p.count * static_cast<std::int64_t>(sizeof(T)), sizeof(T));
   const FusionParams& f = p.fusion;
   if (f.kind == Fusion::kNone) return;

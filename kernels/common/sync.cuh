@@ -47,13 +47,19 @@ namespace tpcomm::kernels {
 // Every operation carries a 64-bit fingerprint of the call (the operation, dtype, element count
 // and shape parameters; backends/fingerprint.hpp), the same on every rank for the same call, and
 // the group's call number. Kernels check the fingerprints of the peers whose data they take:
-//  - the barrier kernels (one-shot, two-shot, the exchange): each thread that publishes a barrier
-//    flag to peer t first writes its fingerprint into peer t's `SignalPad::fingerprints`, and
-//    after the flag arrived compares what peer t wrote there with its own (pattern 2 makes it
-//    visible). One more store and load per barrier, off the data path;
+//  - the barrier kernels (one-shot, two-shot, the exchange): a barrier flag is 64 bits, the
+//    barrier value and a 32-bit hash of the fingerprint, stored and loaded as one word, so the
+//    check costs no memory operation. A waiter that finds the peer's flag exactly at its barrier
+//    compares the hashes; one that finds it past the barrier need not, since the peer passed the
+//    barrier only after finding this rank's flag there with an equal hash (the first of two ranks
+//    to pass a barrier always saw the other exactly at it);
 //  - the Lamport kernels: block 0 pushes a 16-byte header with the fingerprint into every rank's
-//    `SignalPad::lamport_fingerprint` of the buffer it pushes into, before its data; each thread
-//    loads the headers together with its first packs and compares them before it stores anything.
+//    `SignalPad::lamport_fingerprint` of the buffer it pushes into, before its data. Thread t < R
+//    of every block loads rank t's header when the block starts polling, and compares it after
+//    the block's data (polling again if it had not arrived) and before the block ends: a block
+//    that finds a difference poisons the outputs after its own stores, so every element ends
+//    poisoned, and fails the operation, which makes the blocks still waiting for data that will
+//    never come give up too. One load per thread t < R, off the data path.
 // A difference fails the operation with kMismatch on every rank that sees it, naming both calls.
 // Ranks whose calls took different kinds of kernel (a Lamport kernel on one, a barrier kernel or
 // NCCL on another) never meet: they wait until the deadline, and the host then reads the peer's
@@ -66,14 +72,14 @@ __device__ __forceinline__ std::uint64_t globaltimer_ns() {
   return t;
 }
 
-__device__ __forceinline__ std::uint32_t ld_acquire_sys(const std::uint32_t* p) {
-  std::uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ std::uint64_t ld_acquire_sys(const std::uint64_t* p) {
+  std::uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 
-__device__ __forceinline__ void st_release_sys(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void st_release_sys(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 /// True once a flag that only grows has reached `target`, across 32-bit wrap-around.
@@ -145,15 +151,21 @@ __device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, 
   }
 }
 
-/// Spins until `*flag` reaches `target` (pattern 2). False when it gave up (NOTE [bounded waits]).
-__device__ inline bool wait_flag(const std::uint32_t* flag, std::uint32_t target,
-                                 const WaitContext& w, int peer) {
-  return wait_until<ErrorWord::kBarrierCount>([&] { return reached(ld_acquire_sys(flag), target); },
-                                              w, peer);
+/// The 32 bits of a fingerprint that travel in a barrier flag (NOTE [fingerprints]).
+__device__ __forceinline__ std::uint32_t flag_hash(std::uint64_t fingerprint) {
+  return static_cast<std::uint32_t>(fingerprint ^ (fingerprint >> 32));
 }
 
-__device__ __forceinline__ std::uint64_t ld_volatile_u64(const std::uint64_t* p) {
-  return *reinterpret_cast<const volatile std::uint64_t*>(p);
+/// Spins until the barrier value of `*flag` (its low half) reaches `target` (pattern 2); the
+/// flag as last read in `*seen`. False when it gave up (NOTE [bounded waits]).
+__device__ inline bool wait_flag(const std::uint64_t* flag, std::uint32_t target,
+                                 const WaitContext& w, int peer, std::uint64_t* seen) {
+  return wait_until<ErrorWord::kBarrierCount>(
+      [&] {
+        *seen = ld_acquire_sys(flag);
+        return reached(static_cast<std::uint32_t>(*seen), target);
+      },
+      w, peer);
 }
 
 /// Barrier of this block with block `blockIdx.x` of every peer (patterns 1 and 2), checking that
@@ -168,18 +180,15 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
   bool ok = true;
   const int t = static_cast<int>(threadIdx.x);
   if (t < R && t != rank) {
-    const std::uint32_t parity = (value / SignalPad::kPhases) & 1u;
-    *reinterpret_cast<volatile std::uint64_t*>(&pads[t]->fingerprints[parity][blockIdx.x][rank]) =
-        w.fingerprint;
-    st_release_sys(&pads[t]->flags[blockIdx.x][rank], value);
-    ok = wait_flag(&pads[rank]->flags[blockIdx.x][t], value, w, t);
-    if (ok) {
-      const std::uint64_t theirs =
-          ld_volatile_u64(&pads[rank]->fingerprints[parity][blockIdx.x][t]);
-      if (theirs != w.fingerprint) {
-        report<ErrorWord::kBarrierCount>(w, ErrorWord::kMismatch, t, theirs);
-        ok = false;
-      }
+    const std::uint64_t hash = flag_hash(w.fingerprint);
+    st_release_sys(&pads[t]->flags[blockIdx.x][rank], hash << 32 | value);
+    std::uint64_t seen = 0;
+    ok = wait_flag(&pads[rank]->flags[blockIdx.x][t], value, w, t, &seen);
+    // A peer already past this barrier checked this rank's hash at it (and would have failed
+    // instead of moving on); one exactly at it is checked here.
+    if (ok && static_cast<std::uint32_t>(seen) == value && (seen >> 32) != hash) {
+      report<ErrorWord::kBarrierCount>(w, ErrorWord::kMismatch, t);
+      ok = false;
     }
   }
   return __syncthreads_and(ok) != 0;

@@ -235,7 +235,9 @@ struct CustomAllReduce::Impl {
     std::uint64_t peer_fingerprint = 0;
     const std::uint32_t* words[3] = {
         lamport ? &own->lamport_seq[e.block] : &own->seq[e.block],
-        lamport ? &theirs->lamport_started[e.block] : &own->flags[e.block][e.peer],
+        // A flag's barrier value is its low half (NOTE [signal pad]; little-endian).
+        lamport ? &theirs->lamport_started[e.block]
+                : reinterpret_cast<const std::uint32_t*>(&own->flags[e.block][e.peer]),
         &theirs->posted_call};
     int previous = 0;
     if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return {};
@@ -271,8 +273,10 @@ struct CustomAllReduce::Impl {
           detail::concat("ranks called different collectives (call ", e.call, "): rank ", e.rank,
                          " ", mine, ", rank ", e.peer, " ", describe_fingerprint(theirs))};
     };
-    if (e.code == ErrorWord::kMismatch) return mismatch(e.peer_fingerprint);
     const std::optional<Progress> p = progress(e, stream);
+    // The barrier kernels see a hash of the peer's fingerprint only: the peer posted the whole.
+    if (e.code == ErrorWord::kMismatch)
+      return mismatch(e.peer_fingerprint != 0 ? e.peer_fingerprint : p ? p->peer_fingerprint : 0);
     // A peer that waits in the same call with another fingerprint took another kind of kernel.
     if (e.code == ErrorWord::kTimeout && p && p->peer_call == e.call &&
         p->peer_fingerprint != e.fingerprint && p->peer_fingerprint != 0)

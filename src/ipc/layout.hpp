@@ -22,14 +22,15 @@ inline constexpr std::uint16_t kLamportEmpty = 0x8000;
 // NOTE [signal pad]
 // Every rank owns one SignalPad at the start of its workspace; peers write into it through
 // their mapping of it. `flags[b][p]` holds the latest barrier value that peer p's block b
-// published to this rank; only peer p's block b writes it, so there is one writer per word
-// (no torn bytes, no remote atomics). Values only grow: a barrier of operation `seq` in phase
-// `ph` publishes `seq * kPhases + ph`, and a waiter proceeds once the word has reached the value
-// it expects (wrap-safe comparison, see kernels/common/sync.cuh), so a fast peer that already
-// published a later value never blocks a slow one and nothing is ever reset while a peer might
-// read it. `seq` is the operation count of this rank's group: every rank runs the same
-// operations in the same order, so the counts agree across ranks. It is kept once per block
-// index, written only by this rank's own kernels: block b of a launch of G blocks reads
+// published to this rank (its low 32 bits; the high 32 bits carry a hash of that operation's
+// fingerprint, NOTE [fingerprints] in kernels/common/sync.cuh); only peer p's block b writes it,
+// so there is one writer per word (no torn bytes, no remote atomics). Values only grow: a barrier
+// of operation `seq` in phase `ph` publishes `seq * kPhases + ph`, and a waiter proceeds once the
+// word has reached the value it expects (wrap-safe comparison, see kernels/common/sync.cuh), so a
+// fast peer that already published a later value never blocks a slow one and nothing is ever reset
+// while a peer might read it. `seq` is the operation count of this rank's group: every rank runs
+// the same operations in the same order, so the counts agree across ranks. It is kept once per
+// block index, written only by this rank's own kernels: block b of a launch of G blocks reads
 // `seq[b]` when it starts and, when it ends, writes the new count into entries b, b + G,
 // b + 2G, ... So after a complete launch every entry holds the same count whatever grid the
 // next launch uses, no entry is written while a block of the same launch may still read it,
@@ -37,7 +38,7 @@ inline constexpr std::uint16_t kLamportEmpty = 0x8000;
 struct alignas(128) SignalPad {
   static constexpr std::uint32_t kPhases = 4;  // 1 start, 2 middle (two-shot), 3 end
 
-  std::uint32_t flags[kMaxBlocks][kMaxRanks];
+  std::uint64_t flags[kMaxBlocks][kMaxRanks];
   std::uint32_t seq[kMaxBlocks];
   /// The count of Lamport operations, kept like `seq` (NOTE [lamport]).
   std::uint32_t lamport_seq[kMaxBlocks];
@@ -51,11 +52,6 @@ struct alignas(128) SignalPad {
   /// Written by peer r through its mapping at setup, read back here: proves that the mapping
   /// really carries data before any kernel relies on it.
   std::uint64_t probe[kMaxRanks];
-  /// `fingerprints[seq % 2][b][p]`: the fingerprint of the operation in which peer p's block b
-  /// published its latest barrier value to this rank, written before that flag (NOTE
-  /// [fingerprints]). By the parity of the operation count: a peer is at most one barrier ahead,
-  /// so it never overwrites the entry of an operation this rank still checks.
-  std::uint64_t fingerprints[2][kMaxBlocks][kMaxRanks];
   /// `lamport_fingerprint[j][p]`: the 16-byte header that peer p pushes with its data into
   /// Lamport buffer j, emptied and refilled like the buffer's slots (NOTE [lamport]).
   alignas(16) std::uint32_t lamport_fingerprint[kLamportBuffers][kMaxRanks][4];
@@ -69,7 +65,7 @@ struct alignas(128) SignalPad {
 };
 static_assert(std::is_trivially_copyable_v<SignalPad>);
 static_assert(offsetof(SignalPad, flags) == 0);
-static_assert(offsetof(SignalPad, seq) == sizeof(std::uint32_t) * kMaxBlocks * kMaxRanks);
+static_assert(offsetof(SignalPad, seq) == sizeof(std::uint64_t) * kMaxBlocks * kMaxRanks);
 static_assert(sizeof(SignalPad) % 128 == 0);
 static_assert(offsetof(SignalPad, lamport_fingerprint) % 16 == 0);
 static_assert(sizeof(SignalPad::lamport_fingerprint) % 16 == 0);
