@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReducePara
     for (; v < packs; v += stride)
       store_pack_ws(f.staging_self, v, load_pack(in, v, count, in_aligned));
   }
-  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait))
+  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), p.fingerprint, f.wait))
     return poison_outputs_block<T>(p);
   if (!p.end_barrier) allow_next_launch();
 
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(1024) all_reduce_one_shot_kernel(AllReducePara
   // Registered inputs belong to the caller again when this kernel ends: wait until every peer
   // has read them.
   if (p.end_barrier) {
-    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait))
+    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), p.fingerprint, f.wait))
       return poison_outputs_block<T>(p);
     allow_next_launch();
   }

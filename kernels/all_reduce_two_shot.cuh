@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
         if (const std::int64_t v = s * slice + i; v < packs)
           store_pack_ws(f.staging_self, v, load_pack(in, v, count, in_aligned));
   }
-  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), f.wait))
+  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(1), p.fingerprint, f.wait))
     return poison_outputs_block<T>(p);
 
   // Reduce-scatter: this rank's slice, summed in rank order (bitwise the same as one-shot) and
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
     if (const std::int64_t v = p.rank * slice + i; v < packs)
       store_pack_ws(scratch_self, v,
                     epilogue(reduce_pack<T, R>(f.src, v, count, src_aligned), v * Pack<T>::kElems));
-  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(2), f.wait))
+  if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(2), p.fingerprint, f.wait))
     return poison_outputs_block<T>(p);
   if (!p.end_barrier) allow_next_launch();
 
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(1024) all_reduce_two_shot_kernel(AllReducePara
   // The next operation's reduce-scatter overwrites scratch only after its start barrier, so
   // only registered inputs need the end barrier (NOTE [staging]).
   if (p.end_barrier) {
-    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), f.wait))
+    if (!barrier_block<R>(p.pads, p.rank, f.barrier_value(3), p.fingerprint, f.wait))
       return poison_outputs_block<T>(p);
     allow_next_launch();
   }

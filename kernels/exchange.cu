@@ -91,9 +91,10 @@ __device__ __forceinline__ void copy_region(const char* src, char* out, const Co
 }
 
 /// Fills region `c` of `out` with all-one bytes (NOTE [poisoned outputs] in
-/// kernels/common/poison.cuh), the whole of it from this block alone.
+/// kernels/common/poison.cuh), the whole of it from this block alone. Not inlined, and `c` by
+/// value (see `poison_block`).
 template <int V>
-__device__ __forceinline__ void poison_region(char* out, const CopyRegion& c) {
+__device__ __noinline__ void poison_region(char* out, CopyRegion c) {
   using A = typename Access<V>::type;
   const auto per_row = static_cast<std::uint32_t>(c.row_bytes / V);
   if (per_row == 0 || c.rows == 0) return;
@@ -109,7 +110,7 @@ __device__ __forceinline__ void poison_region(char* out, const CopyRegion& c) {
 
 /// What a block of the exchange that gives up leaves: every region of its output poisoned.
 template <int R, int V>
-__device__ __noinline__ void poison_exchange(const ExchangeParams& p) {
+__device__ __forceinline__ void poison_exchange(const ExchangeParams& p) {
 #pragma unroll
   for (int s = 0; s < R; ++s) poison_region<V>(static_cast<char*>(p.output), p.from[s]);
 }
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
   if (threadIdx.x == 0) {
     SignalPad* self = p.pads[p.rank];
     seq_shared = self->seq[blockIdx.x] + 1u;
-    failed_shared = start_operation(self, wait);
+    failed_shared = start_operation(self, p.fingerprint, p.call);
   }
   const void* registered[R];
 #pragma unroll
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
                                       : staging_half(p, r, seq);
   // Pattern 2 of NOTE [memory ordering]: every peer's input (staged by a kernel that completed
   // before its exchange kernel began, or registered) is complete once its flag arrives.
-  if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 1, wait))
+  if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 1, p.fingerprint, wait))
     return poison_exchange<R, V>(p);
   if (!p.end_barrier) allow_next_launch();
 
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
 
   // Registered inputs belong to their callers again when the kernel ends.
   if (p.end_barrier) {
-    if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 3, wait))
+    if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 3, p.fingerprint, wait))
       return poison_exchange<R, V>(p);
     allow_next_launch();
   }

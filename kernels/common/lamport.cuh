@@ -102,7 +102,7 @@ __device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) 
     seq_shared = self->lamport_seq[blockIdx.x] + 1u;
 #pragma unroll
     for (int b = 0; b < kLamportBuffers; ++b) dirty_shared[b] = self->lamport_dirty[b];
-    failed_shared = start_operation(self, f.wait);
+    failed_shared = start_operation(self, p.fingerprint, p.call);
     self->lamport_started[blockIdx.x] = seq_shared;  // NOTE [bounded waits]
   }
   __syncthreads();

@@ -22,7 +22,9 @@ namespace tpcomm::kernels {
 
 /// Fills `bytes` bytes at `out` (aligned to `elem`, which divides 16 and `bytes`) with all-one
 /// bytes, in stores of whole elements of `elem` bytes or 16-byte packs of them; every thread of
-/// the block calls it. Not inlined: the failure path stays out of the kernels' hot code.
+/// the block calls it. Not inlined, so that the failure path stays out of the kernels' hot code;
+/// it takes only values: a kernel parameter whose address reached a call that is not inlined
+/// would be copied to local memory at every launch.
 static __device__ __noinline__ void poison_block(void* out, std::int64_t bytes, int elem) {
   if (out == nullptr || bytes <= 0) return;
   auto* p = static_cast<char*>(out);
@@ -56,7 +58,7 @@ static __device__ __noinline__ void poison_block(void* out, std::int64_t bytes, 
 /// Poisons every output of an all-reduce kernel over elements of type `T`: the sum (or
 /// residual_out), and with a fused epilogue the normalised rows and the per-row scales.
 template <class T>
-__device__ __noinline__ void poison_outputs_block(const AllReduceParams& p) {
+__device__ __forceinline__ void poison_outputs_block(const AllReduceParams& p) {
   poison_block(p.output, p.count * static_cast<std::int64_t>(sizeof(T)), sizeof(T));
   const FusionParams& f = p.fusion;
   if (f.kind == Fusion::kNone) return;

@@ -87,28 +87,26 @@ __device__ __forceinline__ bool reached(std::uint32_t value, std::uint32_t targe
   return static_cast<std::int32_t>(value - target) >= 0;
 }
 
-/// Where a wait gives up: deadline, abort flag, the report to fill, and what the operation is.
+/// Where a wait gives up: deadline, abort flag, and the reports to fill.
 struct WaitContext {
   std::uint64_t timeout_ns;  // 0 = no deadline
   const std::uint32_t* abort_flag;
   ErrorWord* error;
   std::uint32_t* failed;  // this rank's `SignalPad::failed`
-  std::uint64_t fingerprint;
-  std::uint32_t call;
   int rank;
 };
 
 /// The wait context of a kernel's parameters (`AllReduceParams` or `ExchangeParams`).
 template <class Params>
 __device__ __forceinline__ WaitContext wait_context(const Params& p) {
-  return WaitContext{p.timeout_ns,  p.abort_flag, p.error, &p.pads[p.rank]->failed,
-                     p.fingerprint, p.call,       p.rank};
+  return WaitContext{p.timeout_ns, p.abort_flag, p.error, &p.pads[p.rank]->failed, p.rank};
 }
 
 /// Records in the host-mapped error word that this block gave up waiting for `peer` (`code`),
 /// and which count (`Counter`: ErrorWord::kBarrierCount or kLamportCount) numbers its operations;
-/// the host then reads which operation it was and how far that peer got (NOTE [bounded waits]).
-/// Marks the rank failed, so that its later kernels give up at their start.
+/// the host then reads which operation and call it was (this rank's posted call) and how far that
+/// peer got (NOTE [bounded waits]). Marks the rank failed, so that its later kernels give up at
+/// their start.
 template <std::uint32_t Counter>
 __device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer,
                                        std::uint64_t peer_fingerprint = 0) {
@@ -117,8 +115,6 @@ __device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code,
   e->peer = static_cast<std::uint32_t>(peer);
   e->block = blockIdx.x;
   e->counter = Counter;
-  e->call = w.call;
-  e->fingerprint = w.fingerprint;
   e->peer_fingerprint = peer_fingerprint;
   *reinterpret_cast<volatile std::uint32_t*>(w.failed) = code;
   __threadfence_system();
@@ -169,18 +165,18 @@ __device__ inline bool wait_flag(const std::uint64_t* flag, std::uint32_t target
 }
 
 /// Barrier of this block with block `blockIdx.x` of every peer (patterns 1 and 2), checking that
-/// every peer is in an operation with this one's fingerprint (NOTE [fingerprints]). `pads[r]` is
+/// every peer is in an operation with this one's `fingerprint` (NOTE [fingerprints]). `pads[r]` is
 /// rank r's signal pad as mapped here; `value` is `seq * kPhases + phase`. Every thread of the
 /// block must call it; returns false in every thread when any wait gave up or a fingerprint
 /// differed.
 template <int R>
 __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, std::uint32_t value,
-                                              const WaitContext& w) {
+                                              std::uint64_t fingerprint, const WaitContext& w) {
   __syncthreads();
   bool ok = true;
   const int t = static_cast<int>(threadIdx.x);
   if (t < R && t != rank) {
-    const std::uint64_t hash = flag_hash(w.fingerprint);
+    const std::uint64_t hash = flag_hash(fingerprint);
     st_release_sys(&pads[t]->flags[blockIdx.x][rank], hash << 32 | value);
     std::uint64_t seen = 0;
     ok = wait_flag(&pads[rank]->flags[blockIdx.x][t], value, w, t, &seen);
@@ -194,16 +190,19 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
   return __syncthreads_and(ok) != 0;
 }
 
-/// The start of every operation's kernel, after `begin_launch`: block 0 posts the operation's
-/// fingerprint and call number in this rank's pad (NOTE [fingerprints]); returns this rank's
-/// `failed` word (NOTE [bounded waits]). Thread 0 only; its caller shares the answer with the
-/// block through the barrier it already has.
-__device__ __forceinline__ std::uint32_t start_operation(SignalPad* self, const WaitContext& w) {
-  if (blockIdx.x == 0) {
-    *reinterpret_cast<volatile std::uint64_t*>(&self->posted_fingerprint) = w.fingerprint;
-    *reinterpret_cast<volatile std::uint32_t*>(&self->posted_call) = w.call;
+/// The start of every operation's kernel, after `begin_launch`: returns this rank's `failed`
+/// word (NOTE [bounded waits]); while it is zero, block 0 posts the operation's fingerprint and
+/// call number in this rank's pad (NOTE [fingerprints]), so that after a failure the pad keeps
+/// the call that failed. Thread 0 only; its caller shares the answer with the block through the
+/// barrier it already has.
+__device__ __forceinline__ std::uint32_t start_operation(SignalPad* self, std::uint64_t fingerprint,
+                                                         std::uint32_t call) {
+  const std::uint32_t failed = *reinterpret_cast<const volatile std::uint32_t*>(&self->failed);
+  if (blockIdx.x == 0 && failed == 0) {
+    *reinterpret_cast<volatile std::uint64_t*>(&self->posted_fingerprint) = fingerprint;
+    *reinterpret_cast<volatile std::uint32_t*>(&self->posted_call) = call;
   }
-  return *reinterpret_cast<const volatile std::uint32_t*>(&self->failed);
+  return failed;
 }
 
 // NOTE [programmatic launch]

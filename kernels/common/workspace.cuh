@@ -47,7 +47,7 @@ __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams
   if (threadIdx.x == 0) {
     SignalPad* self = p.pads[p.rank];
     seq_shared = self->seq[blockIdx.x] + 1u;
-    failed_shared = start_operation(self, f.wait);
+    failed_shared = start_operation(self, p.fingerprint, p.call);
   }
   // Issued before the block waits for the count, so that both loads are in flight together.
   // Every index is a constant after unrolling, so `in` and `src` stay in registers.

@@ -218,7 +218,10 @@ struct CustomAllReduce::Impl {
     /// `lamport_started`.
     std::uint32_t op = 0;
     std::uint32_t peer_op = 0;
-    /// The call the peer's kernels last started, and its fingerprint (NOTE [fingerprints]).
+    /// The calls this rank's and the peer's kernels last started before they failed, and their
+    /// fingerprints (NOTE [fingerprints]).
+    std::uint32_t call = 0;
+    std::uint64_t fingerprint = 0;
     std::uint32_t peer_call = 0;
     std::uint64_t peer_fingerprint = 0;
   };
@@ -231,68 +234,75 @@ struct CustomAllReduce::Impl {
     };
     const SignalPad* own = pad(static_cast<std::uint32_t>(rank));
     const SignalPad* theirs = pad(e.peer);
-    std::array<std::uint32_t, 3> v{};
-    std::uint64_t peer_fingerprint = 0;
-    const std::uint32_t* words[3] = {
-        lamport ? &own->lamport_seq[e.block] : &own->seq[e.block],
+    Progress p;
+    std::uint32_t counts[2] = {};
+    struct Read {
+      void* to;
+      const void* from;
+      std::size_t bytes;
+    };
+    const Read reads[] = {
+        {&counts[0], lamport ? &own->lamport_seq[e.block] : &own->seq[e.block], 4},
         // A flag's barrier value is its low half (NOTE [signal pad]; little-endian).
-        lamport ? &theirs->lamport_started[e.block]
-                : reinterpret_cast<const std::uint32_t*>(&own->flags[e.block][e.peer]),
-        &theirs->posted_call};
+        {&counts[1],
+         lamport ? static_cast<const void*>(&theirs->lamport_started[e.block])
+                 : static_cast<const void*>(&own->flags[e.block][e.peer]),
+         4},
+        {&p.call, &own->posted_call, 4},
+        {&p.fingerprint, &own->posted_fingerprint, 8},
+        {&p.peer_call, &theirs->posted_call, 4},
+        {&p.peer_fingerprint, &theirs->posted_fingerprint, 8},
+    };
     int previous = 0;
     if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return {};
     bool read = true;
-    for (int i = 0; i < 3 && read; ++i)
-      read = cudaMemcpyAsync(&v[i], words[i], sizeof(v[i]), cudaMemcpyDeviceToHost, stream) ==
-             cudaSuccess;
-    read = read &&
-           cudaMemcpyAsync(&peer_fingerprint, &theirs->posted_fingerprint, sizeof(peer_fingerprint),
-                           cudaMemcpyDeviceToHost, stream) == cudaSuccess;
+    for (const Read& r : reads)
+      read = read &&
+             cudaMemcpyAsync(r.to, r.from, r.bytes, cudaMemcpyDeviceToHost, stream) == cudaSuccess;
     read = read && cudaStreamSynchronize(stream) == cudaSuccess;
     cudaSetDevice(previous);
     if (!read) return {};
-    Progress p;
-    p.op = v[0] + 1u;
-    p.peer_op = v[1];
+    p.op = counts[0] + 1u;
+    p.peer_op = counts[1];
     if (!lamport) {
-      const std::uint32_t low = v[1] / SignalPad::kPhases;
+      const std::uint32_t low = counts[1] / SignalPad::kPhases;
       p.peer_op =
           p.op + static_cast<std::uint32_t>(static_cast<std::int32_t>((low - p.op) << 2) >> 2);
     }
-    p.peer_call = v[2];
-    p.peer_fingerprint = peer_fingerprint;
     return p;
   }
 
   /// The status and message of the failure error word `e` reports.
   std::pair<Status, std::string> describe(const ErrorWord& e, cudaStream_t stream) const {
-    const std::string mine = describe_fingerprint(e.fingerprint);
+    const std::optional<Progress> p = progress(e, stream);
+    const std::uint32_t call = p ? p->call : 0;
+    const std::uint64_t fingerprint = p ? p->fingerprint : 0;
+    const std::string mine = describe_fingerprint(fingerprint);
     auto mismatch = [&](std::uint64_t theirs) {
       return std::pair{
           Status::kMismatch,
-          detail::concat("ranks called different collectives (call ", e.call, "): rank ", e.rank,
-                         " ", mine, ", rank ", e.peer, " ", describe_fingerprint(theirs))};
+          detail::concat("ranks called different collectives (call ", call, "): rank ", e.rank, " ",
+                         mine, ", rank ", e.peer, " ", describe_fingerprint(theirs))};
     };
-    const std::optional<Progress> p = progress(e, stream);
     // The barrier kernels see a hash of the peer's fingerprint only: the peer posted the whole.
     if (e.code == ErrorWord::kMismatch)
       return mismatch(e.peer_fingerprint != 0 ? e.peer_fingerprint : p ? p->peer_fingerprint : 0);
     // A peer that waits in the same call with another fingerprint took another kind of kernel.
-    if (e.code == ErrorWord::kTimeout && p && p->peer_call == e.call &&
-        p->peer_fingerprint != e.fingerprint && p->peer_fingerprint != 0)
+    if (e.code == ErrorWord::kTimeout && p && p->peer_call == call &&
+        p->peer_fingerprint != fingerprint && p->peer_fingerprint != 0)
       return mismatch(p->peer_fingerprint);
     const bool peer_started = !p || static_cast<std::int32_t>(p->peer_op - p->op) >= 0;
     std::string message = detail::concat(
         "custom all-reduce: rank ", e.rank,
         e.code == ErrorWord::kAborted ? " was aborted while waiting for rank "
                                       : " timed out waiting for rank ",
-        e.peer, " in call ", e.call, " (", mine, "; block ", e.block,
+        e.peer, " in call ", call, " (", mine, "; block ", e.block,
         p ? detail::concat(", operation ", p->op) : std::string(), "), which ",
         !p ? std::string("may or may not have started it (its progress is unreadable)")
         : peer_started
             ? std::string("had started it (it waits for another rank, or stopped)")
             : detail::concat("had not started it (its last was operation ", p->peer_op, ")"));
-    if (p && p->peer_call != e.call && p->peer_fingerprint != 0)
+    if (p && p->peer_call != call && p->peer_fingerprint != 0)
       message += detail::concat("; rank ", e.peer, "'s kernels last started call ", p->peer_call,
                                 " (", describe_fingerprint(p->peer_fingerprint), ")");
     if (!peer_started && peers_in_process)
@@ -478,8 +488,8 @@ Status CustomAllReduce::kernel_failure(std::string* message) noexcept {
   if (e->code == 0) return Status::kOk;
   std::lock_guard lock(m.failure_mu);
   if (m.failure == Status::kOk) {
-    const ErrorWord word{e->code,    e->rank, e->peer,        e->block,
-                         e->counter, e->call, e->fingerprint, e->peer_fingerprint};
+    const ErrorWord word{
+        e->code, e->rank, e->peer, e->block, e->counter, e->reserved, e->peer_fingerprint};
     try {
       std::tie(m.failure, m.failure_message) = m.describe(word, m.side_stream);
     } catch (...) {  // the message could not be built; the status stands

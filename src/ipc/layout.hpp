@@ -55,8 +55,8 @@ struct alignas(128) SignalPad {
   /// `lamport_fingerprint[j][p]`: the 16-byte header that peer p pushes with its data into
   /// Lamport buffer j, emptied and refilled like the buffer's slots (NOTE [lamport]).
   alignas(16) std::uint32_t lamport_fingerprint[kLamportBuffers][kMaxRanks][4];
-  /// What this rank's kernels last started: the fingerprint and the group's call number, read by
-  /// a peer's host after a wait for this rank gave up (NOTE [fingerprints]).
+  /// What this rank's kernels last started before it failed: the fingerprint and the group's call
+  /// number, read by the hosts after a wait gave up (NOTE [fingerprints]).
   std::uint64_t posted_fingerprint;
   std::uint32_t posted_call;
   /// Non-zero once a kernel of this rank gave up (the ErrorWord code): every later kernel of the
@@ -165,14 +165,15 @@ struct ErrorWord {
   static constexpr std::uint32_t kLamportCount = 1;  // `SignalPad::lamport_seq`
 
   std::uint32_t code;
-  std::uint32_t rank;         // the rank that reported
-  std::uint32_t peer;         // the peer it was waiting for
-  std::uint32_t block;        // the block that was waiting
-  std::uint32_t counter;      // kBarrierCount or kLamportCount: which count numbers its operations
-  std::uint32_t call;         // the group's call number of the reporting operation
-  std::uint64_t fingerprint;  // the reporting operation's
-  std::uint64_t peer_fingerprint;  // kMismatch: what the peer's operation carried
+  std::uint32_t rank;     // the rank that reported
+  std::uint32_t peer;     // the peer it was waiting for
+  std::uint32_t block;    // the block that was waiting
+  std::uint32_t counter;  // kBarrierCount or kLamportCount: which count numbers its operations
+  std::uint32_t reserved;
+  /// kMismatch from a Lamport kernel: the fingerprint the peer's operation carried (0 otherwise:
+  /// the host reads the peer's `SignalPad::posted_fingerprint`).
+  std::uint64_t peer_fingerprint;
 };
-static_assert(sizeof(ErrorWord) == 40);
+static_assert(sizeof(ErrorWord) == 32);
 
 }  // namespace tpcomm

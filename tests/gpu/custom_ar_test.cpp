@@ -435,8 +435,8 @@ INSTANTIATE_TEST_SUITE_P(Lamport, LamportNegativeZero,
                          ::testing::Values("lamport", "lamport_two_shot"),
                          [](const auto& info) { return info.param; });
 
-// Registration is collective: a rank that captured a different number of calls fails every
-// rank with a clear error instead of corrupting memory.
+// Closing a capture scope is collective: a rank that captured a different number of calls fails
+// every rank with kMismatch naming the first call that differs, before any registration.
 TEST(CustomAllReduce, CaptureCountMismatchFailsEveryRank) {
   const int world = 2;
   run_ranks(world, [&](int rank, Bootstrap& boot) {
@@ -454,8 +454,11 @@ TEST(CustomAllReduce, CaptureCountMismatchFailsEveryRank) {
                              TensorView::flat(out.get(), DType::kBF16, 1024, 0), stream.stream()),
                 Status::kOk);
     ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
-    EXPECT_EQ(scope.close(), Status::kInvalidArgument);
-    EXPECT_NE(g.last_error().find("different numbers"), std::string::npos) << g.last_error();
+    EXPECT_EQ(scope.close(), Status::kMismatch);
+    EXPECT_NE(g.last_error().find("ranks captured different collectives (captured call 2"),
+              std::string::npos)
+        << g.last_error();
+    EXPECT_NE(g.last_error().find("rank 1 no call"), std::string::npos) << g.last_error();
     cudaGraphDestroy(graph);
   });
 }
