@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
     for (int r = 0; r < R; ++r) st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + v * 16, x);
   }
   lamport_refill<R>(p, f);
-  const uint4 header = lamport_load_header<R>(p, f);  // NOTE [fingerprints]
+  LamportHeader<R> header(p, f);  // NOTE [fingerprints]
 
   // Poll this rank's buffer; reduce every pack in rank order once all slots hold it.
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
     ok = finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
       Pack<T> got[R];
       if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait)) return false;
+      header.refresh();
       x = sum_packs<T, R>(got);
       return true;
     });
@@ -58,6 +59,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
     for (std::int64_t v = first; v < packs && ok; v += stride) {
       Pack<T> got[R];
       ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait);
+      header.refresh();
       if (ok)
         store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
     }

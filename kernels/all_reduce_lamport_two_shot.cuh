@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
                     lamport_outgoing(load_pack(in, v, count, in_aligned).raw));
   }
   lamport_refill<R>(p, f);
-  const uint4 header = lamport_load_header<R>(p, f);  // NOTE [fingerprints]
+  LamportHeader<R> header(p, f);  // NOTE [fingerprints]
 
   // Reduce this rank's slice in rank order, finish it with the epilogue, and push each result to
   // slot `rank` of every rank.
@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
     Pack<T> got[R];
     ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait);
     if (!ok) break;
+    header.refresh();
     const std::int64_t v = p.rank * slice + i;
     const uint4 sum = lamport_outgoing(epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems).raw);
 #pragma unroll
@@ -87,6 +88,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
       Pack<T> sums[R];
       ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, slots);
       if (!ok) break;
+      header.refresh();
 #pragma unroll
       for (int s = 0; s < R; ++s)
         if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);

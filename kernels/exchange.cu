@@ -91,10 +91,9 @@ __device__ __forceinline__ void copy_region(const char* src, char* out, const Co
 }
 
 /// Fills region `c` of `out` with all-one bytes (NOTE [poisoned outputs] in
-/// kernels/common/poison.cuh), the whole of it from this block alone. Not inlined, and `c` by
-/// value (see `poison_block`).
+/// kernels/common/poison.cuh), the whole of it from this block alone.
 template <int V>
-__device__ __noinline__ void poison_region(char* out, CopyRegion c) {
+__device__ __forceinline__ void poison_region(char* out, const CopyRegion& c) {
   using A = typename Access<V>::type;
   const auto per_row = static_cast<std::uint32_t>(c.row_bytes / V);
   if (per_row == 0 || c.rows == 0) return;

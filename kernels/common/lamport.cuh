@@ -125,14 +125,28 @@ __device__ __forceinline__ void lamport_push_header(const AllReduceParams& p,
   for (int r = 0; r < R; ++r) st_volatile(p.pads[r]->lamport_fingerprint[f.buffer][p.rank], header);
 }
 
-/// Thread t < R loads rank t's header of this operation's buffer when its block starts polling
-/// (NOTE [fingerprints]); `lamport_end` checks it. Other threads load nothing.
+/// Thread t < R's copy of rank t's header of this operation's buffer (NOTE [fingerprints]),
+/// loaded when the block starts polling and, if it had not arrived then, once more after the
+/// thread's first packs arrived (the header was pushed before them): `lamport_end` then rarely
+/// waits for it. Other threads load nothing.
 template <int R>
-__device__ __forceinline__ uint4 lamport_load_header(const AllReduceParams& p,
-                                                     const LamportFrame& f) {
-  if (threadIdx.x >= R) return uint4{};
-  return ld_volatile(p.pads[p.rank]->lamport_fingerprint[f.buffer][threadIdx.x]);
-}
+struct LamportHeader {
+  const void* at;
+  uint4 seen{};
+  bool again;
+
+  __device__ __forceinline__ LamportHeader(const AllReduceParams& p, const LamportFrame& f)
+      : at(p.pads[p.rank]->lamport_fingerprint[f.buffer][threadIdx.x < R ? threadIdx.x : 0]),
+        again(threadIdx.x < R) {
+    if (threadIdx.x < R) seen = ld_volatile(at);
+  }
+  /// After the thread's first packs arrived.
+  __device__ __forceinline__ void refresh() {
+    if (!again) return;
+    again = false;
+    if (!lamport_arrived(seen)) seen = ld_volatile(at);
+  }
+};
 
 /// Refills with the empty mark what the previous operation left in this rank's buffer; the
 /// grid shares the work. Called while the peers' data travels.
@@ -197,19 +211,19 @@ __device__ __forceinline__ bool lamport_poll_one(const char* at, Pack<T>& got, c
   return ok;
 }
 
-/// Thread t < R: whether rank t's header `seen` (from `lamport_load_header`, polled again until
-/// it arrives) carries this operation's fingerprint; kMismatch reported where not (NOTE
+/// Thread t < R: whether rank t's header (`h`, loaded now if it was not, polled again until it
+/// arrives) carries this operation's fingerprint; kMismatch reported where not (NOTE
 /// [fingerprints]). True in other threads.
 template <int R>
 __device__ __forceinline__ bool lamport_check_header(const AllReduceParams& p,
-                                                     const LamportFrame& f, uint4 seen) {
+                                                     const LamportFrame& f, LamportHeader<R> h) {
   const int t = static_cast<int>(threadIdx.x);
   if (t >= R) return true;
+  uint4 seen = h.seen;
   if (!lamport_arrived(seen)) {
-    const void* at = p.pads[p.rank]->lamport_fingerprint[f.buffer][t];
     if (!wait_until<ErrorWord::kLamportCount>(
             [&] {
-              seen = ld_volatile(at);
+              seen = ld_volatile(h.at);
               return lamport_arrived(seen);
             },
             f.wait, t))
@@ -223,12 +237,13 @@ __device__ __forceinline__ bool lamport_check_header(const AllReduceParams& p,
 }
 
 /// Ends a Lamport launch that used `used` bytes of every slot: checks the peers' headers
-/// (`header`, from `lamport_load_header`), records the bytes for the next operation's refill and
+/// (`header`), records the bytes for the next operation's refill and
 /// the new operation count (`end_launch`). Every thread calls it with its own `ok`; after a
 /// failed wait or check it records nothing and poisons the outputs (NOTE [poisoned outputs]).
 template <class T, int R>
 __device__ __forceinline__ void lamport_end(const AllReduceParams& p, const LamportFrame& f,
-                                            bool ok, std::int64_t used, uint4 header) {
+                                            bool ok, std::int64_t used,
+                                            const LamportHeader<R>& header) {
   ok = ok && lamport_check_header<R>(p, f, header);
   if (!__syncthreads_and(ok)) return poison_outputs_block<T>(p);
   SignalPad* self = p.pads[p.rank];

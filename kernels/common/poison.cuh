@@ -21,38 +21,28 @@ namespace tpcomm::kernels {
 // poisoned, never a mixture. Only the failure path pays for it.
 
 /// Fills `bytes` bytes at `out` (aligned to `elem`, which divides 16 and `bytes`) with all-one
-/// bytes, in stores of whole elements of `elem` bytes or 16-byte packs of them; every thread of
-/// the block calls it. Not inlined, so that the failure path stays out of the kernels' hot code;
-/// it takes only values: a kernel parameter whose address reached a call that is not inlined
-/// would be copied to local memory at every launch.
-static __device__ __noinline__ void poison_block(void* out, std::int64_t bytes, int elem) {
+/// bytes, in stores of whole elements of `elem` bytes, or of 16-byte packs where `out` and
+/// `bytes` allow; every thread of the block calls it. Kept small: it is inlined at every place a
+/// kernel gives up (a call would give every kernel a stack frame).
+__device__ __forceinline__ void poison_block(void* out, std::int64_t bytes, int elem) {
   if (out == nullptr || bytes <= 0) return;
   auto* p = static_cast<char*>(out);
-  const auto misaligned = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p) % 16);
-  const std::int64_t head = misaligned == 0 ? 0 : std::min<std::int64_t>(16 - misaligned, bytes);
-  const std::int64_t packs = (bytes - head) / 16;
-  const std::int64_t tail = head + packs * 16;
-  auto element = [&](std::int64_t at) {
-    switch (elem) {
-      case 8:
-        *reinterpret_cast<std::uint64_t*>(p + at) = ~std::uint64_t{0};
-        break;
-      case 4:
-        *reinterpret_cast<std::uint32_t*>(p + at) = ~std::uint32_t{0};
-        break;
-      case 2:
-        *reinterpret_cast<std::uint16_t*>(p + at) = 0xFFFFu;
-        break;
-      default:
-        p[at] = static_cast<char>(0xFF);
+  const bool packs =
+      (reinterpret_cast<std::uintptr_t>(p) | static_cast<std::uintptr_t>(bytes)) % 16 == 0;
+  const int step = packs ? 16 : elem;
+  for (std::int64_t at = threadIdx.x * step; at < bytes; at += blockDim.x * step) {
+    if (packs) {
+      *reinterpret_cast<uint4*>(p + at) = make_uint4(~0u, ~0u, ~0u, ~0u);
+    } else if (step == 8) {
+      *reinterpret_cast<std::uint64_t*>(p + at) = ~std::uint64_t{0};
+    } else if (step == 4) {
+      *reinterpret_cast<std::uint32_t*>(p + at) = ~0u;
+    } else if (step == 2) {
+      *reinterpret_cast<std::uint16_t*>(p + at) = 0xFFFFu;
+    } else {
+      p[at] = static_cast<char>(0xFF);
     }
-  };
-  for (std::int64_t at = threadIdx.x * elem; at < head; at += blockDim.x * elem) element(at);
-  const uint4 ones = make_uint4(~0u, ~0u, ~0u, ~0u);
-  for (std::int64_t i = threadIdx.x; i < packs; i += blockDim.x)
-    reinterpret_cast<uint4*>(p + head)[i] = ones;
-  for (std::int64_t at = tail + threadIdx.x * elem; at < bytes; at += blockDim.x * elem)
-    element(at);
+  }
 }
 
 /// Poisons every output of an all-reduce kernel over elements of type `T`: the sum (or

@@ -197,10 +197,12 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
 /// barrier it already has.
 __device__ __forceinline__ std::uint32_t start_operation(SignalPad* self, std::uint64_t fingerprint,
                                                          std::uint32_t call) {
-  const std::uint32_t failed = *reinterpret_cast<const volatile std::uint32_t*>(&self->failed);
+  // Plain accesses: `failed` was written by an earlier kernel of this rank (or by the host
+  // before the next call), and the posted call is read only after a wait gave up.
+  const std::uint32_t failed = self->failed;
   if (blockIdx.x == 0 && failed == 0) {
-    *reinterpret_cast<volatile std::uint64_t*>(&self->posted_fingerprint) = fingerprint;
-    *reinterpret_cast<volatile std::uint32_t*>(&self->posted_call) = call;
+    self->posted_fingerprint = fingerprint;
+    self->posted_call = call;
   }
   return failed;
 }
