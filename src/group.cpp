@@ -7,16 +7,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <span>
 #include <string>
-#include <thread>
 
 #include "backends/backend.hpp"
 #include "backends/custom_ar.hpp"
@@ -33,6 +29,7 @@
 #include "tune/algorithms.hpp"
 #include "tune/selector.hpp"
 #include "tune/table.hpp"
+#include "watchdog.hpp"
 
 namespace tpcomm {
 namespace {
@@ -234,32 +231,11 @@ struct Group::Impl {
   std::uint32_t calls = 0;
   // The calls captured in the open capture scope, compared across ranks when it closes.
   std::vector<CallTag> captured;
-  // NOTE [watchdog]
-  // A thread per group polls, every kWatchdogPeriod, what the kernels reported (the host-mapped
-  // error word) and the abort requests of the rank watch, so that a failure is noticed and acted
-  // on though the caller never calls again (a CUDA graph replayed in a loop): it logs the group,
-  // the rank and the fault once, then, by the failure mode, marks the group failed (raise: the
-  // kernels give up, the next call fails), also calls the handler (callback), or takes the
-  // process down (teardown). It reads only what is safe from another thread
-  // (`CustomAllReduce::kernel_failure`, the atomics here) and never launches work.
-  static constexpr auto kWatchdogPeriod = std::chrono::milliseconds(10);
-  std::thread watchdog;
-  std::mutex watchdog_mu;
-  std::condition_variable watchdog_cv;
-  bool watchdog_stop = false;                      // guarded by watchdog_mu
-  FailureMode failure_mode = FailureMode::kRaise;  // guarded by watchdog_mu
-  Group::FailureHandler failure_handler;           // guarded by watchdog_mu
+  std::optional<Watchdog> watchdog;  // NOTE [watchdog]; stopped first in ~Impl
 
   explicit Impl(Bootstrap b) : boot(std::move(b)) {}
   ~Impl() {
-    if (watchdog.joinable()) {
-      {
-        std::lock_guard lock(watchdog_mu);
-        watchdog_stop = true;
-      }
-      watchdog_cv.notify_all();
-      watchdog.join();
-    }
+    watchdog.reset();
     if (rank_watch) rank_watch->unsubscribe(watch_id);
     // A communicator waiting for a rank that is gone is aborted, not finalised at a deadline.
     if (abort_requested.load() && nccl != nullptr) nccl->comm().abort();
@@ -300,7 +276,7 @@ struct Group::Impl {
   }
 
   /// The failure the watchdog acts on, if any (NOTE [watchdog]); thread-safe.
-  std::optional<std::pair<Status, std::string>> watched_failure() noexcept {
+  std::optional<Watchdog::Failure> watched_failure() noexcept {
     if (aborted_by_user.load(std::memory_order_acquire)) return std::nullopt;
     if (custom != nullptr) {
       std::string message;
@@ -317,41 +293,13 @@ struct Group::Impl {
     return std::nullopt;
   }
 
-  /// NOTE [watchdog]: polls until a failure, acts on it once, and returns.
-  void watch() noexcept {
-    std::unique_lock lock(watchdog_mu);
-    std::optional<std::pair<Status, std::string>> failure;
-    while (!watchdog_stop) {
-      lock.unlock();
-      failure = watched_failure();
-      lock.lock();
-      if (failure || watchdog_cv.wait_for(lock, kWatchdogPeriod, [&] { return watchdog_stop; }))
-        break;
-    }
-    if (!failure || watchdog_stop) return;
-    const FailureMode mode = failure_mode;
-    Group::FailureHandler handler = failure_handler;
-    lock.unlock();
-    const auto& [status, message] = *failure;
-    TPCOMM_LOG_ERROR("group of ", boot.world_size(), " ranks, rank ", boot.rank(), " (device ",
-                     device, "): ", to_string(status), ": ", message, "; the group has failed",
-                     mode == FailureMode::kTeardown ? "; taking the process down "
-                                                      "(TPCOMM_ASYNC_ERROR_HANDLING=teardown)"
-                                                    : "");
-    if (mode == FailureMode::kTeardown) std::abort();  // NOTE [watchdog]: by request
-    request_abort(message, status);
-    if (mode == FailureMode::kCallback && handler) {
-      try {
-        handler(status, message);
-      } catch (...) {  // NOLINT(bugprone-empty-catch): a handler's exception cannot go anywhere
-      }
-    }
-  }
-
   void start_watchdog() {
     if (custom == nullptr && !rank_watch) return;
-    failure_mode = options.failure_mode;
-    watchdog = std::thread([this] { watch(); });
+    watchdog.emplace(
+        detail::concat("group of ", boot.world_size(), " ranks, rank ", boot.rank(), " (device ",
+                       device, ")"),
+        options.failure_mode, [this] { return watched_failure(); },
+        [this](const Watchdog::Failure& f) { request_abort(f.second, f.first); });
   }
 
   /// The tag of a new collective call (NOTE [fingerprints]).
@@ -775,10 +723,7 @@ const TuneTable* Group::tune_table() const noexcept { return impl_->table; }
 Status Group::health() noexcept { return impl_->poll_health(); }
 
 void Group::set_failure_mode(FailureMode mode, FailureHandler handler) {
-  Impl& m = *impl_;
-  std::lock_guard lock(m.watchdog_mu);
-  m.failure_mode = mode;
-  m.failure_handler = std::move(handler);
+  if (impl_->watchdog) impl_->watchdog->set_mode(mode, std::move(handler));
 }
 
 void Group::abort() noexcept {

@@ -156,25 +156,34 @@ void expect_names_both(const Group& g, const Mismatch& m) {
   EXPECT_NE(e.find("rank 1 " + m.rank1.describe()), std::string::npos) << e;
 }
 
+/// Runs `body(rank, group, buffers, stream, call)` on two virtual ranks for mismatch `m`, with a
+/// fresh group (2 s deadline) and fresh buffers, `call` this rank's side of `m`.
+template <class Body>
+void for_each_rank(const Mismatch& m, Body&& body) {
+  run_ranks(2, [&](int rank, Bootstrap& boot) {
+    StreamHolder stream;
+    Buffers b;
+    Options o = options_for("auto");
+    o.timeout_ms = 2000;
+    Group g(boot, 0, o);
+    b.reset(stream.stream(), rank);
+    body(rank, g, b, stream, rank == 0 ? m.rank0 : m.rank1);
+    boot.barrier();
+  });
+}
+
 // Each disagreement, eager: after one matching call, the ranks' next calls differ. Every rank's
 // kernel gives up (at once where both took kernels of one kind, at the deadline otherwise),
 // poisons its output, and the group fails with kMismatch naming both calls.
 TEST(Faults, MismatchedEagerCallsFailEveryRankNamingBoth) {
   for (const Mismatch& m : kMismatches) {
     SCOPED_TRACE(m.what);
-    run_ranks(2, [&](int rank, Bootstrap& boot) {
-      StreamHolder stream;
-      Buffers b;
-      Options o = options_for("auto");
-      o.timeout_ms = 2000;
-      Group g(boot, 0, o);
-      b.reset(stream.stream(), rank);
+    for_each_rank(m, [&](int rank, Group& g, Buffers& b, StreamHolder& stream, const Call& mine) {
       ASSERT_EQ(issue(g, {Call::kAllReduce, DType::kBF16, 4096}, b, stream.stream()), Status::kOk)
           << g.last_error();
       ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
       ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
       b.reset(stream.stream(), rank);
-      const Call& mine = rank == 0 ? m.rank0 : m.rank1;
       const auto start = Clock::now();
       ASSERT_EQ(issue(g, mine, b, stream.stream()), Status::kOk) << g.last_error();
       ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
@@ -185,7 +194,6 @@ TEST(Faults, MismatchedEagerCallsFailEveryRankNamingBoth) {
       EXPECT_EQ(not_poisoned(b, mine, 2), 0u) << "output not poisoned";
       // The next call fails at once with the same status.
       EXPECT_EQ(issue(g, mine, b, stream.stream()), Status::kMismatch);
-      boot.barrier();
     });
   }
 }
@@ -195,14 +203,7 @@ TEST(Faults, MismatchedEagerCallsFailEveryRankNamingBoth) {
 TEST(Faults, MismatchedCapturedCallsFailWhenTheScopeCloses) {
   for (const Mismatch& m : kMismatches) {
     SCOPED_TRACE(m.what);
-    run_ranks(2, [&](int rank, Bootstrap& boot) {
-      StreamHolder stream;
-      Buffers b;
-      Options o = options_for("auto");
-      o.timeout_ms = 2000;
-      Group g(boot, 0, o);
-      b.reset(stream.stream(), rank);
-      const Call& mine = rank == 0 ? m.rank0 : m.rank1;
+    for_each_rank(m, [&](int, Group& g, Buffers& b, StreamHolder& stream, const Call& mine) {
       cudaGraph_t graph = nullptr;
       Status closed = Status::kOk;
       {
@@ -224,7 +225,6 @@ TEST(Faults, MismatchedCapturedCallsFailWhenTheScopeCloses) {
       EXPECT_EQ(not_poisoned(b, mine, 2), 0u) << "output not poisoned";
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
-      boot.barrier();
     });
   }
 }
