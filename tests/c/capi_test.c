@@ -101,6 +101,8 @@ static void test_bad_arguments(void) {
   CHECK_FAILS(tpcomm_store_set(NULL, "k", "v", 1, 0), TPCOMM_INVALID_ARGUMENT, "boot is NULL");
   CHECK_FAILS(tpcomm_group_create(NULL, 0, NULL, NULL), TPCOMM_INVALID_ARGUMENT, "boot is NULL");
   CHECK_FAILS(tpcomm_group_health(NULL), TPCOMM_INVALID_ARGUMENT, "group is NULL");
+  CHECK_FAILS(tpcomm_group_set_failure_mode(NULL, TPCOMM_FAILURE_TEARDOWN, NULL, NULL),
+              TPCOMM_INVALID_ARGUMENT, "tpcomm_group_set_failure_mode: group is NULL");
   CHECK_FAILS(tpcomm_all_reduce(NULL, NULL, NULL, TPCOMM_SUM, NULL), TPCOMM_INVALID_ARGUMENT,
               "tpcomm_all_reduce: group is NULL");
   CHECK(strcmp(tpcomm_group_last_error(NULL), "") == 0);
