@@ -46,6 +46,9 @@ void add_step_options(CLI::App& cmd, StepOptions& o, std::function<void()> on_va
   // NOTE [one callback per command] (tools/bench_args.cpp): the checks, then the body.
   cmd.callback([&o, on_valid = std::move(on_valid)] {
     if (o.tokens.empty()) throw CLI::ValidationError("--tokens", "give at least one token count");
+    // A range check lets NaN through (every comparison with it is false).
+    if (!std::isfinite(o.compute_us))
+      throw CLI::ValidationError("--compute-us", "a number of microseconds from 0 to 100000");
     if (o.tokens.size() > kMaxStepTokenCounts)
       throw CLI::ValidationError(
           "--tokens", "at most " + std::to_string(kMaxStepTokenCounts) + " token counts");

@@ -46,8 +46,8 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_TIMEOUT_MS` | `timeout_ms` | 30000 (at most `kMaxTimeoutMs`, 365 days) |
 /// | `TPCOMM_ALGO` | `algo` | `auto` |
 /// | `TPCOMM_TUNE_FILE` | `tune_file` | `$XDG_CACHE_HOME/tpcomm/tune-w<world>-<gpu>.txt` |
-/// | `TPCOMM_CUSTOM_AR_MAX_BYTES` | `custom_ar_max_bytes` | 8 MiB |
-/// | `TPCOMM_CUSTOM_AR_REGISTER_BYTES` | `custom_ar_register_min_bytes` | 2 MiB |
+/// | `TPCOMM_CUSTOM_AR_MAX_BYTES` | `custom_ar_max_bytes` | 8 MiB (at most 4 GiB) |
+/// | `TPCOMM_CUSTOM_AR_REGISTER_BYTES` | `custom_ar_register_min_bytes` | 2 MiB (at most 4 GiB) |
 /// | `TPCOMM_LAMPORT_MAX_BYTES` | `lamport_max_bytes` | 512 KiB |
 /// | `TPCOMM_DISABLE_CUSTOM_AR` | `disable_custom_ar` | 0 |
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
@@ -78,6 +78,9 @@ struct Options {
   /// Where the tuned table is cached; empty means the default location, which falls back to
   /// `$HOME/.cache/tpcomm/` and then `/tmp/tpcomm-cache/` (see `default_tune_path`).
   std::string tune_file;
+  /// Most bytes `from_env` accepts for `custom_ar_max_bytes` (each rank then holds three times
+  /// this in peer memory) and `custom_ar_register_min_bytes`: 4 GiB.
+  static constexpr std::int64_t kMaxCustomArBytes = std::int64_t{4} << 30;
   /// Largest all-reduce, in bytes, that the custom kernels serve; larger ones go to NCCL.
   std::int64_t custom_ar_max_bytes = std::int64_t{8} << 20;
   /// Inside a capture scope, custom all-reduces of at least this many bytes read the caller's

@@ -348,9 +348,14 @@ class Subreaper {
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::execve(path.c_str(), argv, envp);
+  // Only async-signal-safe calls after fork: strerrordesc_np reads a static table (no locale).
+  const char* why = ::strerrordesc_np(errno);
+  if (why == nullptr) why = "unknown error";
   static constexpr char kMsg[] = "tpcomm launch: execve failed for ";
   ssize_t rc = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
   rc = ::write(STDERR_FILENO, path.c_str(), path.size());
+  rc = ::write(STDERR_FILENO, ": ", 2);
+  rc = ::write(STDERR_FILENO, why, std::strlen(why));
   rc = ::write(STDERR_FILENO, "\n", 1);
   (void)rc;
   ::_exit(127);

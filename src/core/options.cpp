@@ -195,19 +195,25 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   if (auto v = getenv("TPCOMM_TUNE_FILE")) o.tune_file = *v;
   if (auto v = getenv("TPCOMM_CUSTOM_AR_MAX_BYTES")) {
     auto b = parse_bytes(*v);
-    if (!b || *b <= 0 || *b % 16 != 0)
-      bad("TPCOMM_CUSTOM_AR_MAX_BYTES", *v, "a positive multiple of 16 bytes such as 8M");
+    // Each rank holds three times this in peer memory (two staging halves and the scratch).
+    if (!b || *b <= 0 || *b % 16 != 0 || *b > kMaxCustomArBytes)
+      bad("TPCOMM_CUSTOM_AR_MAX_BYTES", *v,
+          "a positive multiple of 16 bytes up to 4G such as 8M (each rank holds three times this "
+          "in peer memory)");
     o.custom_ar_max_bytes = *b;
   }
   if (auto v = getenv("TPCOMM_CUSTOM_AR_REGISTER_BYTES")) {
     auto b = parse_bytes(*v);
-    if (!b) bad("TPCOMM_CUSTOM_AR_REGISTER_BYTES", *v, "a byte count such as 2M (0: always)");
+    if (!b || *b > kMaxCustomArBytes)
+      bad("TPCOMM_CUSTOM_AR_REGISTER_BYTES", *v, "a byte count up to 4G such as 2M (0: always)");
     o.custom_ar_register_min_bytes = *b;
   }
   if (auto v = getenv("TPCOMM_LAMPORT_MAX_BYTES")) {
     auto b = parse_bytes(*v);
     if (!b || *b % 16 != 0 || *b > (std::int64_t{1} << 30))
-      bad("TPCOMM_LAMPORT_MAX_BYTES", *v, "a multiple of 16 bytes up to 1G such as 512K (0: off)");
+      bad("TPCOMM_LAMPORT_MAX_BYTES", *v,
+          "a multiple of 16 bytes up to 1G such as 512K (0: off; each rank holds 3 x world size "
+          "x this in peer memory)");
     o.lamport_max_bytes = *b;
   }
   auto flag = [&](const char* name, bool& field) {

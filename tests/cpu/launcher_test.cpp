@@ -5,9 +5,11 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -377,6 +379,30 @@ TEST(LaunchCommand, StatesTheRangeOfBadValues) {
   // A timeout of one millisecond is a limit, not "none".
   const auto r = tpcomm::test::run_program(cli + " launch -n 1 --timeout 0.001 -- sleep 5 2>&1");
   EXPECT_EQ(r.exit_code, 124) << r.output;
+}
+
+// A program the kernel will not run (no valid format, no interpreter line) is reported with
+// the reason, not only its path.
+TEST(LaunchCommand, SaysWhyAProgramCouldNotBeExecuted) {
+  const std::string cli = tpcomm::test::built_file(TPCOMM_CLI_PATH);
+  char dir[] = "/tmp/tpcomm-garbage-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string garbage = std::string(dir) + "/garbage";
+  {
+    std::FILE* f = std::fopen(garbage.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    const unsigned char bytes[] = {0x7f, 0x00, 0x13, 0x37, 0xde, 0xad, 0xbe, 0xef};
+    std::fwrite(bytes, 1, sizeof(bytes), f);
+    std::fclose(f);
+  }
+  ASSERT_EQ(::chmod(garbage.c_str(), 0755), 0);
+  const auto r = tpcomm::test::run_program(cli + " launch -n 1 -- " + garbage + " 2>&1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("execve failed for " + garbage + ": Exec format error"),
+            std::string::npos)
+      << r.output;
+  std::remove(garbage.c_str());
+  ::rmdir(dir);
 }
 
 TEST_F(Launcher, RefusesWhatItCannotStart) {

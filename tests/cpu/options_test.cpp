@@ -78,16 +78,19 @@ TEST(Options, ReadsEveryKnob) {
 }
 
 TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
-  for (auto [name, value] :
-       std::vector<std::pair<std::string, std::string>>{{"TPCOMM_LOG", "loud"},
-                                                        {"TPCOMM_TIMEOUT_MS", "-5"},
-                                                        {"TPCOMM_TIMEOUT_MS", "10s"},
-                                                        {"TPCOMM_ALGO", "fastest"},
-                                                        {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
-                                                        {"TPCOMM_LAMPORT_MAX_BYTES", "100"},
-                                                        {"TPCOMM_DISABLE_NCCL", "maybe"},
-                                                        {"TPCOMM_LM_HEAD_A2A", "sometimes"},
-                                                        {"TPCOMM_ASYNC_ERROR_HANDLING", "1"}}) {
+  for (auto [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"TPCOMM_LOG", "loud"},
+           {"TPCOMM_TIMEOUT_MS", "-5"},
+           {"TPCOMM_TIMEOUT_MS", "10s"},
+           {"TPCOMM_ALGO", "fastest"},
+           {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
+           {"TPCOMM_LAMPORT_MAX_BYTES", "100"},
+           {"TPCOMM_DISABLE_NCCL", "maybe"},
+           {"TPCOMM_LM_HEAD_A2A", "sometimes"},
+           {"TPCOMM_ASYNC_ERROR_HANDLING", "1"},
+           {"TPCOMM_CUSTOM_AR_MAX_BYTES", "4611686018427387904"},
+           {"TPCOMM_CUSTOM_AR_MAX_BYTES", "5G"},
+           {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", "4611686018427387904"}}) {
     try {
       from({{name, value}});
       FAIL() << name << "=" << value << " accepted";

@@ -92,6 +92,8 @@ TEST(StepArgs, BadInputIsRefusedBeforeTheCommandIsScheduled) {
            {"--model", "x", "--tp", "2", "--tokens", "2000000"},
            {"--model", "x", "--tp", "2", "--compute-us", "-1"},
            {"--model", "x", "--tp", "2", "--compute-us", "1e9"},
+           {"--model", "x", "--tp", "2", "--compute-us", "nan"},
+           {"--model", "x", "--tp", "2", "--compute-us", "-nan"},
            {"--model", "x", "--tp", "2", "-n", "0"},
            {"--model", "x", "--tp", "2", "-w", "-1"},
            {"--model", "x", "--tp", "4", "--virtual-ranks", "2"},
