@@ -126,7 +126,7 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("--tokens", o.tokens, "rows per rank of lm_head_exchange, comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  cmd.add_option("-r,--root", o.root, "root of broadcast")->check(CLI::NonNegativeNumber);
+  cmd.add_option("-r,--root", o.root, "root of broadcast")->check(CLI::Range(0, 1023));
 }
 
 /// -G, --graph-replays, -u: how the iterations run.

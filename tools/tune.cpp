@@ -59,7 +59,8 @@ void add_tune_command(CLI::App& app, Command& run) {
   g->excludes(v);
   cmd->add_option("--max-bytes", t->max_bytes,
                   "largest size to tune (default: TPCOMM_CUSTOM_AR_MAX_BYTES)");
-  cmd->add_option("--timeout", t->plan.timeout_s, "seconds before a self-launched run is stopped");
+  cmd->add_option("--timeout", t->plan.timeout_s, "seconds before a self-launched run is stopped")
+      ->check(CLI::Range(1, 86400));
   cmd->final_callback([t, &run] { run = [t] { return run_tune(*t); }; });
 }
 

@@ -141,6 +141,8 @@ TEST(BenchArgs, SizeListsHaveBounds) {
   expect_refused({"-f", "-1"}, "from 2 to");
   expect_refused({"-f", "99999999999999999999"}, "from 2 to");
   expect_refused({"-i", "0"}, "step");
+  // Ranges a person would write, not the largest double's 309 digits.
+  expect_refused({"-r", "-1"}, "range 0 to 1023");
   // The limits themselves are accepted.
   BenchOptions o = parse({"-b", "1", "-e", std::to_string(kMaxBenchBytes), "-f", "2"});
   EXPECT_EQ(bench_sizes(o).size(), 37u);
@@ -154,11 +156,15 @@ TEST(BenchArgs, TheProgramRunsItsChecks) {
   const std::string cli = test::built_file(TPCOMM_CLI_PATH);
   if (test::run_program(cli + " --help").output.find("  bench") == std::string::npos)
     GTEST_SKIP() << "this tpcomm was built without bench (no nvcc)";
-  for (const char* bad : {"-b 1M -e 1K", "-b 0", "-f 1", "-b 1 -e 1G -i 1"}) {
+  for (const char* bad : {"-b 1M -e 1K", "-b 0", "-f 1", "-b 1 -e 1G -i 1", "-r -1"}) {
     const auto r = test::run_program(cli + " bench " + std::string(bad) + " 2>&1");
     EXPECT_EQ(r.exit_code, 105) << bad << ": " << r.output;
     EXPECT_EQ(r.output.find("CUDA"), std::string::npos) << bad << ": " << r.output;
+    EXPECT_EQ(r.output.find("179769"), std::string::npos) << bad << ": " << r.output;
   }
+  // `tune` checks its deadline too.
+  const auto tune = test::run_program(cli + " tune --timeout -1 2>&1");
+  EXPECT_EQ(tune.exit_code, 105) << tune.output;
 }
 
 // As `add_bench_command` builds the command: its body is scheduled only once the checks passed.
