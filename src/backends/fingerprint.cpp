@@ -53,8 +53,9 @@ std::string describe_fingerprint(std::uint64_t fp) {
   if (op == Op::kAllReduceAddRmsNorm) {
     const auto hidden = shape & ((1u << kHiddenBits) - 1);
     const auto fusion = shape >> kHiddenBits;
-    text +=
-        detail::concat(" (hidden ", hidden, fusion >= 2 && fusion <= 3 ? ", f8e4m3 out" : "", ")");
+    const bool fp8 =
+        kernels::traits(static_cast<kernels::Fusion>(fusion)).quant != kernels::Quant::kNone;
+    text += detail::concat(" (hidden ", hidden, fp8 ? ", f8e4m3 out" : "", ")");
   } else if (shape != 0) {
     char hex[16];
     std::snprintf(hex, sizeof(hex), "0x%05x", shape);
