@@ -50,16 +50,14 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
   if constexpr (Epilogue::kRows) {
     ok = finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
       Pack<T> got[R];
-      if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait)) return false;
-      header.refresh();
+      if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, header, f.wait)) return false;
       x = sum_packs<T, R>(got);
       return true;
     });
   } else {
     for (std::int64_t v = first; v < packs && ok; v += stride) {
       Pack<T> got[R];
-      ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, f.wait);
-      header.refresh();
+      ok = lamport_poll<T, R>(mine, slot_bytes, v * 16, got, header, f.wait);
       if (ok)
         store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
     }

@@ -53,9 +53,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
   for (std::int64_t i = first; i < slice && ok; i += stride) {
     if (p.rank * slice + i >= packs) break;
     Pack<T> got[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, f.wait);
+    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, header, f.wait);
     if (!ok) break;
-    header.refresh();
     const std::int64_t v = p.rank * slice + i;
     const uint4 sum = lamport_outgoing(epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems).raw);
 #pragma unroll
@@ -86,9 +85,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
 #pragma unroll
       for (int s = 0; s < R; ++s) slots += s * slice + i < packs ? 1 : 0;
       Pack<T> sums[R];
-      ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, f.wait, slots);
+      ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, header, f.wait, slots);
       if (!ok) break;
-      header.refresh();
 #pragma unroll
       for (int s = 0; s < R; ++s)
         if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);

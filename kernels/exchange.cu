@@ -144,8 +144,9 @@ __global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
   const WaitContext wait = wait_context(p);
   if (threadIdx.x == 0) {
     SignalPad* self = p.pads[p.rank];
-    seq_shared = self->seq[blockIdx.x] + 1u;
-    failed_shared = start_operation(self, p.fingerprint, p.call);
+    const OperationStart start = start_operation(self, self->seq, p.fingerprint, p.call);
+    seq_shared = start.seq;
+    failed_shared = start.failed;
   }
   const void* registered[R];
 #pragma unroll

@@ -98,12 +98,17 @@ __device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) 
   f.wait = wait_context(p);
   if (threadIdx.x == 0) {
     // All three sizes, read together with the count: which one matters depends on the count,
-    // and waiting for it first would put a second load on the critical path.
-    seq_shared = self->lamport_seq[blockIdx.x] + 1u;
+    // and waiting for it first would put a second load on the critical path. Loaded into
+    // registers before any shared-memory store, which would order the loads after it.
+    std::uint32_t dirty[kLamportBuffers];
 #pragma unroll
-    for (int b = 0; b < kLamportBuffers; ++b) dirty_shared[b] = self->lamport_dirty[b];
-    failed_shared = start_operation(self, p.fingerprint, p.call);
-    self->lamport_started[blockIdx.x] = seq_shared;  // NOTE [bounded waits]
+    for (int b = 0; b < kLamportBuffers; ++b) dirty[b] = self->lamport_dirty[b];
+    const OperationStart start = start_operation(self, self->lamport_seq, p.fingerprint, p.call);
+#pragma unroll
+    for (int b = 0; b < kLamportBuffers; ++b) dirty_shared[b] = dirty[b];
+    seq_shared = start.seq;
+    failed_shared = start.failed;
+    self->lamport_started[blockIdx.x] = start.seq;  // NOTE [bounded waits]
   }
   __syncthreads();
   f.seq = seq_shared;
@@ -125,26 +130,27 @@ __device__ __forceinline__ void lamport_push_header(const AllReduceParams& p,
   for (int r = 0; r < R; ++r) st_volatile(p.pads[r]->lamport_fingerprint[f.buffer][p.rank], header);
 }
 
-/// Thread t < R's copy of rank t's header of this operation's buffer (NOTE [fingerprints]),
-/// loaded when the block starts polling and, if it had not arrived then, once more after the
-/// thread's first packs arrived (the header was pushed before them): `lamport_end` then rarely
-/// waits for it. Other threads load nothing.
+/// Thread t < R's check of rank t's header of this operation's buffer (NOTE [fingerprints]). The
+/// header is loaded with the thread's packs, in the same round trips (`lamport_poll`), until it
+/// has arrived: the peer pushed it before its data, so it has nearly always arrived by the time
+/// the data has, and `lamport_end` has nothing left to load. Other threads load nothing.
 template <int R>
 struct LamportHeader {
   const void* at;
-  uint4 seen{};
-  bool again;
+  std::uint64_t seen = 0;  // the fingerprint it carries, once it has arrived
+  bool pending;            // a header to check that has not arrived yet
 
   __device__ __forceinline__ LamportHeader(const AllReduceParams& p, const LamportFrame& f)
       : at(p.pads[p.rank]->lamport_fingerprint[f.buffer][threadIdx.x < R ? threadIdx.x : 0]),
-        again(threadIdx.x < R) {
-    if (threadIdx.x < R) seen = ld_volatile(at);
-  }
-  /// After the thread's first packs arrived.
-  __device__ __forceinline__ void refresh() {
-    if (!again) return;
-    again = false;
-    if (!lamport_arrived(seen)) seen = ld_volatile(at);
+        pending(threadIdx.x < R) {}
+
+  /// Issues a load of the header while it has not arrived; `see` takes the value, so that loads
+  /// issued in between travel with it.
+  __device__ __forceinline__ uint4 load() const { return pending ? ld_volatile(at) : uint4{}; }
+  __device__ __forceinline__ void see(uint4 header) {
+    if (!pending || !lamport_arrived(header)) return;
+    pending = false;
+    seen = lamport_header_fingerprint(header);
   }
 };
 
@@ -166,15 +172,19 @@ __device__ __forceinline__ void lamport_refill(const AllReduceParams& p, const L
 }
 
 /// Polls the pack at `offset` bytes into slots 0..`slots`-1 of `buffer` (this rank's, as
-/// mapped here) until none holds the empty mark; the packs in `got`. False when a wait gave up
+/// mapped here) until none holds the empty mark; the packs in `got`. Until the thread's `header`
+/// has arrived, every load of it travels with a load of the packs. False when a wait gave up
 /// (NOTE [bounded waits]).
 template <class T, int R>
 __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t slot_bytes,
                                              std::int64_t offset, Pack<T> (&got)[R],
-                                             const WaitContext& w, int slots = R) {
+                                             LamportHeader<R>& header, const WaitContext& w,
+                                             int slots = R) {
+  const uint4 h = header.load();
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (r < slots) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
+  header.see(h);
   bool ok = true;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -183,7 +193,9 @@ __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t sl
       const char* at = buffer + r * slot_bytes + offset;
       ok = wait_until<ErrorWord::kLamportCount>(
           [&] {
+            const uint4 seen = header.load();
             x = ld_volatile(at);
+            header.see(seen);
             return lamport_arrived(x);
           },
           w, r);
@@ -211,28 +223,23 @@ __device__ __forceinline__ bool lamport_poll_one(const char* at, Pack<T>& got, c
   return ok;
 }
 
-/// Thread t < R: whether rank t's header (`h`, loaded now if it was not, polled again until it
-/// arrives) carries this operation's fingerprint; kMismatch reported where not (NOTE
+/// Thread t < R: whether rank t's header (`h`, polled until it arrives if `lamport_poll` did not
+/// see it) carries this operation's fingerprint; kMismatch reported where not (NOTE
 /// [fingerprints]). True in other threads.
 template <int R>
 __device__ __forceinline__ bool lamport_check_header(const AllReduceParams& p,
                                                      const LamportFrame& f, LamportHeader<R> h) {
   const int t = static_cast<int>(threadIdx.x);
   if (t >= R) return true;
-  uint4 seen = h.seen;
-  if (!lamport_arrived(seen)) {
-    if (!wait_until<ErrorWord::kLamportCount>(
-            [&] {
-              seen = ld_volatile(h.at);
-              return lamport_arrived(seen);
-            },
-            f.wait, t))
-      return false;
-  }
-  const uint4 mine = lamport_header(p.fingerprint);
-  if (seen.x == mine.x && seen.y == mine.y && seen.z == mine.z && seen.w == mine.w) return true;
-  report<ErrorWord::kLamportCount>(f.wait, ErrorWord::kMismatch, t,
-                                   lamport_header_fingerprint(seen));
+  if (h.pending && !wait_until<ErrorWord::kLamportCount>(
+                       [&] {
+                         h.see(h.load());
+                         return !h.pending;
+                       },
+                       f.wait, t))
+    return false;
+  if (h.seen == p.fingerprint) return true;
+  report<ErrorWord::kLamportCount>(f.wait, ErrorWord::kMismatch, t, h.seen);
   return false;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ipc/layout.hpp"
 
@@ -55,11 +56,13 @@ namespace tpcomm::kernels {
 //    to pass a barrier always saw the other exactly at it);
 //  - the Lamport kernels: block 0 pushes a 16-byte header with the fingerprint into every rank's
 //    `SignalPad::lamport_fingerprint` of the buffer it pushes into, before its data. Thread t < R
-//    of every block loads rank t's header when the block starts polling, and compares it after
-//    the block's data (polling again if it had not arrived) and before the block ends: a block
-//    that finds a difference poisons the outputs after its own stores, so every element ends
-//    poisoned, and fails the operation, which makes the blocks still waiting for data that will
-//    never come give up too. One load per thread t < R, off the data path.
+//    of every block loads rank t's header together with its own packs, in the same round trips,
+//    until it has arrived, and compares it before the block ends (polling on only if it had not
+//    arrived with the data): a block that finds a difference poisons the outputs after its own
+//    stores, so every element ends poisoned, and fails the operation, which makes the blocks
+//    still waiting for data that will never come give up too. A load that travels with loads the
+//    thread makes anyway, off the data path: a header loaded on its own after the data, as first
+//    built, cost a round trip (docs/PERFORMANCE.md).
 // A difference fails the operation with kMismatch on every rank that sees it, naming both calls.
 // Ranks whose calls took different kinds of kernel (a Lamport kernel on one, a barrier kernel or
 // NCCL on another) never meet: they wait until the deadline, and the host then reads the peer's
@@ -121,22 +124,32 @@ __device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code,
   e->code = code;
 }
 
+/// `peer` as a rank: an int, or a callable that says which rank is still awaited.
+template <class Peer>
+__device__ __forceinline__ int rank_of(const Peer& peer) {
+  if constexpr (std::is_invocable_v<const Peer&>)
+    return peer();
+  else
+    return peer;
+}
+
 /// Spins until `ready()` returns true. False when it gave up (NOTE [bounded waits]); `peer` is
-/// the rank named in the report, `Counter` the count that numbers this kernel's operations.
-template <std::uint32_t Counter, class Ready>
-__device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, int peer) {
+/// the rank named in the report (or a callable that names it then), `Counter` the count that
+/// numbers this kernel's operations.
+template <std::uint32_t Counter, class Ready, class Peer>
+__device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, const Peer& peer) {
   if (ready()) return true;
   const std::uint64_t start = globaltimer_ns();
   for (std::uint32_t spins = 1;; ++spins) {
     if (ready()) return true;
     if ((spins & 63u) == 0) {
       if (w.timeout_ns != 0 && globaltimer_ns() - start > w.timeout_ns) {
-        report<Counter>(w, ErrorWord::kTimeout, peer);
+        report<Counter>(w, ErrorWord::kTimeout, rank_of(peer));
         return false;
       }
       if ((spins & 1023u) == 0) {
         if (*reinterpret_cast<const volatile std::uint32_t*>(w.abort_flag) != 0) {
-          report<Counter>(w, ErrorWord::kAborted, peer);
+          report<Counter>(w, ErrorWord::kAborted, rank_of(peer));
           return false;
         }
         // An earlier wait of this rank gave up: so does this one, instead of waiting out its
@@ -190,21 +203,33 @@ __device__ __forceinline__ bool barrier_block(SignalPad* const* pads, int rank, 
   return __syncthreads_and(ok) != 0;
 }
 
-/// The start of every operation's kernel, after `begin_launch`: returns this rank's `failed`
-/// word (NOTE [bounded waits]); while it is zero, block 0 posts the operation's fingerprint and
-/// call number in this rank's pad (NOTE [fingerprints]), so that after a failure the pad keeps
-/// the call that failed. Thread 0 only; its caller shares the answer with the block through the
-/// barrier it already has.
-__device__ __forceinline__ std::uint32_t start_operation(SignalPad* self, std::uint64_t fingerprint,
-                                                         std::uint32_t call) {
-  // Plain accesses: `failed` was written by an earlier kernel of this rank (or by the host
-  // before the next call), and the posted call is read only after a wait gave up.
+/// What thread 0 of a block reads at the start of an operation (`start_operation`).
+struct OperationStart {
+  std::uint32_t seq;     // this operation's number: the block's count + 1
+  std::uint32_t failed;  // this rank's `failed` word (NOTE [bounded waits])
+};
+
+/// The start of every operation's kernel, after `begin_launch`: reads the block's operation
+/// count (`SignalPad::seq` or `lamport_seq`, `count`) and this rank's `failed` word in one round
+/// trip, both loads issued before either is used (a shared-memory store between them would order
+/// them); while `failed` is zero, block 0 posts the operation's fingerprint and call number in
+/// this rank's pad (NOTE [fingerprints]), so that after a failure the pad keeps the call that
+/// failed. Thread 0 only; its caller shares the answer with the block through the barrier it
+/// already has.
+__device__ __forceinline__ OperationStart start_operation(SignalPad* self,
+                                                          const std::uint32_t* count,
+                                                          std::uint64_t fingerprint,
+                                                          std::uint32_t call) {
+  // Plain accesses: the count and `failed` were written by earlier kernels of this rank (or
+  // `failed` by the host before the next call), and the posted call is read only after a wait
+  // gave up.
+  const std::uint32_t last = count[blockIdx.x];
   const std::uint32_t failed = self->failed;
   if (blockIdx.x == 0 && failed == 0) {
     self->posted_fingerprint = fingerprint;
     self->posted_call = call;
   }
-  return failed;
+  return OperationStart{last + 1u, failed};
 }
 
 // NOTE [programmatic launch]

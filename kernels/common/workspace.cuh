@@ -46,8 +46,9 @@ __device__ __forceinline__ AllReduceFrame<T, R> make_frame(const AllReduceParams
   f.wait = wait_context(p);
   if (threadIdx.x == 0) {
     SignalPad* self = p.pads[p.rank];
-    seq_shared = self->seq[blockIdx.x] + 1u;
-    failed_shared = start_operation(self, p.fingerprint, p.call);
+    const OperationStart start = start_operation(self, self->seq, p.fingerprint, p.call);
+    seq_shared = start.seq;
+    failed_shared = start.failed;
   }
   // Issued before the block waits for the count, so that both loads are in flight together.
   // Every index is a constant after unrolling, so `in` and `src` stay in registers.
