@@ -49,7 +49,9 @@ Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchS
     return Status::kInvalidArgument;
   const void* function = kernel_function(kernel, params.dtype, params.world_size, fusion.kind);
   if (function == nullptr) return Status::kInvalidArgument;
-  return launch_with(function, params, shape, programmatic, stream);
+  const int group = traits(fusion.kind).norm ? row_group(shape.blocks, params.count / fusion.hidden)
+                                             : 1;  // NOTE [row groups]
+  return launch_with(function, params, shape, programmatic, stream, group);
 }
 
 int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,

@@ -11,7 +11,7 @@
 namespace tpcomm::kernels {
 
 template <class T, int R, class Epilogue>
-__global__ void __launch_bounds__(Epilogue::kMaxThreads)
+__global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
     all_reduce_lamport_kernel(AllReduceParams p) {
   static_assert(sizeof(T) == 2, "the empty mark is a 16-bit pattern");
   begin_launch();
@@ -27,18 +27,22 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
   Pack<T> head{};
   if (first < packs) head = load_pack(in, first, count, in_aligned);
   const LamportFrame f = lamport_frame(p);
-  if (f.failed) return poison_outputs_block<T>(p);
-  lamport_push_header<R>(p, f);
-
-  // Push this rank's input into slot `rank` of every rank's buffer.
-  const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * slot_bytes;
-  for (std::int64_t v = first; v < packs; v += stride) {
-    const uint4 x =
-        lamport_outgoing(v == first ? head.raw : load_pack(in, v, count, in_aligned).raw);
+  // A failed rank gives up at once (NOTE [bounded waits]): it pushes nothing, waits for nothing
+  // and poisons its outputs in `lamport_end` (with a row epilogue, after the row step, whose
+  // groups of blocks meet in every row: NOTE [row groups]).
+  if (!f.failed) {
+    lamport_push_header<R>(p, f);
+    // Push this rank's input into slot `rank` of every rank's buffer.
+    const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * slot_bytes;
+    for (std::int64_t v = first; v < packs; v += stride) {
+      const uint4 x =
+          lamport_outgoing(v == first ? head.raw : load_pack(in, v, count, in_aligned).raw);
 #pragma unroll
-    for (int r = 0; r < R; ++r) st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + v * 16, x);
+      for (int r = 0; r < R; ++r)
+        st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + v * 16, x);
+    }
+    lamport_refill<R>(p, f);
   }
-  lamport_refill<R>(p, f);
   LamportHeader<R> header(p, f);  // NOTE [fingerprints]
 
   // Poll this rank's buffer; reduce every pack in rank order once all slots hold it.
@@ -46,11 +50,12 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
   T* out = static_cast<T*>(p.output);
   const bool out_aligned = is_aligned16(out);
   const Epilogue epilogue(p);
-  bool ok = true;
+  bool ok = !f.failed;
   if constexpr (Epilogue::kRows) {
     ok = finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
       Pack<T> got[R];
-      if (!lamport_poll<T, R>(mine, slot_bytes, v * 16, got, header, f.wait)) return false;
+      if (f.failed || !lamport_poll<T, R>(mine, slot_bytes, v * 16, got, header, f.wait))
+        return false;
       x = sum_packs<T, R>(got);
       return true;
     });

@@ -12,7 +12,7 @@
 namespace tpcomm::kernels {
 
 template <class T, int R, class Epilogue>
-__global__ void __launch_bounds__(Epilogue::kMaxThreads)
+__global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
     all_reduce_lamport_two_shot_kernel(AllReduceParams p) {
   static_assert(sizeof(T) == 2, "the empty mark is a 16-bit pattern");
   begin_launch();
@@ -29,31 +29,35 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
   const T* in = static_cast<const T*>(p.input);
   const bool in_aligned = is_aligned16(in);
   const LamportFrame f = lamport_frame(p);
-  if (f.failed) return poison_outputs_block<T>(p);
-  lamport_push_header<R>(p, f);
-
-  // Scatter: slice s of this rank's input to slot `rank` of rank s.
+  // A failed rank gives up at once (NOTE [bounded waits]): it pushes nothing, waits for nothing
+  // and poisons its outputs in `lamport_end` (with a row epilogue, after the row step, whose
+  // groups of blocks meet in every row: NOTE [row groups]).
+  if (!f.failed) {
+    lamport_push_header<R>(p, f);
+    // Scatter: slice s of this rank's input to slot `rank` of rank s.
 #pragma unroll 1
-  for (std::int64_t i = first; i < slice; i += stride) {
+    for (std::int64_t i = first; i < slice; i += stride) {
 #pragma unroll
-    for (int s = 0; s < R; ++s)
-      if (const std::int64_t v = s * slice + i; v < packs)
-        st_volatile(lamport_buffer(p, s, f.buffer) + own_slot + i * 16,
-                    lamport_outgoing(load_pack(in, v, count, in_aligned).raw));
+      for (int s = 0; s < R; ++s)
+        if (const std::int64_t v = s * slice + i; v < packs)
+          st_volatile(lamport_buffer(p, s, f.buffer) + own_slot + i * 16,
+                      lamport_outgoing(load_pack(in, v, count, in_aligned).raw));
+    }
+    lamport_refill<R>(p, f);
   }
-  lamport_refill<R>(p, f);
   LamportHeader<R> header(p, f);  // NOTE [fingerprints]
 
   // Reduce this rank's slice in rank order, finish it with the epilogue, and push each result to
   // slot `rank` of every rank.
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
   const Epilogue epilogue(p);
-  bool ok = true;
+  bool ok = !f.failed;
+  NoHeader none;
 #pragma unroll 1
   for (std::int64_t i = first; i < slice && ok; i += stride) {
     if (p.rank * slice + i >= packs) break;
     Pack<T> got[R];
-    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, header, f.wait);
+    ok = lamport_poll<T, R>(mine, slot_bytes, i * 16, got, none, f.wait);
     if (!ok) break;
     const std::int64_t v = p.rank * slice + i;
     const uint4 sum = lamport_outgoing(epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems).raw);
@@ -62,21 +66,24 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
       st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + (slice + i) * 16, sum);
   }
 
+  // The peers pushed their headers before the data the reduce just took: loaded now, the load
+  // travels while the gather waits for the peers' sums, and takes no register from the polls
+  // (at 7 and 8 ranks they have none to spare) (NOTE [fingerprints]).
+  const std::uint32_t seen = header.load();
+
   // Gather: every slice's sum, from the slot of the rank that owns it; whole rows at a time for
   // an epilogue that needs them (every rank finishes every row alike).
   T* out = static_cast<T*>(p.output);
   const bool out_aligned = is_aligned16(out);
   if constexpr (Epilogue::kRows) {
-    // A block whose reduce gave up does not wait again.
-    if (__syncthreads_and(ok))
-      ok = finish_rows<T, /*kBareSums=*/false>(
-          epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
-            const int s = static_cast<int>(v / slice);
-            return lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait,
-                                    s);
-          });
-    else
-      ok = false;
+    // A block whose reduce gave up does not wait again, but goes through the row step with the
+    // rest of its group (NOTE [row groups]).
+    const bool reduced = __syncthreads_and(ok) != 0;
+    ok = finish_rows<T, /*kBareSums=*/false>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
+      const int s = static_cast<int>(v / slice);
+      return reduced &&
+             lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait, s);
+    });
   } else {
 #pragma unroll 1
     for (std::int64_t i = first; i < slice && ok; i += stride) {
@@ -85,13 +92,14 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads)
 #pragma unroll
       for (int s = 0; s < R; ++s) slots += s * slice + i < packs ? 1 : 0;
       Pack<T> sums[R];
-      ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, header, f.wait, slots);
+      ok = lamport_poll<T, R>(mine, slot_bytes, (slice + i) * 16, sums, none, f.wait, slots);
       if (!ok) break;
 #pragma unroll
       for (int s = 0; s < R; ++s)
         if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);
     }
   }
+  header.see(seen);
   lamport_end<T, R>(p, f, ok, 2 * slice * 16, header);
 }
 

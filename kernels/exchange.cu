@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(1024) exchange_stage_kernel(ExchangeParams p) 
 }
 
 template <int R, int V>
-__global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
+__global__ void __launch_bounds__(1024, 1) exchange_kernel(ExchangeParams p) {
   begin_launch();
   if (p.world_size == 0) return;  // a warm-up launch (NOTE [first launch])
   __shared__ std::uint32_t seq_shared, failed_shared;
@@ -154,7 +154,9 @@ __global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
     registered[r] = p.registered != nullptr ? p.registered->ptr[r] : nullptr;
   __syncthreads();
   const std::uint32_t seq = seq_shared;
-  if (failed_shared != 0) return poison_exchange<R, V>(p);
+  // False from where the block gave up (NOTE [bounded waits]); the same in every thread, and
+  // one place that poisons the outputs at the end (each would be inlined).
+  bool ok = failed_shared == 0;
   const char* src[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -162,31 +164,32 @@ __global__ void __launch_bounds__(1024) exchange_kernel(ExchangeParams p) {
                                       : staging_half(p, r, seq);
   // Pattern 2 of NOTE [memory ordering]: every peer's input (staged by a kernel that completed
   // before its exchange kernel began, or registered) is complete once its flag arrives.
-  if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 1, p.fingerprint, wait))
-    return poison_exchange<R, V>(p);
-  if (!p.end_barrier) allow_next_launch();
+  ok = ok && barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 1, p.fingerprint, wait);
 
-  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
-  char* out = static_cast<char*>(p.output);
+  if (ok) {
+    if (!p.end_barrier) allow_next_launch();
+    const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+    char* out = static_cast<char*>(p.output);
 #pragma unroll
-  for (int k = 0; k < R; ++k) {
-    const int s = p.rank + k < R ? p.rank + k : p.rank + k - R;
-    // Chosen by comparison, not by indexing `src` at run time, which would move it to local
-    // memory; `p.from` stays in parameter space.
-    const char* base = src[0];
+    for (int k = 0; k < R; ++k) {
+      const int s = p.rank + k < R ? p.rank + k : p.rank + k - R;
+      // Chosen by comparison, not by indexing `src` at run time, which would move it to local
+      // memory; `p.from` stays in parameter space.
+      const char* base = src[0];
 #pragma unroll
-    for (int r = 1; r < R; ++r)
-      if (r == s) base = src[r];
-    copy_region<V>(base, out, p.from[s], first, stride);
+      for (int r = 1; r < R; ++r)
+        if (r == s) base = src[r];
+      copy_region<V>(base, out, p.from[s], first, stride);
+    }
   }
 
   // Registered inputs belong to their callers again when the kernel ends.
-  if (p.end_barrier) {
-    if (!barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 3, p.fingerprint, wait))
-      return poison_exchange<R, V>(p);
-    allow_next_launch();
+  if (ok && p.end_barrier) {
+    ok = barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 3, p.fingerprint, wait);
+    if (ok) allow_next_launch();
   }
+  if (!ok) return poison_exchange<R, V>(p);
   end_launch(p.pads[p.rank]->seq, seq);
 }
 

@@ -128,6 +128,21 @@ struct LaunchShape {
   int threads = 0;
 };
 
+/// Most blocks that share a row of a fused operation: the portable thread-block cluster size.
+inline constexpr int kMaxRowGroup = 8;
+
+/// How many blocks share each row when `blocks` blocks finish `rows` rows (NOTE [row groups] in
+/// kernels/common/epilogue.cuh): the largest power of two up to kMaxRowGroup that divides
+/// `blocks` and still gives every row a group of its own, else 1. The launcher makes it the
+/// kernel's cluster size.
+constexpr int row_group(int blocks, std::int64_t rows) noexcept {
+  for (int g = kMaxRowGroup; g > 1; g /= 2)
+    if (blocks % g == 0 && blocks / g >= rows) return g;
+  return 1;
+}
+static_assert(row_group(8, 1) == 8 && row_group(64, 16) == 4 && row_group(64, 128) == 1);
+static_assert(row_group(6, 1) == 2 && row_group(24, 3) == 8 && row_group(1, 1) == 1);
+
 /// Everything one rank's all-reduce kernel needs; passed by value.
 struct AllReduceParams {
   /// Every rank's input as mapped here, in device memory filled when a capture scope closes
@@ -156,7 +171,6 @@ struct AllReduceParams {
   std::uint64_t timeout_ns;
   /// Host-mapped error report and abort flag (NOTE [bounded waits], kernels/common/sync.cuh).
   ErrorWord* error;
-  const std::uint32_t* abort_flag;
   /// The call's fingerprint and the group's call number (NOTE [fingerprints]).
   std::uint64_t fingerprint;
   std::uint32_t call;
@@ -239,7 +253,6 @@ struct ExchangeParams {
   /// Give up waiting for a peer after this many nanoseconds (0 = never).
   std::uint64_t timeout_ns;
   ErrorWord* error;
-  const std::uint32_t* abort_flag;
   /// The call's fingerprint and the group's call number (NOTE [fingerprints]).
   std::uint64_t fingerprint;
   std::uint32_t call;

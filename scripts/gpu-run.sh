@@ -173,13 +173,17 @@ fi
 
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = fused ]; then
   # The fused all-reduce + residual add + RMSNorm against the all-reduce followed by add_rmsnorm
-  # and the plain all-reduce of the same bytes, tokens 1..2048, workspaces that hold them all.
-  for h in 4096 7168; do
-    for r in 2 4 8; do
-      step fused env TPCOMM_LAMPORT_MAX_BYTES=32M TPCOMM_CUSTOM_AR_MAX_BYTES=32M "$bin/tpcomm" bench \
-        --virtual-ranks "$r" --op allreduce_add_rmsnorm --hidden "$h" -b $((h * 2)) \
-        -e $((h * 2 * 2048)) -f 2 -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 \
-        --algo auto,lamport,lamport_two_shot,unfused,allreduce --json "$out/fused-h$h-w$r.json"
+  # and the plain all-reduce of the same bytes, tokens 1..2048, workspaces that hold them all;
+  # with BASE set, the build there too (its logs and JSON named fused-base).
+  for b in ${BASE:+"$BASE/bin/tpcomm"} "$bin/tpcomm"; do
+    name=fused; [ "$b" = "$bin/tpcomm" ] || name=fused-base
+    for h in 4096 7168; do
+      for r in 2 4 8; do
+        step "$name" env TPCOMM_LAMPORT_MAX_BYTES=32M TPCOMM_CUSTOM_AR_MAX_BYTES=32M "$b" bench \
+          --virtual-ranks "$r" --op allreduce_add_rmsnorm --hidden "$h" -b $((h * 2)) \
+          -e $((h * 2 * 2048)) -f 2 -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 \
+          --algo auto,lamport,lamport_two_shot,unfused,allreduce --json "$out/$name-h$h-w$r.json"
+      done
     done
   done
   # The tuner's fused buckets (the `fused` lines of the table it prints).

@@ -617,10 +617,12 @@ struct Group::Impl {
   }
 
   /// The custom all-reduce, where every rank can take part (it votes); a log line otherwise.
-  void add_custom(Pinned pinned, bool fusion) {
+  void add_custom(Pinned pinned, const GroupConfig& config) {
     std::string why;
     Options custom_options = options;
-    if (!fusion) custom_options.lamport_max_bytes = 0;  // no fusion workspace
+    if (!config.fusion) custom_options.lamport_max_bytes = 0;  // no fusion workspace
+    if (config.fusion_max_tokens >= 0) custom_options.fusion_max_tokens = config.fusion_max_tokens;
+    if (config.fusion_hidden > 0) custom_options.fusion_hidden = config.fusion_hidden;
     if (auto ar = CustomAllReduce::create(boot, device, custom_options, &why)) {
       auto backend = std::make_unique<CustomArBackend>(std::move(ar), pinned, &table);
       custom = backend.get();
@@ -690,6 +692,11 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   TPCOMM_CHECK(parse_pinned(options.algo, &pinned), Status::kInvalidArgument, "algorithm \"",
                options.algo, "\" (TPCOMM_ALGO) is not one of ", pinned_names());
   options.algo = std::string(to_string(pinned));
+  TPCOMM_CHECK(config.fusion_max_tokens >= -1 && config.fusion_max_tokens <= 65536 &&
+                   config.fusion_hidden >= 0 && config.fusion_hidden <= 65536,
+               Status::kInvalidArgument, "GroupConfig: fusion_max_tokens ",
+               config.fusion_max_tokens, " (wanted -1 to 65536) or fusion_hidden ",
+               config.fusion_hidden, " (wanted 0 to 65536) out of range");
   impl_ = std::make_unique<Impl>(own_namespace(boot));
   Impl& m = *impl_;
   m.device = device;
@@ -702,7 +709,7 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   std::string nccl_why;
   const Peers peers = m.meet_peers(want_nccl, &nccl_why);
   if (world == 1 && !nccl_only) m.chain.add(std::make_unique<LocalBackend>());
-  if (config.custom_all_reduce && world > 1) m.add_custom(pinned, config.fusion);
+  if (config.custom_all_reduce && world > 1) m.add_custom(pinned, config);
   if (want_nccl) m.add_nccl(peers, nccl_why);
   if (m.custom != nullptr) m.load_tune_table(peers);
   m.watch_members();

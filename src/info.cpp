@@ -137,6 +137,8 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_CUSTOM_AR_MAX_BYTES", format_bytes(o.custom_ar_max_bytes)},
       {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", format_bytes(o.custom_ar_register_min_bytes)},
       {"TPCOMM_LAMPORT_MAX_BYTES", format_bytes(o.lamport_max_bytes)},
+      {"TPCOMM_FUSION_MAX_TOKENS", std::to_string(o.fusion_max_tokens)},
+      {"TPCOMM_FUSION_HIDDEN", std::to_string(o.fusion_hidden)},
       {"TPCOMM_DISABLE_CUSTOM_AR", o.disable_custom_ar ? "1" : "0"},
       {"TPCOMM_DISABLE_NCCL", o.disable_nccl ? "1" : "0"},
       {"TPCOMM_PDL", o.programmatic_launch ? "1" : "0"},

@@ -32,6 +32,13 @@ struct GroupConfig {
   /// `TPCOMM_LAMPORT_MAX_BYTES` per rank) and fused calls take the fallback (the all-reduce,
   /// then the local `add_rmsnorm`).
   bool fusion = true;
+  /// The largest batch the fused operation serves from that workspace, as SGLang sizes its
+  /// fusion workspace: up to `fusion_max_tokens` rows of `fusion_hidden` 16-bit elements (the
+  /// model's hidden size). -1 (0 for the hidden size) takes `TPCOMM_FUSION_MAX_TOKENS` and
+  /// `TPCOMM_FUSION_HIDDEN` (`Options::fusion_max_tokens`, 128 rows of 8192 by default). Every
+  /// rank must pass the same values.
+  std::int64_t fusion_max_tokens = -1;
+  std::int64_t fusion_hidden = 0;
 };
 
 /// A communicator for the ranks of one `Bootstrap`: the ordered backend chain of DESIGN.md §3

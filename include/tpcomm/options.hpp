@@ -49,6 +49,8 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_CUSTOM_AR_MAX_BYTES` | `custom_ar_max_bytes` | 8 MiB (at most 4 GiB) |
 /// | `TPCOMM_CUSTOM_AR_REGISTER_BYTES` | `custom_ar_register_min_bytes` | 2 MiB (at most 4 GiB) |
 /// | `TPCOMM_LAMPORT_MAX_BYTES` | `lamport_max_bytes` | 512 KiB |
+/// | `TPCOMM_FUSION_MAX_TOKENS` | `fusion_max_tokens` | 128 (0: only `lamport_max_bytes` counts) |
+/// | `TPCOMM_FUSION_HIDDEN` | `fusion_hidden` | 8192 |
 /// | `TPCOMM_DISABLE_CUSTOM_AR` | `disable_custom_ar` | 0 |
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
@@ -58,6 +60,14 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
 /// | `TPCOMM_STORE_TOKEN_FILE` | `store_token_file`, `store_token` | unset |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
+struct Options;
+
+/// Bytes of one rank's slot in each Lamport buffer of a group of `world_size` ranks under `o`:
+/// `lamport_max_bytes` (at most `custom_ar_max_bytes`), or more where the fused operation's
+/// `fusion_max_tokens` x `fusion_hidden` rows need it; 0 when `lamport_max_bytes` is 0. Each rank
+/// holds 3 x world size x this.
+std::int64_t lamport_slot_bytes(const Options& o, int world_size) noexcept;
+
 struct Options {
   LogLevel log_level = LogLevel::kWarn;
   /// Path or soname handed to dlopen for NCCL.
@@ -92,6 +102,16 @@ struct Options {
   /// Largest all-reduce, in bytes, that the Lamport kernel serves (0: no Lamport buffers). Each
   /// rank holds 3 x world size x this many bytes of receive buffers.
   std::int64_t lamport_max_bytes = std::int64_t{512} << 10;
+  /// Most tokens (rows) of `fusion_hidden` 16-bit elements that the fused all-reduce + residual
+  /// add + RMSNorm serves from the same Lamport buffers, as SGLang sizes its fusion workspace:
+  /// the buffers are made large enough for the two-shot form of that many rows (rows x hidden x 2
+  /// bytes among the ranks: `lamport_slot_bytes`) when that is more than `lamport_max_bytes`
+  /// gives. The defaults fuse DeepSeek-V3 (7168) and Llama-3.1-70B (8192) decode batches up to
+  /// 128 tokens on 2 to 8 ranks, for 12 MiB of receive buffers per rank at any world size. At
+  /// most 65536 tokens and a hidden size of 65536; 0 tokens: only `lamport_max_bytes` counts.
+  /// Ignored when `lamport_max_bytes` is 0 (no Lamport buffers).
+  std::int64_t fusion_max_tokens = 128;
+  std::int64_t fusion_hidden = 8192;
   bool disable_custom_ar = false;
   bool disable_nccl = false;
   /// Launch the custom kernels as programmatic dependent launches, so that their launch

@@ -14,21 +14,29 @@
 namespace tpcomm::kernels {
 
 /// Launches `function` with the kernel argument `params` (copied) on `stream`, as a
-/// programmatic dependent launch when `programmatic` (NOTE [programmatic launch]).
+/// programmatic dependent launch when `programmatic` (NOTE [programmatic launch]), in clusters of
+/// `cluster` blocks when it is more than 1 (it divides `shape.blocks`).
 template <class Params>
 Status launch_with(const void* function, const Params& params, LaunchShape shape, bool programmatic,
-                   Stream stream) noexcept {
+                   Stream stream, int cluster = 1) noexcept {
   Params copy = params;
   void* args[] = {&copy};
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  if (programmatic) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(shape.blocks);
   config.blockDim = dim3(shape.threads);
   config.stream = reinterpret_cast<cudaStream_t>(stream);
-  config.attrs = &attribute;
-  config.numAttrs = programmatic ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   return cudaLaunchKernelExC(&config, function, args) == cudaSuccess ? Status::kOk
                                                                      : Status::kCudaError;
 }

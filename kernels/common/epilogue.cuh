@@ -3,6 +3,7 @@
 // all-reduce) and the fused residual add + RMSNorm (+ FP8 quantisation).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -113,6 +114,57 @@ __device__ __forceinline__ float block_reduce(float x, Op op) {
   return x;
 }
 
+// NOTE [row groups]
+// The row step spreads a row over a group of blocks, so that a decode batch of a few rows keeps
+// as many blocks busy as a plain all-reduce of the same bytes, each thread holding one or two
+// packs of its row instead of a whole block's worth. The group is the thread-block cluster the
+// kernel was launched with (`row_cluster` in kernels/kernels.hpp picks its size; without one it
+// is the block alone, as in the standalone add + RMSNorm kernel): block k of a group takes packs
+// k * blockDim.x + t, k * blockDim.x + t + group size * blockDim.x, ... of the row, and the
+// group's blocks combine their partial sums through each other's shared memory, every block
+// adding the partials in the same order (block 0 first), so every block, and every rank, gets
+// bitwise the same result. Each combine is one cluster barrier; its two slots alternate, so the
+// barrier of one combine also proves that every block is done reading the slots of the one
+// before, and a last barrier before the kernel returns keeps a block's shared memory alive while
+// the others may still read it.
+
+/// The group of blocks that shares a row (NOTE [row groups]).
+struct RowGroup {
+  unsigned size;      // blocks in the group
+  unsigned rank;      // this block's place in it
+  unsigned combines;  // combines done so far: picks the slot
+
+  __device__ __forceinline__ RowGroup()
+      : size(cooperative_groups::this_cluster().num_blocks()),
+        rank(cooperative_groups::this_cluster().block_rank()),
+        combines(0) {}
+
+  /// `op` over the group of every block's `x` (each already reduced over its block), and
+  /// whether `ok` holds in every block; every thread of every block of the group calls it.
+  template <class Op>
+  __device__ __forceinline__ float combine(float x, bool& ok, Op op) {
+    if (size == 1) return x;
+    __shared__ float2 slot[2];
+    const unsigned s = combines++ & 1u;
+    if (threadIdx.x == 0) slot[s] = make_float2(x, ok ? 1.f : 0.f);
+    cooperative_groups::this_cluster().sync();
+    float all = 0.f;
+    bool every = true;
+    for (unsigned b = 0; b < size; ++b) {
+      const float2 v = *cooperative_groups::this_cluster().map_shared_rank(&slot[s], b);
+      all = b == 0 ? v.x : op(all, v.x);
+      every = every && v.y != 0.f;
+    }
+    ok = every;
+    return all;
+  }
+
+  /// Before the block returns: no block of the group reads this one's slots any more.
+  __device__ __forceinline__ void finish() const {
+    if (size > 1 && combines > 0) cooperative_groups::this_cluster().sync();
+  }
+};
+
 /// True for element `i` of pack `v` (of W elements) when it lies in [lo, hi).
 template <int W>
 __device__ __forceinline__ bool in_row(std::int64_t v, int i, std::int64_t lo, std::int64_t hi) {
@@ -175,20 +227,21 @@ __device__ __forceinline__ Pack<T> gamma_for(const T* gamma, bool gamma_aligned,
 }
 
 /// The row step of an epilogue with `kRows` (NOTE [epilogues]) over the `count` elements of the
-/// message, as rows of `e.f.hidden`: block b takes rows b, b + gridDim.x, ... . `fetch(v, x)`
+/// message, as rows of `e.f.hidden`: row group g (NOTE [row groups]) takes rows g, g + the number
+/// of groups, ... . `fetch(v, x)`
 /// gives flat pack v (false: a wait gave up): the bare sum with `kBareSums` (the pack step is
 /// applied here, its residual and gamma loaded before the wait), else with the pack step
 /// applied. Each row is stored
-/// into `out` (residual_out), its mean square reduced over the block, and its normalisation
+/// into `out` (residual_out), its mean square reduced over the group, and its normalisation
 /// stored into `e.f.norm_out`. A thread keeps its first packs of a row in registers and reads
-/// the rest back from `out`, which it wrote itself. Returns false, on every thread of the block,
-/// when a fetch failed.
+/// the rest back from `out`, which it wrote itself. Returns false, on every thread of every block
+/// of the group, when a fetch failed in any of them.
 template <class T, bool kBareSums, Fusion K, class Fetch>
 __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int64_t count,
                                             Fetch&& fetch) {
   constexpr FusionTraits F = traits(K);
   constexpr int W = Pack<T>::kElems;
-  constexpr int kKept = 4;
+  constexpr int kKept = 2;
   constexpr float kFp8Max = 448.f;
   const std::int64_t hidden = e.f.hidden;
   const std::int64_t rows = count / hidden;
@@ -197,7 +250,11 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
   const bool gamma_aligned = is_aligned16(gamma);
   const auto sum = [](float a, float b) { return a + b; };
   const auto max = [](float a, float b) { return fmaxf(a, b); };
-  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  RowGroup group;
+  // This thread's first pack of a row, and the distance to its next (NOTE [row groups]).
+  const std::int64_t lane = static_cast<std::int64_t>(group.rank) * blockDim.x + threadIdx.x;
+  const std::int64_t step = static_cast<std::int64_t>(group.size) * blockDim.x;
+  for (std::int64_t row = blockIdx.x / group.size; row < rows; row += gridDim.x / group.size) {
     const std::int64_t lo = row * hidden, hi = lo + hidden;
     const std::int64_t v0 = lo / W, v1 = (hi + W - 1) / W;
     Pack<T> kept[kKept], gammas[kKept];
@@ -215,7 +272,7 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
       Pack<T> residuals[kKept];
 #pragma unroll
       for (int k = 0; k < kKept; ++k) {
-        const std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
+        const std::int64_t v = v0 + lane + k * step;
         if (v < v1) {
           gammas[k] = gamma_for(gamma, gamma_aligned, v, lo, hidden);
           if constexpr (kBareSums) residuals[k] = e.template residual_pack<T>(v);
@@ -223,7 +280,7 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
       }
 #pragma unroll
       for (int k = 0; k < kKept; ++k) {
-        const std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
+        const std::int64_t v = v0 + lane + k * step;
         if (ok && v < v1) {
           ok = fetch(v, kept[k]);
           if constexpr (kBareSums) kept[k] = e.add(kept[k], residuals[k]);
@@ -231,15 +288,19 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
         }
       }
     }
-    for (std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(kKept) * blockDim.x;
-         ok && v < v1; v += blockDim.x) {
+    for (std::int64_t v = v0 + lane + kKept * step; ok && v < v1; v += step) {
       Pack<T> x;
       ok = fetch(v, x);
       if constexpr (kBareSums) x = e(x, v * W);
       if (ok) keep(v, x);
     }
-    if (!__syncthreads_and(ok)) return false;
-    const float rstd = rsqrtf(block_reduce(squares, sum) / static_cast<float>(hidden) + e.f.eps);
+    ok = __syncthreads_and(ok) != 0;
+    const float squared = group.combine(block_reduce(squares, sum), ok, sum);
+    if (!ok) {
+      group.finish();
+      return false;
+    }
+    const float rstd = rsqrtf(squared / static_cast<float>(hidden) + e.f.eps);
 
     // The normalised pack (`x` holds the stored row values, `g` gamma).
     auto normalised = [&](const Pack<T>& x, const Pack<T>& g, float(&y)[W]) {
@@ -250,15 +311,14 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
     auto for_each_pack = [&](auto&& each) {
 #pragma unroll
       for (int k = 0; k < kKept; ++k) {
-        const std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
+        const std::int64_t v = v0 + lane + k * step;
         if (v < v1) {
           float y[W];
           normalised(kept[k], gammas[k], y);
           each(v, y);
         }
       }
-      for (std::int64_t v = v0 + threadIdx.x + static_cast<std::int64_t>(kKept) * blockDim.x;
-           v < v1; v += blockDim.x) {
+      for (std::int64_t v = v0 + lane + kKept * step; v < v1; v += step) {
         float y[W];
         normalised(load_pack(out, v, count, out_aligned),
                    gamma_for(gamma, gamma_aligned, v, lo, hidden), y);
@@ -287,8 +347,10 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
             if (in_row<W>(v, i, lo, hi)) amax = fmaxf(amax, fabsf(y[i]));
         });
         // vLLM's floor keeps an all-zero row finite.
-        const float scale = fmaxf(block_reduce(amax, max) / kFp8Max, 1.f / (kFp8Max * 512.f));
-        if (threadIdx.x == 0) e.f.row_scales[row] = scale;
+        bool all = true;
+        const float scale = fmaxf(group.combine(block_reduce(amax, max), all, max) / kFp8Max,
+                                  1.f / (kFp8Max * 512.f));
+        if (threadIdx.x == 0 && group.rank == 0) e.f.row_scales[row] = scale;
         inverse = 1.f / scale;
       }
       auto* norm = static_cast<std::uint8_t*>(e.f.norm_out);
@@ -301,6 +363,7 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
       });
     }
   }
+  group.finish();
   return true;
 }
 

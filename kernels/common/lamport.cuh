@@ -55,28 +55,23 @@ __device__ __forceinline__ char* lamport_buffer(const AllReduceParams& p, int ow
   return p.workspaces[owner] + p.layout.lamport_slot(buffer, 0, p.world_size);
 }
 
-/// The header that carries fingerprint `fp` in a Lamport buffer (NOTE [fingerprints]): one
-/// byte of it in each 16-bit element, above a set bit 8, so that no element is the empty mark.
-__device__ __forceinline__ uint4 lamport_header(std::uint64_t fp) {
-  std::uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const auto lo = static_cast<std::uint32_t>((fp >> (16 * i)) & 0xFFu);
-    const auto hi = static_cast<std::uint32_t>((fp >> (16 * i + 8)) & 0xFFu);
-    w[i] = (0x0100u | lo) | (0x0100u | hi) << 16;
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+/// The header that carries fingerprint `fp` in a Lamport buffer (NOTE [fingerprints]): 30 bits
+/// of its `flag_hash`, 15 in each 16-bit half below a clear top bit, so that neither half is the
+/// empty mark. One 32-bit word: a thread polls it beside its packs in one register.
+__device__ __forceinline__ std::uint32_t lamport_header(std::uint64_t fp) {
+  const std::uint32_t h = flag_hash(fp);
+  return (h & 0x7FFFu) | ((h >> 15) & 0x7FFFu) << 16;
 }
 
-/// The fingerprint a header carries.
-__device__ __forceinline__ std::uint64_t lamport_header_fingerprint(uint4 h) {
-  const std::uint32_t w[4] = {h.x, h.y, h.z, h.w};
-  std::uint64_t fp = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    fp |= static_cast<std::uint64_t>(w[i] & 0xFFu) << (16 * i) |
-          static_cast<std::uint64_t>((w[i] >> 16) & 0xFFu) << (16 * i + 8);
-  return fp;
+/// True once neither half of header word `w` holds the empty mark.
+__device__ __forceinline__ bool lamport_header_arrived(std::uint32_t w) {
+  return (w & 0xFFFFu) != kLamportEmpty && (w >> 16) != kLamportEmpty;
+}
+
+__device__ __forceinline__ std::uint32_t ld_volatile_u32(const std::uint32_t* p) {
+  std::uint32_t v;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
 /// Where one launch of a Lamport kernel works (NOTE [lamport]).
@@ -125,9 +120,11 @@ template <int R>
 __device__ __forceinline__ void lamport_push_header(const AllReduceParams& p,
                                                     const LamportFrame& f) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  const uint4 header = lamport_header(p.fingerprint);
+  const std::uint32_t header = lamport_header(p.fingerprint);
 #pragma unroll
-  for (int r = 0; r < R; ++r) st_volatile(p.pads[r]->lamport_fingerprint[f.buffer][p.rank], header);
+  for (int r = 0; r < R; ++r)
+    *reinterpret_cast<volatile std::uint32_t*>(&p.pads[r]->lamport_fingerprint[f.buffer][p.rank]) =
+        header;
 }
 
 /// Thread t < R's check of rank t's header of this operation's buffer (NOTE [fingerprints]). The
@@ -136,22 +133,32 @@ __device__ __forceinline__ void lamport_push_header(const AllReduceParams& p,
 /// the data has, and `lamport_end` has nothing left to load. Other threads load nothing.
 template <int R>
 struct LamportHeader {
-  const void* at;
-  std::uint64_t seen = 0;  // the fingerprint it carries, once it has arrived
+  const std::uint32_t* at;
+  std::uint32_t expected;  // this operation's header
   bool pending;            // a header to check that has not arrived yet
+  bool same = true;        // the header that arrived is `expected`
 
   __device__ __forceinline__ LamportHeader(const AllReduceParams& p, const LamportFrame& f)
-      : at(p.pads[p.rank]->lamport_fingerprint[f.buffer][threadIdx.x < R ? threadIdx.x : 0]),
+      : at(&p.pads[p.rank]->lamport_fingerprint[f.buffer][threadIdx.x < R ? threadIdx.x : 0]),
+        expected(lamport_header(p.fingerprint)),
         pending(threadIdx.x < R) {}
 
   /// Issues a load of the header while it has not arrived; `see` takes the value, so that loads
   /// issued in between travel with it.
-  __device__ __forceinline__ uint4 load() const { return pending ? ld_volatile(at) : uint4{}; }
-  __device__ __forceinline__ void see(uint4 header) {
-    if (!pending || !lamport_arrived(header)) return;
-    pending = false;
-    seen = lamport_header_fingerprint(header);
+  __device__ __forceinline__ std::uint32_t load() const {
+    return pending ? ld_volatile_u32(at) : 0u;
   }
+  __device__ __forceinline__ void see(std::uint32_t header) {
+    if (!pending || !lamport_header_arrived(header)) return;
+    pending = false;
+    same = header == expected;
+  }
+};
+
+/// In place of a `LamportHeader` where a loop has no register to spare for it.
+struct NoHeader {
+  __device__ __forceinline__ std::uint32_t load() const { return 0; }
+  __device__ __forceinline__ void see(std::uint32_t /*header*/) {}
 };
 
 /// Refills with the empty mark what the previous operation left in this rank's buffer; the
@@ -167,20 +174,18 @@ __device__ __forceinline__ void lamport_refill(const AllReduceParams& p, const L
   for (int s = 0; s < R; ++s)
     for (std::int64_t i = first; i < packs; i += stride)
       reinterpret_cast<uint4*>(stale + s * p.layout.lamport_slot_bytes)[i] = empty;
-  if (first < R)
-    reinterpret_cast<uint4*>(p.pads[p.rank]->lamport_fingerprint[f.previous])[first] = empty;
+  if (first < R) p.pads[p.rank]->lamport_fingerprint[f.previous][first] = kLamportEmpty * 0x10001u;
 }
 
 /// Polls the pack at `offset` bytes into slots 0..`slots`-1 of `buffer` (this rank's, as
 /// mapped here) until none holds the empty mark; the packs in `got`. Until the thread's `header`
 /// has arrived, every load of it travels with a load of the packs. False when a wait gave up
 /// (NOTE [bounded waits]).
-template <class T, int R>
+template <class T, int R, class Header>
 __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t slot_bytes,
-                                             std::int64_t offset, Pack<T> (&got)[R],
-                                             LamportHeader<R>& header, const WaitContext& w,
-                                             int slots = R) {
-  const uint4 h = header.load();
+                                             std::int64_t offset, Pack<T> (&got)[R], Header& header,
+                                             const WaitContext& w, int slots = R) {
+  const std::uint32_t h = header.load();
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (r < slots) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
@@ -193,7 +198,7 @@ __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t sl
       const char* at = buffer + r * slot_bytes + offset;
       ok = wait_until<ErrorWord::kLamportCount>(
           [&] {
-            const uint4 seen = header.load();
+            const std::uint32_t seen = header.load();
             x = ld_volatile(at);
             header.see(seen);
             return lamport_arrived(x);
@@ -227,8 +232,7 @@ __device__ __forceinline__ bool lamport_poll_one(const char* at, Pack<T>& got, c
 /// see it) carries this operation's fingerprint; kMismatch reported where not (NOTE
 /// [fingerprints]). True in other threads.
 template <int R>
-__device__ __forceinline__ bool lamport_check_header(const AllReduceParams& p,
-                                                     const LamportFrame& f, LamportHeader<R> h) {
+__device__ __forceinline__ bool lamport_check_header(const LamportFrame& f, LamportHeader<R> h) {
   const int t = static_cast<int>(threadIdx.x);
   if (t >= R) return true;
   if (h.pending && !wait_until<ErrorWord::kLamportCount>(
@@ -238,8 +242,9 @@ __device__ __forceinline__ bool lamport_check_header(const AllReduceParams& p,
                        },
                        f.wait, t))
     return false;
-  if (h.seen == p.fingerprint) return true;
-  report<ErrorWord::kLamportCount>(f.wait, ErrorWord::kMismatch, t, h.seen);
+  if (h.same) return true;
+  // The host names the peer's call from its posted fingerprint (the header holds a hash).
+  report<ErrorWord::kLamportCount>(f.wait, ErrorWord::kMismatch, t);
   return false;
 }
 
@@ -251,7 +256,7 @@ template <class T, int R>
 __device__ __forceinline__ void lamport_end(const AllReduceParams& p, const LamportFrame& f,
                                             bool ok, std::int64_t used,
                                             const LamportHeader<R>& header) {
-  ok = ok && lamport_check_header<R>(p, f, header);
+  ok = ok && lamport_check_header<R>(f, header);
   if (!__syncthreads_and(ok)) return poison_outputs_block<T>(p);
   SignalPad* self = p.pads[p.rank];
   if (blockIdx.x == 0 && threadIdx.x == 0)

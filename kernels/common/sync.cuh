@@ -54,15 +54,16 @@ namespace tpcomm::kernels {
 //    compares the hashes; one that finds it past the barrier need not, since the peer passed the
 //    barrier only after finding this rank's flag there with an equal hash (the first of two ranks
 //    to pass a barrier always saw the other exactly at it);
-//  - the Lamport kernels: block 0 pushes a 16-byte header with the fingerprint into every rank's
-//    `SignalPad::lamport_fingerprint` of the buffer it pushes into, before its data. Thread t < R
-//    of every block loads rank t's header together with its own packs, in the same round trips,
-//    until it has arrived, and compares it before the block ends (polling on only if it had not
-//    arrived with the data): a block that finds a difference poisons the outputs after its own
-//    stores, so every element ends poisoned, and fails the operation, which makes the blocks
-//    still waiting for data that will never come give up too. A load that travels with loads the
-//    thread makes anyway, off the data path: a header loaded on its own after the data, as first
-//    built, cost a round trip (docs/PERFORMANCE.md).
+//  - the Lamport kernels: block 0 pushes a 32-bit header with 30 bits of the same hash into
+//    every rank's `SignalPad::lamport_fingerprint` of the buffer it pushes into, before its data.
+//    Thread t < R of every block loads rank t's header together with its own packs, in the same
+//    round trips, until it has arrived, and compares it before the block ends (polling on only
+//    if it had not arrived with the data): a block that finds a difference poisons the outputs
+//    after its own stores, so every element ends poisoned, and fails the operation, which makes
+//    the blocks still waiting for data that will never come give up too. One word in one
+//    register, loaded beside loads the thread makes anyway: a 16-byte header, or one loaded on
+//    its own after the data, as first built, cost registers or a round trip
+//    (docs/PERFORMANCE.md).
 // A difference fails the operation with kMismatch on every rank that sees it, naming both calls.
 // Ranks whose calls took different kinds of kernel (a Lamport kernel on one, a barrier kernel or
 // NCCL on another) never meet: they wait until the deadline, and the host then reads the peer's
@@ -90,19 +91,17 @@ __device__ __forceinline__ bool reached(std::uint32_t value, std::uint32_t targe
   return static_cast<std::int32_t>(value - target) >= 0;
 }
 
-/// Where a wait gives up: deadline, abort flag, and the reports to fill.
+/// Where a wait gives up: its deadline, and the rank's host-mapped error word, which also holds
+/// the abort flag. Two values: a wait is inlined into loops that are short of registers.
 struct WaitContext {
   std::uint64_t timeout_ns;  // 0 = no deadline
-  const std::uint32_t* abort_flag;
   ErrorWord* error;
-  std::uint32_t* failed;  // this rank's `SignalPad::failed`
-  int rank;
 };
 
 /// The wait context of a kernel's parameters (`AllReduceParams` or `ExchangeParams`).
 template <class Params>
 __device__ __forceinline__ WaitContext wait_context(const Params& p) {
-  return WaitContext{p.timeout_ns, p.abort_flag, p.error, &p.pads[p.rank]->failed, p.rank};
+  return WaitContext{p.timeout_ns, p.error};
 }
 
 /// Records in the host-mapped error word that this block gave up waiting for `peer` (`code`),
@@ -111,15 +110,13 @@ __device__ __forceinline__ WaitContext wait_context(const Params& p) {
 /// peer got (NOTE [bounded waits]). Marks the rank failed, so that its later kernels give up at
 /// their start.
 template <std::uint32_t Counter>
-__device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer,
-                                       std::uint64_t peer_fingerprint = 0) {
+__device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer) {
   volatile ErrorWord* e = w.error;
-  e->rank = static_cast<std::uint32_t>(w.rank);
   e->peer = static_cast<std::uint32_t>(peer);
   e->block = blockIdx.x;
   e->counter = Counter;
-  e->peer_fingerprint = peer_fingerprint;
-  *reinterpret_cast<volatile std::uint32_t*>(w.failed) = code;
+  volatile std::uint32_t* failed = e->failed;
+  *failed = code;
   __threadfence_system();
   e->code = code;
 }
@@ -148,7 +145,7 @@ __device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, 
         return false;
       }
       if ((spins & 1023u) == 0) {
-        if (*reinterpret_cast<const volatile std::uint32_t*>(w.abort_flag) != 0) {
+        if (reinterpret_cast<const volatile ErrorWord*>(w.error)->abort != 0) {
           report<Counter>(w, ErrorWord::kAborted, rank_of(peer));
           return false;
         }

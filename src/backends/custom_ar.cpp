@@ -102,8 +102,6 @@ struct CustomAllReduce::Impl {
   std::vector<Stream> warm_streams;   // streams `warm_up` has prepared (NOTE [first launch])
   ErrorWord* error_host = nullptr;    // host-mapped
   ErrorWord* error_dev = nullptr;
-  std::uint32_t* abort_host = nullptr;  // host-mapped
-  std::uint32_t* abort_dev = nullptr;
   RankPtrs* registry = nullptr;        // device, kRegistrySlots entries
   cudaStream_t side_stream = nullptr;  // for the pads after a failure; under failure_mu
   // The kernels' failure as `kernel_failure` describes it, once, for every thread.
@@ -127,7 +125,6 @@ struct CustomAllReduce::Impl {
     if (registry != nullptr) cudaFree(registry);
     if (side_stream != nullptr) cudaStreamDestroy(side_stream);
     if (error_host != nullptr) cudaFreeHost(error_host);
-    if (abort_host != nullptr) cudaFreeHost(abort_host);
     cudaSetDevice(previous);
   }
 
@@ -159,13 +156,10 @@ struct CustomAllReduce::Impl {
     TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_host), sizeof(ErrorWord),
                                     cudaHostAllocMapped));
     std::memset(error_host, 0, sizeof(ErrorWord));
+    error_host->rank = static_cast<std::uint32_t>(rank);
+    error_host->failed = &own_pad->failed;
     TPCOMM_CUDA_CHECK(
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev), error_host, 0));
-    TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&abort_host), sizeof(std::uint32_t),
-                                    cudaHostAllocMapped));
-    *abort_host = 0;
-    TPCOMM_CUDA_CHECK(
-        cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_dev), abort_host, 0));
     TPCOMM_CUDA_CHECK(cudaMalloc(&registry, kRegistrySlots * sizeof(RankPtrs)));
     TPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
   }
@@ -285,8 +279,7 @@ struct CustomAllReduce::Impl {
                          mine, ", rank ", e.peer, " ", describe_fingerprint(theirs))};
     };
     // The barrier kernels see a hash of the peer's fingerprint only: the peer posted the whole.
-    if (e.code == ErrorWord::kMismatch)
-      return mismatch(e.peer_fingerprint != 0 ? e.peer_fingerprint : p ? p->peer_fingerprint : 0);
+    if (e.code == ErrorWord::kMismatch) return mismatch(p ? p->peer_fingerprint : 0);
     // A peer that waits in the same call with another fingerprint took another kind of kernel.
     if (e.code == ErrorWord::kTimeout && p && p->peer_call == call &&
         p->peer_fingerprint != fingerprint && p->peer_fingerprint != 0)
@@ -394,7 +387,6 @@ struct CustomAllReduce::Impl {
     p.world_size = world;
     p.timeout_ns = timeout_ns;
     p.error = error_dev;
-    p.abort_flag = abort_dev;
     return p;
   }
 };
@@ -426,8 +418,7 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   impl->timeout_ns = static_cast<std::uint64_t>(
                          std::clamp<std::int64_t>(options.timeout_ms, 1, Options::kMaxTimeoutMs)) *
                      1000000ull;
-  const std::int64_t lamport_max_bytes =
-      std::min(options.lamport_max_bytes, options.custom_ar_max_bytes);
+  const std::int64_t lamport_max_bytes = lamport_slot_bytes(options, world);
   impl->layout = WorkspaceLayout::make(options.custom_ar_max_bytes, lamport_max_bytes, world);
 
   // All-or-nothing on every rank (it votes internally).
@@ -488,8 +479,7 @@ Status CustomAllReduce::kernel_failure(std::string* message) noexcept {
   if (e->code == 0) return Status::kOk;
   std::lock_guard lock(m.failure_mu);
   if (m.failure == Status::kOk) {
-    const ErrorWord word{
-        e->code, e->rank, e->peer, e->block, e->counter, e->reserved, e->peer_fingerprint};
+    const ErrorWord word{e->code, e->rank, e->peer, e->block, e->counter, e->abort, e->failed};
     try {
       std::tie(m.failure, m.failure_message) = m.describe(word, m.side_stream);
     } catch (...) {  // the message could not be built; the status stands
@@ -536,7 +526,7 @@ Status CustomAllReduce::warm_up(Stream stream) noexcept {
 }
 
 void CustomAllReduce::abort_kernels() noexcept {
-  std::atomic_ref<std::uint32_t>(*impl_->abort_host).store(1, std::memory_order_release);
+  std::atomic_ref<std::uint32_t>(impl_->error_host->abort).store(1, std::memory_order_release);
 }
 
 void CustomAllReduce::abort() noexcept {
@@ -549,8 +539,8 @@ void CustomAllReduce::abort() noexcept {
   std::lock_guard lock(m.failure_mu);  // the side stream's other user
   int previous = 0;
   if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(m.device) == cudaSuccess) {
-    if (cudaMemcpyAsync(&pad->failed, m.abort_host, sizeof(pad->failed), cudaMemcpyHostToDevice,
-                        m.side_stream) == cudaSuccess)
+    if (cudaMemcpyAsync(&pad->failed, &m.error_host->abort, sizeof(pad->failed),
+                        cudaMemcpyHostToDevice, m.side_stream) == cudaSuccess)
       cudaStreamSynchronize(m.side_stream);
     cudaSetDevice(previous);
   }
@@ -603,7 +593,6 @@ Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
   p.world_size = m.world;
   p.timeout_ns = m.timeout_ns;
   p.error = m.error_dev;
-  p.abort_flag = m.abort_dev;
   bool stage = true;
   // Registered (NOTE [staging]) where the input is large enough that the end barrier costs less
   // than the staging copy, like the all-reduce; the slot is filled when the scope closes. The

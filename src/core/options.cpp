@@ -17,6 +17,7 @@
 #include "bootstrap/wire.hpp"
 #include "core/check.hpp"
 #include "core/parse.hpp"
+#include "ipc/layout.hpp"
 #include "tpcomm/options.hpp"
 #include "tune/algorithms.hpp"
 
@@ -216,6 +217,16 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
           "x this in peer memory)");
     o.lamport_max_bytes = *b;
   }
+  auto count = [&](const char* name, std::int64_t most, std::int64_t least, std::int64_t& field) {
+    if (auto v = getenv(name)) {
+      auto n = parse_int(*v);
+      if (!n || *n < least || *n > most)
+        bad(name, *v, detail::concat("a whole number from ", least, " to ", most));
+      field = *n;
+    }
+  };
+  count("TPCOMM_FUSION_MAX_TOKENS", 65536, 0, o.fusion_max_tokens);
+  count("TPCOMM_FUSION_HIDDEN", 65536, 1, o.fusion_hidden);
   auto flag = [&](const char* name, bool& field) {
     if (auto v = getenv(name)) {
       auto b = parse_bool(*v);
@@ -256,6 +267,15 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   }
   if (auto v = getenv("TPCOMM_STORE_BIND")) o.store_bind = *v;
   return o;
+}
+
+std::int64_t lamport_slot_bytes(const Options& o, int world_size) noexcept {
+  if (o.lamport_max_bytes <= 0) return 0;
+  std::int64_t slot = std::min(o.lamport_max_bytes, o.custom_ar_max_bytes);
+  if (o.fusion_max_tokens > 0 && world_size > 0)
+    slot = std::max(
+        slot, lamport_two_shot_slot_bytes(o.fusion_max_tokens * o.fusion_hidden * 2, world_size));
+  return slot;
 }
 
 Options Options::from_env() {

@@ -52,9 +52,10 @@ struct alignas(128) SignalPad {
   /// Written by peer r through its mapping at setup, read back here: proves that the mapping
   /// really carries data before any kernel relies on it.
   std::uint64_t probe[kMaxRanks];
-  /// `lamport_fingerprint[j][p]`: the 16-byte header that peer p pushes with its data into
-  /// Lamport buffer j, emptied and refilled like the buffer's slots (NOTE [lamport]).
-  alignas(16) std::uint32_t lamport_fingerprint[kLamportBuffers][kMaxRanks][4];
+  /// `lamport_fingerprint[j][p]`: the 32-bit header (a hash of the call's fingerprint) that peer p
+  /// pushes with its data into Lamport buffer j, emptied and refilled like the buffer's slots
+  /// (NOTE [lamport]).
+  alignas(16) std::uint32_t lamport_fingerprint[kLamportBuffers][kMaxRanks];
   /// What this rank's kernels last started before it failed: the fingerprint and the group's call
   /// number, read by the hosts after a wait gave up (NOTE [fingerprints]).
   std::uint64_t posted_fingerprint;
@@ -157,7 +158,8 @@ static_assert(WorkspaceLayout::make(256, 1000, 4).total ==
 struct ErrorWord {
   static constexpr std::uint32_t kTimeout = 1;
   static constexpr std::uint32_t kAborted = 2;
-  /// A peer's operation has another fingerprint (NOTE [fingerprints]): `peer_fingerprint`.
+  /// A peer's operation has another fingerprint (NOTE [fingerprints]); the host reads which from
+  /// the peer's `SignalPad::posted_fingerprint`.
   static constexpr std::uint32_t kMismatch = 3;
 
   /// Which count `op` is.
@@ -165,14 +167,16 @@ struct ErrorWord {
   static constexpr std::uint32_t kLamportCount = 1;  // `SignalPad::lamport_seq`
 
   std::uint32_t code;
-  std::uint32_t rank;     // the rank that reported
+  std::uint32_t rank;     // the rank whose word it is (written by the host)
   std::uint32_t peer;     // the peer it was waiting for
   std::uint32_t block;    // the block that was waiting
   std::uint32_t counter;  // kBarrierCount or kLamportCount: which count numbers its operations
-  std::uint32_t reserved;
-  /// kMismatch from a Lamport kernel: the fingerprint the peer's operation carried (0 otherwise:
-  /// the host reads the peer's `SignalPad::posted_fingerprint`).
-  std::uint64_t peer_fingerprint;
+  /// Nonzero once the host asked every kernel of the rank to give up (`CustomAllReduce::abort`).
+  std::uint32_t abort;
+  /// This rank's `SignalPad::failed`, as the kernels address it (written by the host): a report
+  /// marks the rank failed through it. Here rather than in the kernels' wait context, so that
+  /// only the failure path reads it (NOTE [bounded waits] in kernels/common/sync.cuh).
+  std::uint32_t* failed;
 };
 static_assert(sizeof(ErrorWord) == 32);
 

@@ -85,10 +85,19 @@ Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_b
   if (algo == Algo::kNone) return Choice{};
   // A row that does not start on a pack boundary spans one pack more.
   const std::int64_t packs = ceil_div(std::max<std::int64_t>(hidden, 1) * 2, kVectorBytes) + 1;
+  const int most = std::max(1, std::min(max_blocks, kMaxBlocks));
+  rows = std::max<std::int64_t>(rows, 1);
+  // Groups of blocks per row (NOTE [row groups] in kernels/common/epilogue.cuh) where one block
+  // would hold more than one pack of the row in most threads (a group's barriers cost more than
+  // a second pack in a few threads: measured in docs/PERFORMANCE.md), while the rows leave
+  // blocks to spare, until a block holds at most 256 packs of its row.
+  int group = 1;
+  if (packs > kernels::kFusedMaxThreads + kernels::kFusedMaxThreads / 8)
+    while (group < kernels::kMaxRowGroup && rows * group * 2 <= most && packs > group * 256)
+      group *= 2;
   int threads = 64;
-  while (threads < kernels::kFusedMaxThreads && threads < packs) threads *= 2;
-  const auto blocks = static_cast<int>(
-      std::clamp<std::int64_t>(rows, 1, std::max(1, std::min(max_blocks, kMaxBlocks))));
+  while (threads < kernels::kFusedMaxThreads && threads * group < packs) threads *= 2;
+  const auto blocks = static_cast<int>(std::min<std::int64_t>(rows * group, most));
   return Choice{algo, blocks, threads};
 }
 

@@ -89,9 +89,11 @@ inline constexpr int kDefaultThreads = 512;
                                        const TuneTable* table) noexcept;
 
 /// The launch shape of the fused all-reduce + add + RMSNorm on `algo` (a kernel that `fuses`)
-/// for `rows` rows of `hidden` 16-bit elements: about one 16-byte pack of a row per thread (64 to
-/// `kernels::kFusedMaxThreads` threads), one block per row up to `max_blocks` (blocks then take
-/// several rows).
+/// for `rows` rows of `hidden` 16-bit elements: a group of up to `kernels::kMaxRowGroup` blocks
+/// per row while the rows leave blocks to spare (NOTE [row groups] in
+/// kernels/common/epilogue.cuh), each holding at most 256 packs of it, with about one 16-byte
+/// pack of a row per thread (64 to `kernels::kFusedMaxThreads` threads); at most `max_blocks`
+/// blocks (blocks then take several rows).
 [[nodiscard]] Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden,
                                   int max_blocks) noexcept;
 

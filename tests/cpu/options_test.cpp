@@ -250,6 +250,42 @@ TEST(Options, LamportSizeIsBounded) {
   EXPECT_THROW(from({{"TPCOMM_LAMPORT_MAX_BYTES", "2G"}}), Error);
 }
 
+TEST(Options, FusionBatchSizesTheLamportSlots) {
+  // The default: 128 rows of 8192 in the two-shot form (each slot holds a rank's share of the
+  // input and of the sums), 12 MiB of receive buffers per rank at every world size (3 buffers x
+  // world size x slot; a little more where the shares round up).
+  const Options d;
+  EXPECT_EQ(lamport_slot_bytes(d, 2), std::int64_t{2} << 20);
+  EXPECT_EQ(lamport_slot_bytes(d, 4), std::int64_t{1} << 20);
+  EXPECT_EQ(lamport_slot_bytes(d, 8), std::int64_t{512} << 10);
+  for (int w : {2, 3, 4, 5, 6, 7, 8})
+    EXPECT_LE(3 * w * lamport_slot_bytes(d, w), (std::int64_t{12} << 20) + 1024) << w;
+  // The larger of the two wins; 0 tokens leaves TPCOMM_LAMPORT_MAX_BYTES alone; no Lamport
+  // buffers at all stays so.
+  EXPECT_EQ(lamport_slot_bytes(from({{"TPCOMM_LAMPORT_MAX_BYTES", "4M"}}), 8), 4 << 20);
+  EXPECT_EQ(lamport_slot_bytes(from({{"TPCOMM_FUSION_MAX_TOKENS", "0"}}), 2), 512 << 10);
+  EXPECT_EQ(lamport_slot_bytes(
+                from({{"TPCOMM_FUSION_MAX_TOKENS", "256"}, {"TPCOMM_FUSION_HIDDEN", "7168"}}), 4),
+            2 * (256 * 7168 * 2 / 4));
+  EXPECT_EQ(lamport_slot_bytes(from({{"TPCOMM_LAMPORT_MAX_BYTES", "0"}}), 2), 0);
+  // Bounded, and malformed values name the variable.
+  EXPECT_EQ(from({{"TPCOMM_FUSION_MAX_TOKENS", "65536"}}).fusion_max_tokens, 65536);
+  for (auto [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"TPCOMM_FUSION_MAX_TOKENS", "65537"},
+                                                        {"TPCOMM_FUSION_MAX_TOKENS", "-1"},
+                                                        {"TPCOMM_FUSION_MAX_TOKENS", "12x"},
+                                                        {"TPCOMM_FUSION_HIDDEN", "0"},
+                                                        {"TPCOMM_FUSION_HIDDEN", "100000"}}) {
+    try {
+      from({{name, value}});
+      FAIL() << name << "=" << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Parse, Bytes) {
   EXPECT_EQ(parse_bytes("512"), 512);
   EXPECT_EQ(parse_bytes("1K"), 1024);

@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "ipc/layout.hpp"
+#include "kernels/kernels.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/types.hpp"
 #include "tune/algorithms.hpp"
@@ -400,19 +402,31 @@ TEST(SelectAddRmsNorm, PinnedAndTuned) {
 }
 
 TEST(SelectAddRmsNorm, LaunchShapeFollowsTheRow) {
-  for (auto [hidden, threads] : {std::pair<std::int64_t, int>{1, 64},
-                                 {7, 64},
-                                 {4096, 512},
-                                 {2880, 512},
-                                 {7168, 512},
-                                 {16384, 512},
-                                 {512, 128}}) {
+  // hidden -> blocks per row, threads: a row wider than one block's threads (by more than an
+  // eighth) is shared by a group of blocks while the rows leave blocks to spare, each block
+  // holding at most 256 packs of it.
+  for (auto [hidden, group, threads] : {std::tuple<std::int64_t, int, int>{1, 1, 64},
+                                        {7, 1, 64},
+                                        {512, 1, 128},
+                                        {2880, 1, 512},
+                                        {4096, 1, 512},
+                                        {7168, 4, 256},
+                                        {8192, 8, 256},
+                                        {16384, 8, 512}}) {
     const Choice c = fused_launch(Algo::kLamport, 3, hidden, kMaxBlocks);
     EXPECT_EQ(c.threads, threads) << hidden;
-    EXPECT_EQ(c.blocks, 3);
+    EXPECT_EQ(c.blocks, 3 * group) << hidden;
+    EXPECT_EQ(kernels::row_group(c.blocks, 3), group) << hidden;
     EXPECT_TRUE(is_valid(c));
   }
+  // No groups once the rows take every block; then blocks take several rows.
+  EXPECT_EQ(fused_launch(Algo::kLamport, 16, 7168, kMaxBlocks).blocks, 64);
+  EXPECT_EQ(kernels::row_group(64, 16), 4);
+  EXPECT_EQ(fused_launch(Algo::kLamport, 64, 7168, kMaxBlocks).blocks, 64);
+  EXPECT_EQ(fused_launch(Algo::kLamport, 64, 7168, kMaxBlocks).threads, 512);
   EXPECT_EQ(fused_launch(Algo::kLamport, 2048, 4096, 20).blocks, 20);
+  EXPECT_EQ(fused_launch(Algo::kLamport, 1, 7168, 20).blocks, 4);
+  EXPECT_EQ(fused_launch(Algo::kLamport, 1, 4096, kMaxBlocks).blocks, 1);
 }
 
 }  // namespace
