@@ -19,6 +19,7 @@
 #include "backends/fingerprint.hpp"
 #include "backends/nccl_comm.hpp"
 #include "backends/nccl_lib.hpp"
+#include "bootstrap/agree.hpp"
 #include "bootstrap/rank_watch.hpp"
 #include "core/cuda_check.hpp"
 #include "core/log.hpp"
@@ -687,6 +688,38 @@ struct Group::Impl {
   }
 };
 
+namespace {
+
+/// Collective: throws kInvalidArgument on every rank, naming each setting and the ranks with each
+/// value, unless every rank holds the same settings that decide which path a call takes or how
+/// the ranks' shared buffers are laid out. Ranks that differ there would wait for each other
+/// until their deadline, or read each other's buffers at the wrong places.
+void require_same_settings(Bootstrap& boot, const Options& o, const GroupConfig& c) {
+  auto flag = [](bool b) { return std::string(b ? "1" : "0"); };
+  const Setting settings[] = {
+      {"TPCOMM_ALGO", o.algo},
+      {"TPCOMM_CUSTOM_AR_MAX_BYTES", std::to_string(o.custom_ar_max_bytes)},
+      {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", std::to_string(o.custom_ar_register_min_bytes)},
+      {"TPCOMM_LAMPORT_MAX_BYTES", std::to_string(o.lamport_max_bytes)},
+      {"TPCOMM_FUSION_MAX_TOKENS (or GroupConfig::fusion_max_tokens)",
+       std::to_string(c.fusion_max_tokens >= 0 ? c.fusion_max_tokens : o.fusion_max_tokens)},
+      {"TPCOMM_FUSION_HIDDEN (or GroupConfig::fusion_hidden)",
+       std::to_string(c.fusion_hidden > 0 ? c.fusion_hidden : o.fusion_hidden)},
+      {"TPCOMM_DISABLE_CUSTOM_AR", flag(o.disable_custom_ar)},
+      {"TPCOMM_DISABLE_NCCL", flag(o.disable_nccl)},
+      {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
+      {"GroupConfig::custom_all_reduce", flag(c.custom_all_reduce)},
+      {"GroupConfig::nccl", flag(c.nccl)},
+      {"GroupConfig::fusion", flag(c.fusion)},
+  };
+  const std::string why = disagreements(boot, settings);
+  TPCOMM_CHECK(why.empty(), Status::kInvalidArgument,
+               "the ranks' settings differ where they must match (set them alike on every rank):\n",
+               why);
+}
+
+}  // namespace
+
 Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   Pinned pinned;
   TPCOMM_CHECK(parse_pinned(options.algo, &pinned), Status::kInvalidArgument, "algorithm \"",
@@ -701,6 +734,7 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   Impl& m = *impl_;
   m.device = device;
   m.options = std::move(options);
+  require_same_settings(m.boot, m.options, config);
   DeviceGuard guard(device);
   // TPCOMM_ALGO=nccl means NCCL for everything, even at world size 1 (to measure it).
   const bool nccl_only = pinned == Algo::kNone;

@@ -109,6 +109,9 @@ class Bootstrap {
 
   /// Returns when every rank has called it. Collective.
   void barrier();
+  /// The same, waiting at most `timeout` instead of the bootstrap's own timeout (a group's calls
+  /// wait no longer than the group's deadline).
+  void barrier(Milliseconds timeout);
   /// Rank `root`'s `data` on every rank (`data` is ignored elsewhere). Collective.
   Bytes broadcast(std::span<const std::byte> data, int root);
   /// Every rank's `data`, indexed by rank. Lengths may differ per rank. Collective.

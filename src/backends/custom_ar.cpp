@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -514,7 +515,9 @@ Status CustomAllReduce::warm_up(Stream stream) noexcept {
   if (launch_every_kernel(m.world, stream) != Status::kOk) return Status::kCudaError;
   TPCOMM_CUDA_TRY(cudaStreamSynchronize(s));
   try {
-    m.boot->barrier();
+    // Bounded by the group's deadline, not the bootstrap's (which may be much longer).
+    m.boot->barrier(
+        std::chrono::duration_cast<Milliseconds>(std::chrono::nanoseconds(m.timeout_ns)));
   } catch (const Error& err) {
     health_ = err.status();
     error_message_ = detail::concat("custom all-reduce: warming up a new stream: ", err.what(),

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include "bootstrap/deadline.hpp"
 #include "bootstrap/socket.hpp"
@@ -112,15 +113,17 @@ struct Bootstrap::Impl {
   }
 
   [[noreturn]] void throw_timeout(std::uint64_t s, std::string_view op,
-                                  const std::vector<int>& missing) const {
+                                  const std::vector<int>& missing,
+                                  std::optional<Milliseconds> waited = std::nullopt) const {
     TPCOMM_THROW(Status::kTimeout, op, " #", s, " of bootstrap '", prefix, "' timed out after ",
-                 timeout().count(), " ms on rank ", rank, ": ",
+                 waited.value_or(timeout()).count(), " ms on rank ", rank, ": ",
                  missing.size() == 1 ? "rank " : "ranks ", join_ranks(missing), " did not arrive");
   }
 
   // Waits until every rank has set its key of collective `s`; on timeout names the ranks
   // whose keys are missing.
-  void wait_all(std::uint64_t s, std::string_view op, Deadline deadline) {
+  void wait_all(std::uint64_t s, std::string_view op, Deadline deadline,
+                std::optional<Milliseconds> waited = std::nullopt) {
     std::vector<std::string> keys(static_cast<std::size_t>(world_size));
     for (int r = 0; r < world_size; ++r) keys[static_cast<std::size_t>(r)] = key(s, op, r);
     try {
@@ -131,16 +134,16 @@ struct Bootstrap::Impl {
       for (int r = 0; r < world_size; ++r) {
         if (!store->check(std::span(&keys[static_cast<std::size_t>(r)], 1))) missing.push_back(r);
       }
-      if (!missing.empty()) throw_timeout(s, op, missing);
+      if (!missing.empty()) throw_timeout(s, op, missing, waited);
     }
   }
 
-  void barrier() {
+  void barrier(Milliseconds timeout) {
     const std::uint64_t s = ++seq;
     if (world_size == 1) return;
-    const Deadline deadline = deadline_after(timeout());
+    const Deadline deadline = deadline_after(timeout);
     set_own(s, key(s, "barrier", rank), {});
-    wait_all(s, "barrier", deadline);
+    wait_all(s, "barrier", deadline, timeout);
     erase_before(s);
   }
 
@@ -329,7 +332,9 @@ int Bootstrap::job_rank(int r) const noexcept {
   return r >= 0 && r < impl_->world_size ? impl_->job_ranks[static_cast<std::size_t>(r)] : -1;
 }
 
-void Bootstrap::barrier() { impl_->barrier(); }
+void Bootstrap::barrier() { impl_->barrier(impl_->timeout()); }
+
+void Bootstrap::barrier(Milliseconds timeout) { impl_->barrier(timeout); }
 
 Bytes Bootstrap::broadcast(std::span<const std::byte> data, int root) {
   return impl_->broadcast(data, root);

@@ -105,6 +105,23 @@ TEST(Bootstrap, AgreeNamesTheLowestFailingRankOnEveryRank) {
   });
 }
 
+TEST(Bootstrap, DisagreementsNameTheSettingAndTheRanksWithEachValue) {
+  auto boots = Bootstrap::in_process(4, 10s);
+  run_ranks(boots, [](Bootstrap& b) {
+    const std::string same = "8M";
+    const std::string algo = b.rank() == 2 ? "one_shot" : "auto";
+    const std::string bytes = std::to_string(b.rank() % 2 == 0 ? 512 : 1024);
+    const Setting alike[] = {{"A", same}, {"B", "x"}};
+    EXPECT_EQ(disagreements(b, alike), "");
+    const Setting differ[] = {{"TPCOMM_CUSTOM_AR_MAX_BYTES", same},
+                              {"TPCOMM_ALGO", algo},
+                              {"TPCOMM_LAMPORT_MAX_BYTES", bytes}};
+    EXPECT_EQ(disagreements(b, differ),
+              "TPCOMM_ALGO: auto on ranks 0, 1, 3; one_shot on rank 2\n"
+              "TPCOMM_LAMPORT_MAX_BYTES: 512 on ranks 0, 2; 1024 on ranks 1, 3");
+  });
+}
+
 TEST(Bootstrap, BarrierTimeoutNamesTheMissingRank) {
   auto boots = Bootstrap::in_process(3, 300ms);
   std::vector<Bootstrap> present;
@@ -122,6 +139,31 @@ TEST(Bootstrap, BarrierTimeoutNamesTheMissingRank) {
       timeouts.fetch_add(1);
     }
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  });
+  EXPECT_EQ(timeouts.load(), 2);
+}
+
+// A group bounds its own waits on the bootstrap (a new stream's warm-up) by its deadline, which
+// may be far shorter than the bootstrap's.
+TEST(Bootstrap, BarrierWithItsOwnTimeoutWaitsNoLonger) {
+  auto boots = Bootstrap::in_process(3, 60s);
+  std::vector<Bootstrap> present;
+  present.push_back(std::move(boots[0]));
+  present.push_back(std::move(boots[1]));
+  std::atomic<int> timeouts{0};
+  run_ranks(present, [&](Bootstrap& b) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      b.barrier(300ms);
+      ADD_FAILURE() << "barrier returned without rank 2";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kTimeout);
+      EXPECT_NE(std::string(e.what()).find("timed out after 300 ms"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 2 did not arrive"), std::string::npos) << e.what();
+      timeouts.fetch_add(1);
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
   });
   EXPECT_EQ(timeouts.load(), 2);
 }

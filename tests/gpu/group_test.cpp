@@ -4,7 +4,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/kernels.hpp"
@@ -79,6 +82,74 @@ TEST(Group, LamportCanBeTurnedOff) {
       std::vector<std::vector<unsigned char>> outputs(2);
       std::mutex m;
       run_case(g, rank, {1024, DType::kBF16}, 99, stream.stream(), outputs, m);
+    }
+  });
+}
+
+// Ranks whose settings differ where they must match fail at once, all of them, naming the
+// setting and the ranks with each value, instead of waiting for each other at their first call.
+TEST(Group, RanksWithDifferentSettingsFailAtOnceNamingThem) {
+  struct Case {
+    const char* name;
+    void (*apply)(Options&, GroupConfig&);
+    const char* says;
+  };
+  const Case cases[] = {
+      {"algo", [](Options& o, GroupConfig&) { o.algo = "one_shot"; },
+       "TPCOMM_ALGO: lamport on rank 0; one_shot on rank 1"},
+      {"lamport bytes", [](Options& o, GroupConfig&) { o.lamport_max_bytes = 1 << 20; },
+       "TPCOMM_LAMPORT_MAX_BYTES: 524288 on rank 0; 1048576 on rank 1"},
+      {"fusion tokens", [](Options&, GroupConfig& c) { c.fusion_max_tokens = 64; },
+       "TPCOMM_FUSION_MAX_TOKENS (or GroupConfig::fusion_max_tokens): 128 on rank 0; 64 on rank 1"},
+      {"custom off", [](Options& o, GroupConfig&) { o.disable_custom_ar = true; },
+       "TPCOMM_DISABLE_CUSTOM_AR: 0 on rank 0; 1 on rank 1"},
+      {"no fusion", [](Options&, GroupConfig& c) { c.fusion = false; },
+       "GroupConfig::fusion: 1 on rank 0; 0 on rank 1"},
+  };
+  for (const Case& c : cases) {
+    run_ranks(2, [&](int rank, Bootstrap& boot) {
+      Options o = options_for("lamport");
+      GroupConfig config;
+      if (rank == 1) c.apply(o, config);
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        Group g(boot, 0, o, config);
+        ADD_FAILURE() << c.name << ": rank " << rank << " built the group";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.status(), Status::kInvalidArgument) << c.name;
+        EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos)
+            << c.name << ": " << e.what();
+      }
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << c.name;
+    });
+  }
+}
+
+// A rank that never starts using a new stream: the others' first call there fails at the group's
+// deadline (1 s here), not the bootstrap's (20 s).
+TEST(Group, ANewStreamsWarmUpWaitsTheGroupsDeadlineOnly) {
+  run_ranks(2, [&](int rank, Bootstrap& boot) {
+    Options o = options_for("one_shot");
+    o.timeout_ms = 1000;
+    Group g(boot, 0, o);
+    if (rank == 0) {
+      StreamHolder stream;
+      DeviceBuffer a(4096);
+      auto v = TensorView::flat(a.get(), DType::kF32, 1024, 0);
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_EQ(g.all_reduce(v, v, stream.stream()), Status::kTimeout);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+      EXPECT_NE(g.last_error().find("warming up a new stream"), std::string::npos)
+          << g.last_error();
+    } else {
+      // Late, after rank 0 gave up; then this rank's own kernel waits for rank 0 in vain (the
+      // deadline again), and both groups' teardowns meet.
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      StreamHolder stream;
+      DeviceBuffer a(4096);
+      auto v = TensorView::flat(a.get(), DType::kF32, 1024, 0);
+      (void)g.all_reduce(v, v, stream.stream());
+      EXPECT_EQ(cudaStreamSynchronize(stream.stream()), cudaSuccess);
     }
   });
 }
