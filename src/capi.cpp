@@ -8,15 +8,18 @@
 #include <exception>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 
 #include "core/check.hpp"
 #include "info.hpp"
+#include "norm.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/group.hpp"
 #include "tpcomm/norm.hpp"
@@ -51,6 +54,42 @@ static_assert(TPCOMM_AVG == static_cast<int>(ReduceOp::kAvg));
 static_assert(TPCOMM_MAX_DIMS == TensorView::kMaxDims);
 
 thread_local std::string t_last_error;
+
+/// The bootstrap, group and capture handles alive now. A call on a handle that was destroyed
+/// (or never made) is refused with kInvalidArgument instead of reading freed memory, until the
+/// address is reused by a new handle (tpcomm.h says so).
+class Handles {
+ public:
+  void add(const void* h) {
+    std::lock_guard lock(mu_);
+    live_.insert(h);
+  }
+  /// False when `h` was not alive.
+  bool remove(const void* h) {
+    std::lock_guard lock(mu_);
+    return live_.erase(h) == 1;
+  }
+  bool alive(const void* h) {
+    std::lock_guard lock(mu_);
+    return live_.count(h) == 1;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_set<const void*> live_;
+};
+
+Handles& handles() {
+  static Handles* h = new Handles;  // never destroyed: handles may outlive static destruction
+  return *h;
+}
+
+/// Null or not alive: the message for `what` ("boot", "group").
+const char* unusable(const void* h) {
+  if (h == nullptr) return " is NULL";
+  if (!handles().alive(h)) return " was destroyed (or never created)";
+  return nullptr;
+}
 
 /// Records a failure on this thread and, when given, on the handle.
 tpcomm_status fail(Status s, std::string message, std::string* handle_error = nullptr) {
@@ -138,7 +177,8 @@ Stream stream_of(void* stream) { return static_cast<Stream>(stream); }
 /// the group's message.
 template <class Call>
 tpcomm_status group_call(const char* fn, tpcomm_group_s* g, Call&& call) noexcept {
-  if (g == nullptr) return fail(Status::kInvalidArgument, detail::concat(fn, ": group is NULL"));
+  if (const char* why = unusable(g))
+    return fail(Status::kInvalidArgument, detail::concat(fn, ": group", why));
   bool threw = true;
   const tpcomm_status s = guarded(fn, &g->last_error, [&] {
     const Status r = call(g->group);
@@ -212,6 +252,7 @@ tpcomm_status tpcomm_bootstrap_from_env(tpcomm_bootstrap* out) {
     TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     *out = new tpcomm_bootstrap_s{tpcomm::Bootstrap::from_env(), {}};
+    tpcomm::handles().add(*out);
     return Status::kOk;
   });
 }
@@ -243,12 +284,16 @@ tpcomm_status tpcomm_bootstrap_create(int rank, int world_size, int local_rank,
     info.source = "explicit";
     *out = new tpcomm_bootstrap_s{
         tpcomm::Bootstrap::from_launch_info(info, tpcomm::Options::from_env()), {}};
+    tpcomm::handles().add(*out);
     return Status::kOk;
   });
 }
 
 tpcomm_status tpcomm_bootstrap_destroy(tpcomm_bootstrap boot) {
   return guarded("tpcomm_bootstrap_destroy", nullptr, [&] {
+    if (boot == nullptr) return Status::kOk;
+    TPCOMM_C_REQUIRE(tpcomm::handles().remove(boot),
+                     "boot was destroyed already (or never created)");
     delete boot;
     return Status::kOk;
   });
@@ -256,7 +301,7 @@ tpcomm_status tpcomm_bootstrap_destroy(tpcomm_bootstrap boot) {
 
 tpcomm_status tpcomm_bootstrap_rank_info(tpcomm_bootstrap boot, tpcomm_rank_info* out) {
   return guarded("tpcomm_bootstrap_rank_info", nullptr, [&] {
-    TPCOMM_C_REQUIRE(boot != nullptr, "boot is NULL");
+    if (const char* why = tpcomm::unusable(boot)) TPCOMM_C_REQUIRE(false, "boot", why);
     TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
     *out = {boot->boot.rank(),       boot->boot.world_size(),
             boot->boot.local_rank(), boot->boot.local_world_size(),
@@ -266,9 +311,9 @@ tpcomm_status tpcomm_bootstrap_rank_info(tpcomm_bootstrap boot, tpcomm_rank_info
 }
 
 tpcomm_status tpcomm_bootstrap_barrier(tpcomm_bootstrap boot) {
-  if (boot == nullptr) {
-    return fail(Status::kInvalidArgument, "tpcomm_bootstrap_barrier: boot is NULL");
-  }
+  if (const char* why = tpcomm::unusable(boot))
+    return tpcomm::fail(tpcomm::Status::kInvalidArgument,
+                        tpcomm::detail::concat("tpcomm_bootstrap_barrier: boot", why));
   return guarded("tpcomm_bootstrap_barrier", &boot->last_error, [&] {
     boot->boot.barrier();
     return Status::kOk;
@@ -276,12 +321,14 @@ tpcomm_status tpcomm_bootstrap_barrier(tpcomm_bootstrap boot) {
 }
 
 const char* tpcomm_bootstrap_last_error(tpcomm_bootstrap boot) {
-  return boot == nullptr ? "" : boot->last_error.c_str();
+  return tpcomm::unusable(boot) != nullptr ? "" : boot->last_error.c_str();
 }
 
 tpcomm_status tpcomm_store_set(tpcomm_bootstrap boot, const char* key, const void* value,
                                size_t size, int64_t timeout_ms) {
-  if (boot == nullptr) return fail(Status::kInvalidArgument, "tpcomm_store_set: boot is NULL");
+  if (const char* why = tpcomm::unusable(boot))
+    return tpcomm::fail(tpcomm::Status::kInvalidArgument,
+                        tpcomm::detail::concat("tpcomm_store_set: boot", why));
   return guarded("tpcomm_store_set", &boot->last_error, [&] {
     TPCOMM_C_REQUIRE(value != nullptr || size == 0, "value is NULL with a size of ", size);
     const std::string k = tpcomm::key_of(boot, key);
@@ -293,7 +340,9 @@ tpcomm_status tpcomm_store_set(tpcomm_bootstrap boot, const char* key, const voi
 
 tpcomm_status tpcomm_store_get(tpcomm_bootstrap boot, const char* key, void* buf, size_t capacity,
                                size_t* size, int64_t timeout_ms) {
-  if (boot == nullptr) return fail(Status::kInvalidArgument, "tpcomm_store_get: boot is NULL");
+  if (const char* why = tpcomm::unusable(boot))
+    return tpcomm::fail(tpcomm::Status::kInvalidArgument,
+                        tpcomm::detail::concat("tpcomm_store_get: boot", why));
   return guarded("tpcomm_store_get", &boot->last_error, [&] {
     TPCOMM_C_REQUIRE(size != nullptr, "size is NULL");
     TPCOMM_C_REQUIRE(buf != nullptr || capacity == 0, "buf is NULL with a capacity of ", capacity);
@@ -309,7 +358,9 @@ tpcomm_status tpcomm_store_get(tpcomm_bootstrap boot, const char* key, void* buf
 
 tpcomm_status tpcomm_store_add(tpcomm_bootstrap boot, const char* key, int64_t delta,
                                int64_t* result, int64_t timeout_ms) {
-  if (boot == nullptr) return fail(Status::kInvalidArgument, "tpcomm_store_add: boot is NULL");
+  if (const char* why = tpcomm::unusable(boot))
+    return tpcomm::fail(tpcomm::Status::kInvalidArgument,
+                        tpcomm::detail::concat("tpcomm_store_add: boot", why));
   return guarded("tpcomm_store_add", &boot->last_error, [&] {
     const std::string k = tpcomm::key_of(boot, key);
     const std::int64_t v = boot->boot.store().add(k, delta, tpcomm::timeout_of(boot, timeout_ms));
@@ -320,7 +371,9 @@ tpcomm_status tpcomm_store_add(tpcomm_bootstrap boot, const char* key, int64_t d
 
 tpcomm_status tpcomm_store_check(tpcomm_bootstrap boot, const char* key, int* exists,
                                  int64_t timeout_ms) {
-  if (boot == nullptr) return fail(Status::kInvalidArgument, "tpcomm_store_check: boot is NULL");
+  if (const char* why = tpcomm::unusable(boot))
+    return tpcomm::fail(tpcomm::Status::kInvalidArgument,
+                        tpcomm::detail::concat("tpcomm_store_check: boot", why));
   return guarded("tpcomm_store_check", &boot->last_error, [&] {
     TPCOMM_C_REQUIRE(exists != nullptr, "exists is NULL");
     const std::string keys[1] = {tpcomm::key_of(boot, key)};
@@ -331,7 +384,9 @@ tpcomm_status tpcomm_store_check(tpcomm_bootstrap boot, const char* key, int* ex
 
 tpcomm_status tpcomm_store_erase(tpcomm_bootstrap boot, const char* key, int* existed,
                                  int64_t timeout_ms) {
-  if (boot == nullptr) return fail(Status::kInvalidArgument, "tpcomm_store_erase: boot is NULL");
+  if (const char* why = tpcomm::unusable(boot))
+    return tpcomm::fail(tpcomm::Status::kInvalidArgument,
+                        tpcomm::detail::concat("tpcomm_store_erase: boot", why));
   return guarded("tpcomm_store_erase", &boot->last_error, [&] {
     const std::string k = tpcomm::key_of(boot, key);
     const bool was = boot->boot.store().erase(k, tpcomm::timeout_of(boot, timeout_ms));
@@ -344,9 +399,9 @@ tpcomm_status tpcomm_store_erase(tpcomm_bootstrap boot, const char* key, int* ex
 
 tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
                                   const tpcomm_group_config* config, tpcomm_group* out) {
-  if (boot == nullptr) {
-    return fail(Status::kInvalidArgument, "tpcomm_group_create: boot is NULL");
-  }
+  if (const char* why = tpcomm::unusable(boot))
+    return tpcomm::fail(tpcomm::Status::kInvalidArgument,
+                        tpcomm::detail::concat("tpcomm_group_create: boot", why));
   return guarded("tpcomm_group_create", &boot->last_error, [&] {
     TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
@@ -359,12 +414,16 @@ tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
     }
     *out =
         new tpcomm_group_s{tpcomm::Group(boot->boot, device, tpcomm::Options::from_env(), c), {}};
+    tpcomm::handles().add(*out);
     return Status::kOk;
   });
 }
 
 tpcomm_status tpcomm_group_destroy(tpcomm_group group) {
   return guarded("tpcomm_group_destroy", nullptr, [&] {
+    if (group == nullptr) return Status::kOk;
+    TPCOMM_C_REQUIRE(tpcomm::handles().remove(group),
+                     "group was destroyed already (or never created)");
     delete group;
     return Status::kOk;
   });
@@ -418,7 +477,7 @@ tpcomm_status tpcomm_group_warm_up(tpcomm_group group, void* stream) {
 }
 
 const char* tpcomm_group_last_error(tpcomm_group group) {
-  return group == nullptr ? "" : group->last_error.c_str();
+  return tpcomm::unusable(group) != nullptr ? "" : group->last_error.c_str();
 }
 
 tpcomm_status tpcomm_group_backend_for(tpcomm_group group, int op, const tpcomm_tensor* in,
@@ -543,15 +602,25 @@ tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* re
                                  const tpcomm_tensor* fp8_scale,
                                  const tpcomm_tensor* fp8_row_scales, void* stream) {
   return guarded("tpcomm_add_rmsnorm", nullptr, [&] {
-    const Status s = tpcomm::add_rmsnorm(
-        tpcomm::view_of(x, "x"), tpcomm::view_of(residual, "residual"),
-        tpcomm::view_of(gamma, "gamma"), eps, tpcomm::view_of(norm_out, "norm_out"),
-        tpcomm::view_of(residual_out, "residual_out"), tpcomm::stream_of(stream),
-        tpcomm::fp8_of(fp8_scale, fp8_row_scales));
+    const tpcomm::TensorView xv = tpcomm::view_of(x, "x"),
+                             rv = tpcomm::view_of(residual, "residual"),
+                             gv = tpcomm::view_of(gamma, "gamma"),
+                             nv = tpcomm::view_of(norm_out, "norm_out"),
+                             ov = tpcomm::view_of(residual_out, "residual_out");
+    const tpcomm::Fp8Scales fp8 = tpcomm::fp8_of(fp8_scale, fp8_row_scales);
+    // The checks again, for their message (add_rmsnorm only logs it).
+    tpcomm::AddRmsNormCall call;
+    std::string message;
+    if (const Status s = tpcomm::check_add_rmsnorm(xv, rv, gv, eps, nv, ov, fp8,
+                                                   "tpcomm_add_rmsnorm", &call, &message);
+        s != Status::kOk) {
+      tpcomm::fail(s, message);
+      return s;
+    }
+    const Status s = tpcomm::add_rmsnorm(xv, rv, gv, eps, nv, ov, tpcomm::stream_of(stream), fp8);
     if (s != Status::kOk) {
-      // add_rmsnorm logs its reason; the status says which kind.
-      fail(s, tpcomm::detail::concat("tpcomm_add_rmsnorm: ", tpcomm::to_string(s),
-                                     " (the reason is in the log, TPCOMM_LOG=error)"));
+      tpcomm::fail(s, tpcomm::detail::concat("tpcomm_add_rmsnorm: ", tpcomm::to_string(s),
+                                             ": the kernel could not be launched on the stream"));
     }
     return s;
   });
@@ -591,12 +660,16 @@ tpcomm_status tpcomm_capture_begin(tpcomm_group group, void* stream, tpcomm_capt
     TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     *out = new tpcomm_capture_s{group, g.capture(tpcomm::stream_of(stream))};
+    tpcomm::handles().add(*out);
     return Status::kOk;
   });
 }
 
 tpcomm_status tpcomm_capture_end(tpcomm_capture scope) {
   if (scope == nullptr) return TPCOMM_OK;
+  if (!tpcomm::handles().remove(scope))
+    return tpcomm::fail(tpcomm::Status::kInvalidArgument,
+                        "tpcomm_capture_end: scope was ended already (or never begun)");
   const std::unique_ptr<tpcomm_capture_s> owned(scope);
   return tpcomm::group_call("tpcomm_capture_end", owned->owner,
                             [&](tpcomm::Group&) { return owned->scope.close(); });

@@ -9,7 +9,12 @@
  *   calls on a handle, `tpcomm_bootstrap_last_error` / `tpcomm_group_last_error` (that handle's
  *   last failure) say what went wrong. The strings stay valid until the next call that fails on
  *   the same thread or handle.
- * - Handles are opaque; each `*_create`/`*_from_*` pairs with one `*_destroy`.
+ * - Handles are opaque; each `*_create`/`*_from_*` pairs with one `*_destroy`
+ *   (`tpcomm_capture_begin` with one `tpcomm_capture_end`). A call on a handle that was
+ *   destroyed already, or was never made, returns TPCOMM_INVALID_ARGUMENT ("was destroyed") as
+ *   long as no new handle took its address; destroying NULL does nothing. As with
+ *   `ncclCommDestroy`, destroying a handle while another thread still uses it is the caller's
+ *   error.
  * - Streams are `cudaStream_t` passed as `void*` (NULL: the legacy default stream).
  * - The rules of `tpcomm::Group` hold: every rank makes the same collective calls in the same
  *   order with the same sizes; one thread per rank; a TPCOMM_TIMEOUT, TPCOMM_ABORTED or

@@ -137,6 +137,11 @@ static void test_bad_arguments(void) {
               TPCOMM_INVALID_ARGUMENT, "norm_out: data is NULL for 4 elements");
   CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &t, 1e-6f, &t, NULL, NULL, NULL, NULL),
               TPCOMM_INVALID_ARGUMENT, "residual_out is NULL");
+  /* What only the operation's own checks see is said too, not left to the log. */
+  bad = t;
+  bad.shape[0] = 3;
+  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL),
+              TPCOMM_INVALID_ARGUMENT, "gamma must hold 4 elements of float (it holds 3");
 }
 
 /* A single process: no socket, an in-process store; every store call. */
@@ -181,6 +186,18 @@ static void test_world_of_one(void) {
               "buf is NULL");
   CHECK_FAILS(tpcomm_group_create(boot, -1, NULL, NULL), TPCOMM_INVALID_ARGUMENT, "out is NULL");
   CHECK_OK(tpcomm_bootstrap_destroy(boot));
+  /* A destroyed handle, or one never made, is refused rather than read. */
+  CHECK_FAILS(tpcomm_bootstrap_destroy(boot), TPCOMM_INVALID_ARGUMENT, "destroyed already");
+  CHECK_FAILS(tpcomm_store_add(boot, "counter", 1, &v, 0), TPCOMM_INVALID_ARGUMENT,
+              "tpcomm_store_add: boot was destroyed");
+  CHECK_FAILS(tpcomm_bootstrap_barrier(boot), TPCOMM_INVALID_ARGUMENT, "boot was destroyed");
+  CHECK(strcmp(tpcomm_bootstrap_last_error(boot), "") == 0);
+  tpcomm_group never = (tpcomm_group)(void*)buf;
+  CHECK_FAILS(tpcomm_group_destroy(never), TPCOMM_INVALID_ARGUMENT, "destroyed already");
+  CHECK_FAILS(tpcomm_group_health(never), TPCOMM_INVALID_ARGUMENT, "group was destroyed");
+  CHECK(strcmp(tpcomm_group_last_error(never), "") == 0);
+  CHECK_FAILS(tpcomm_capture_end((tpcomm_capture)(void*)buf), TPCOMM_INVALID_ARGUMENT,
+              "ended already");
 }
 
 /* A free TCP port on loopback (released again: the store server binds it moments later). */
