@@ -746,6 +746,12 @@ int finish(const BenchOptions& o, nlohmann::json& rows, std::int64_t wrong, int 
 }
 
 int run_bench(const BenchOptions& o) {
+  if (!o.json.empty()) {
+    if (const std::string why = check_writable(o.json); !why.empty()) {
+      std::fprintf(stderr, "tpcomm bench: --json \"%s\": %s\n", o.json.c_str(), why.c_str());
+      return 1;
+    }
+  }
   RankPlan plan{o.virtual_ranks, o.gpus, o.timeout_s, {}};
   std::uint64_t seed = o.seed;
   if (const char* s = std::getenv("TPCOMM_BENCH_SEED"); s != nullptr && seed == 0)

@@ -580,6 +580,13 @@ int plot(const std::string& json, const std::string& png) {
 }
 
 int run_step(const StepOptions& o) {
+  for (const auto& [flag, path] : {std::pair{"--json", o.json}, std::pair{"--plot", o.plot}}) {
+    if (path.empty()) continue;
+    if (const std::string why = check_writable(path); !why.empty()) {
+      std::fprintf(stderr, "tpcomm step: %s \"%s\": %s\n", flag, path.c_str(), why.c_str());
+      return 1;
+    }
+  }
   const ModelSpec model = load_model_file(find_model(o.model, roots()));
   (void)plan_step(model, o.tp, o.tokens.front());  // refuses a bad --tp before any GPU work
   RankPlan plan{o.virtual_ranks, o.gpus, o.timeout_s, {}};

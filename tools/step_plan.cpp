@@ -80,15 +80,31 @@ ModelSpec parse_model(const nlohmann::json& j, const std::string& source) {
 
 ModelSpec load_model_file(const std::string& path) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) refuse(path, "no such model file");
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) refuse(path, "no such model file");
+  // A FIFO or a device would block or never end: only regular files are read.
+  if (!fs::is_regular_file(st)) refuse(path, "not a regular file");
+  const auto size = fs::file_size(path, ec);
+  if (ec) refuse(path, "cannot be read");
+  if (size > kMaxModelFileBytes)
+    refuse(path, "a model file is at most " + std::to_string(kMaxModelFileBytes) +
+                     " bytes; this one has " + std::to_string(size));
   std::ifstream f(path);
   if (!f) refuse(path, "cannot be read");
   std::stringstream text;
   text << f.rdbuf();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
+    // A model is a flat object: deep nesting is refused as it is read, before it takes memory.
+    j = nlohmann::json::parse(
+        text.str(), [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+          if (depth > kMaxModelDepth)
+            refuse(path,
+                   "not a model: nested deeper than " + std::to_string(kMaxModelDepth) + " levels");
+          return true;
+        });
+  } catch (const nlohmann::json::exception& e) {
+    // Malformed text, and numbers out of range ("1e400") alike.
     refuse(path, std::string("not valid JSON: ") + e.what());
   }
   return parse_model(j, path);
@@ -96,7 +112,10 @@ ModelSpec load_model_file(const std::string& path) {
 
 std::vector<std::string> data_roots(const std::string& exe_dir, const std::string& source_dir) {
   std::vector<std::string> out;
-  if (!exe_dir.empty()) out.push_back((fs::path(exe_dir) / ".." / "share" / "tpcomm").string());
+  if (!exe_dir.empty()) {
+    out.push_back((fs::path(exe_dir) / ".." / "share" / "tpcomm").string());
+    out.push_back(exe_dir);  // models/ beside the program (a build tree carried elsewhere)
+  }
   if (!source_dir.empty()) out.push_back(source_dir);
   return out;
 }

@@ -44,6 +44,10 @@ struct ModelSpec {
 /// model, small enough that no byte count of a step can overflow.
 inline constexpr std::int64_t kMaxModelHidden = std::int64_t{1} << 20;
 inline constexpr std::int64_t kMaxModelLayers = 4096;
+/// Largest model file read, in bytes, and deepest nesting accepted in it (a model is one flat
+/// object): bounds checked before the text takes memory.
+inline constexpr std::uintmax_t kMaxModelFileBytes = 1 << 20;
+inline constexpr int kMaxModelDepth = 8;
 inline constexpr std::int64_t kMaxModelVocab = std::int64_t{1} << 24;
 
 /// Validates and reads a model's JSON object. Throws `Error` (kInvalidArgument) whose message
@@ -55,9 +59,9 @@ ModelSpec parse_model(const nlohmann::json& j, const std::string& source);
 ModelSpec load_model_file(const std::string& path);
 
 /// Where `tpcomm step` looks for data (the `models/` presets and `scripts/plot.py`), in order:
-/// the installed tree next to the program (`<bin>/../share/tpcomm`), then the source tree the
-/// program was built from. `exe_dir` is the program's directory; `source_dir` the source tree
-/// (empty: none).
+/// the installed tree next to the program (`<bin>/../share/tpcomm`, which a build tree has too),
+/// the program's own directory, then the source tree the program was built from. `exe_dir` is
+/// the program's directory; `source_dir` the source tree (empty: none).
 std::vector<std::string> data_roots(const std::string& exe_dir, const std::string& source_dir);
 
 /// The model file `name_or_file` means: a path when it ends in `.json` or contains a '/', else

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `tpcomm step`'s model files and the plan of one decode step's communication.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -109,7 +110,8 @@ TEST(StepModels, NamesAreFoundInAnyCaseAndFilesByPath) {
 
 TEST(StepModels, DataRootsPutTheInstalledTreeFirst) {
   EXPECT_EQ(data_roots("/opt/tpcomm/bin", "/src/tpcomm"),
-            (std::vector<std::string>{"/opt/tpcomm/bin/../share/tpcomm", "/src/tpcomm"}));
+            (std::vector<std::string>{"/opt/tpcomm/bin/../share/tpcomm", "/opt/tpcomm/bin",
+                                      "/src/tpcomm"}));
   EXPECT_EQ(data_roots("", ""), std::vector<std::string>{});
 }
 
@@ -165,6 +167,41 @@ TEST_F(ModelFiles, NotAModelIsRefusedNamingTheFile) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("missing.json"), std::string::npos) << e.what();
   }
+}
+
+// Files that would cost memory, never end, or overflow a number are refused first, naming the
+// file and why.
+TEST_F(ModelFiles, HostileFilesAreRefusedBeforeTheyCostAnything) {
+  nlohmann::json j = good();
+  std::string text = j.dump();
+  text.replace(text.find("64"), 2, "1e400");
+  std::string what = refusal(text);
+  EXPECT_NE(what.find("model.json: not valid JSON"), std::string::npos) << what;
+  EXPECT_NE(what.find("1e400"), std::string::npos) << what;
+
+  what = refusal(std::string(100000, '['));
+  EXPECT_NE(what.find("nested deeper than 8 levels"), std::string::npos) << what;
+
+  what = refusal(std::string(kMaxModelFileBytes + 1, ' '));
+  EXPECT_NE(what.find("a model file is at most 1048576 bytes"), std::string::npos) << what;
+
+  const fs::path fifo = dir_ / "fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    (void)load_model_file(fifo.string());
+    ADD_FAILURE() << "a FIFO loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fifo.json: not a regular file"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A build tree has the presets in its share/ folder, and a program finds models/ beside it.
+TEST_F(ModelFiles, PresetsAreFoundBesideTheProgram) {
+  fs::create_directories(dir_ / "bin" / "models");
+  std::ofstream(dir_ / "bin" / "models" / "tiny.json") << good().dump();
+  const auto roots = data_roots((dir_ / "bin").string(), "");
+  EXPECT_EQ(load_model_file(find_model("tiny", roots)).hidden, 64);
 }
 
 TEST(StepPlanTest, EveryPresetMatchesAHandTable) {
