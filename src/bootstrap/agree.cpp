@@ -48,6 +48,7 @@ std::string disagreements(Bootstrap& boot, std::span<const Setting> settings) {
   const std::string mine = encode(settings);
   const auto all = boot.all_gather(std::as_bytes(std::span(mine.data(), mine.size())));
   std::vector<std::vector<std::string>> values;
+  values.reserve(all.size());
   for (const Bytes& b : all) values.push_back(decode(b));
   std::string out;
   for (std::size_t i = 0; i < settings.size(); ++i) {
