@@ -73,6 +73,46 @@ def test_bad_arguments_raise_with_the_c_message():
         tpcomm.tensor(0, "float32", [1] * 7)
 
 
+def test_arguments_are_checked_before_they_reach_c():
+    # ctypes would wrap 2**32 + 1 to 1, and cut a string at a NUL.
+    with pytest.raises(ValueError, match="rank 4294967297 is outside"):
+        tpcomm.Bootstrap(rank=2**32 + 1, world_size=2, store_port=1234)
+    with pytest.raises(TypeError, match="world_size must be an int, not str"):
+        tpcomm.Bootstrap(rank=0, world_size="2", store_port=1234)
+    with pytest.raises(TypeError, match="rank must be an int, not bool"):
+        tpcomm.Bootstrap(rank=True, world_size=2, store_port=1234)
+    with pytest.raises(ValueError, match="store_host .* holds a NUL"):
+        tpcomm.Bootstrap(rank=0, world_size=2, store_host="127.0.0.1\0evil", store_port=1234)
+    with pytest.raises(ValueError, match="device 4294967296 is outside"):
+        tpcomm.tensor(0, "float32", [4], device=2**32)
+    with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+        with pytest.raises(ValueError, match="holds a NUL character"):
+            b.store_set("a\0b", b"x")
+        with pytest.raises(TypeError, match="store keys are str, not bytes"):
+            b.store_get(b"k")
+        with pytest.raises(ValueError, match="delta 9223372036854775808 is outside"):
+            b.store_add("n", 2**63)
+        with pytest.raises(TypeError, match="timeout_ms must be an int"):
+            b.store_get("k", timeout_ms=1.5)
+
+
+def test_ctrl_c_interrupts_a_blocking_wait_at_once():
+    code = textwrap.dedent("""
+        import signal, threading, time, tpcomm
+        with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+            threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT)).start()
+            start = time.monotonic()
+            try:
+                b.store_get("never", timeout_ms=30000)
+            except KeyboardInterrupt:
+                print("interrupted after", round(time.monotonic() - start, 2))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert out.startswith("interrupted after"), out
+    assert float(out.split()[-1]) < 1.5, out
+
+
 def test_invalid_knob_names_its_variable():
     # The knobs are read when a bootstrap of several ranks starts.
     code = ("import tpcomm\n"

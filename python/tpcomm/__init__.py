@@ -10,6 +10,7 @@ import builtins
 import contextlib
 import ctypes
 import json as _json
+import threading
 
 from . import _capi
 
@@ -144,14 +145,14 @@ def tensor(data_ptr, dtype, shape, device=-1):
     `DTYPES`) and `shape` (a sequence of at most 6 extents) on CUDA device `device`."""
     if dtype not in DTYPES:
         raise InvalidArgumentError(2, f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(_int("shape", d, 64) for d in shape)
     if len(shape) > _capi.MAX_DIMS:
         raise InvalidArgumentError(2, f"{len(shape)} dimensions; at most {_capi.MAX_DIMS}")
     t = _capi.CTensor()
     t.data = data_ptr
     t.dtype = DTYPES[dtype]
     t.ndim = len(shape)
-    t.device = device
+    t.device = _int("device", device)
     for i, d in enumerate(shape):
         t.shape[i] = d
     return t
@@ -163,8 +164,52 @@ def _ref(t):
 
 def _key(key):
     if not isinstance(key, str):
-        raise InvalidArgumentError(2, f"store keys are str, not {type(key).__name__}")
-    return key.encode()
+        raise TypeError(f"store keys are str, not {type(key).__name__}")
+    return _text("key", key)
+
+
+def _text(name, s):
+    """`s` (a str) as the C string it becomes; a NUL would cut it short there."""
+    if not isinstance(s, str):
+        raise TypeError(f"{name} must be a str, not {type(s).__name__}")
+    if "\0" in s:
+        raise ValueError(f"{name} {s!r} holds a NUL character")
+    return s.encode()
+
+
+def _int(name, v, bits=32):
+    """`v` as a C integer of `bits` bits, checked: ctypes would wrap `2**32 + 1` to 1."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} {v} is outside {lo}..{hi}")
+    return v
+
+
+def _stream(v):
+    """A `cudaStream_t` given as an int (0: the legacy default stream)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"stream must be an int (a cudaStream_t), not {type(v).__name__}")
+    if not 0 <= v < (1 << 64):
+        raise ValueError(f"stream {v} is not a pointer")
+    return v
+
+
+#: How often a blocking wait on the store returns to Python, so that Ctrl-C is felt.
+_POLL_S = 0.1
+
+
+def _interruptible(fn):
+    """Runs the blocking C call `fn()` on a helper thread and returns its result, waking every
+    `_POLL_S` so that Ctrl-C (KeyboardInterrupt) reaches the caller at once; the call itself
+    then ends at its own deadline on the helper thread."""
+    result = []
+    t = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(_POLL_S)
+    return result[0]
 
 
 class _Handle:
@@ -223,9 +268,11 @@ class Bootstrap(_Handle):
         else:
             if rank is None or world_size is None:
                 raise InvalidArgumentError(2, "give both rank and world_size, or neither")
-            host = None if store_host is None else store_host.encode()
-            _check(lib.tpcomm_bootstrap_create(rank, world_size, local_rank, local_world_size,
-                                               host, store_port, ctypes.byref(handle)))
+            host = None if store_host is None else _text("store_host", store_host)
+            _check(lib.tpcomm_bootstrap_create(
+                _int("rank", rank), _int("world_size", world_size), _int("local_rank", local_rank),
+                _int("local_world_size", local_world_size), host, _int("store_port", store_port),
+                ctypes.byref(handle)))
         self._handle = handle
         info = _capi.CRankInfo()
         _check(lib.tpcomm_bootstrap_rank_info(handle, ctypes.byref(info)))
@@ -240,8 +287,10 @@ class Bootstrap(_Handle):
         super().close()
 
     def barrier(self):
-        """Returns when every rank has called it."""
-        self._call(_capi.lib().tpcomm_bootstrap_barrier(self.handle))
+        """Returns when every rank has called it. Ctrl-C interrupts the wait at once (the
+        bootstrap is unusable after that: its ranks are no longer in step)."""
+        handle = self.handle
+        self._call(_interruptible(lambda: _capi.lib().tpcomm_bootstrap_barrier(handle)))
 
     def store_set(self, key, value, timeout_ms=0):
         """Stores `value` (bytes or str) under `key`."""
@@ -249,41 +298,44 @@ class Bootstrap(_Handle):
             value = value.encode()
         value = bytes(value)
         self._call(_capi.lib().tpcomm_store_set(self.handle, _key(key), value, len(value),
-                                                timeout_ms))
+                                                _int("timeout_ms", timeout_ms, 64)))
 
     def store_get(self, key, timeout_ms=0):
-        """The value of `key` (bytes), waiting for it up to `timeout_ms` (0: TPCOMM_TIMEOUT_MS)."""
+        """The value of `key` (bytes), waiting for it up to `timeout_ms` (0: TPCOMM_TIMEOUT_MS).
+        Ctrl-C interrupts the wait at once."""
         lib = _capi.lib()
+        handle, k, timeout_ms = self.handle, _key(key), _int("timeout_ms", timeout_ms, 64)
         size = ctypes.c_size_t(0)
         buf = ctypes.create_string_buffer(256)
-        status = lib.tpcomm_store_get(self.handle, _key(key), buf, len(buf), ctypes.byref(size),
-                                      timeout_ms)
+        status = _interruptible(lambda: lib.tpcomm_store_get(handle, k, buf, len(buf),
+                                                             ctypes.byref(size), timeout_ms))
         if status == 2 and size.value > len(buf):
             buf = ctypes.create_string_buffer(size.value)
-            status = lib.tpcomm_store_get(self.handle, _key(key), buf, len(buf),
-                                          ctypes.byref(size), timeout_ms)
+            status = lib.tpcomm_store_get(handle, k, buf, len(buf), ctypes.byref(size),
+                                          timeout_ms)
         self._call(status)
         return buf.raw[: size.value]
 
     def store_add(self, key, delta, timeout_ms=0):
         """Adds `delta` to the counter at `key` and returns the new value."""
         result = ctypes.c_int64()
-        self._call(_capi.lib().tpcomm_store_add(self.handle, _key(key), delta,
-                                                ctypes.byref(result), timeout_ms))
+        self._call(_capi.lib().tpcomm_store_add(self.handle, _key(key), _int("delta", delta, 64),
+                                                ctypes.byref(result),
+                                                _int("timeout_ms", timeout_ms, 64)))
         return result.value
 
     def store_check(self, key, timeout_ms=0):
         """True when `key` is set; does not wait."""
         exists = ctypes.c_int()
         self._call(_capi.lib().tpcomm_store_check(self.handle, _key(key), ctypes.byref(exists),
-                                                  timeout_ms))
+                                                  _int("timeout_ms", timeout_ms, 64)))
         return bool(exists.value)
 
     def store_erase(self, key, timeout_ms=0):
         """Removes `key`; True when it was set."""
         existed = ctypes.c_int()
         self._call(_capi.lib().tpcomm_store_erase(self.handle, _key(key), ctypes.byref(existed),
-                                                  timeout_ms))
+                                                  _int("timeout_ms", timeout_ms, 64)))
         return bool(existed.value)
 
 
@@ -301,7 +353,8 @@ class Group(_Handle):
         lib = _capi.lib()
         config = _capi.CGroupConfig(int(custom_all_reduce), int(nccl), int(fusion))
         handle = ctypes.c_void_p()
-        status = lib.tpcomm_group_create(bootstrap.handle, device, ctypes.byref(config),
+        status = lib.tpcomm_group_create(bootstrap.handle, _int("device", device),
+                                         ctypes.byref(config),
                                          ctypes.byref(handle))
         if status != 0:
             bootstrap._call(status)
@@ -352,7 +405,7 @@ class Group(_Handle):
         self._call(_capi.lib().tpcomm_group_tune(self.handle))
 
     def warm_up(self, stream=0):
-        self._call(_capi.lib().tpcomm_group_warm_up(self.handle, stream))
+        self._call(_capi.lib().tpcomm_group_warm_up(self.handle, _stream(stream)))
 
     def backend_for(self, op, inp, out, capturing=False):
         """Which path would serve `op` ("all_reduce", "all_reduce_add_rmsnorm", "all_gather",
@@ -373,55 +426,58 @@ class Group(_Handle):
 
     def all_reduce(self, inp, out, op="sum", stream=0):
         self._call(_capi.lib().tpcomm_all_reduce(self.handle, _ref(inp), _ref(out), self._op(op),
-                                                 stream))
+                                                 _stream(stream)))
 
     def all_gather(self, inp, out, stream=0):
-        self._call(_capi.lib().tpcomm_all_gather(self.handle, _ref(inp), _ref(out), stream))
+        self._call(_capi.lib().tpcomm_all_gather(self.handle, _ref(inp), _ref(out), _stream(stream)))
 
     def reduce_scatter(self, inp, out, op="sum", stream=0):
         self._call(_capi.lib().tpcomm_reduce_scatter(self.handle, _ref(inp), _ref(out),
-                                                     self._op(op), stream))
+                                                     self._op(op), _stream(stream)))
 
     def all_to_all(self, inp, out, counts=None, stream=0):
         """Equal split, or with `counts` (world_size^2 ints, `counts[s * world + d]` elements
         from rank s to rank d)."""
         lib = _capi.lib()
         if counts is None:
-            self._call(lib.tpcomm_all_to_all(self.handle, _ref(inp), _ref(out), stream))
+            self._call(lib.tpcomm_all_to_all(self.handle, _ref(inp), _ref(out), _stream(stream)))
         else:
             arr = (ctypes.c_int64 * len(counts))(*counts)
             self._call(lib.tpcomm_all_to_all_counts(self.handle, _ref(inp), _ref(out), arr,
-                                                    len(counts), stream))
+                                                    len(counts), _stream(stream)))
 
     def broadcast(self, inp, out, root, stream=0):
-        self._call(_capi.lib().tpcomm_broadcast(self.handle, _ref(inp), _ref(out), root, stream))
+        self._call(_capi.lib().tpcomm_broadcast(self.handle, _ref(inp), _ref(out),
+                                                _int("root", root), _stream(stream)))
 
     def send(self, buf, peer, stream=0):
-        self._call(_capi.lib().tpcomm_send(self.handle, _ref(buf), peer, stream))
+        self._call(_capi.lib().tpcomm_send(self.handle, _ref(buf), _int("peer", peer),
+                                           _stream(stream)))
 
     def recv(self, buf, peer, stream=0):
-        self._call(_capi.lib().tpcomm_recv(self.handle, _ref(buf), peer, stream))
+        self._call(_capi.lib().tpcomm_recv(self.handle, _ref(buf), _int("peer", peer),
+                                           _stream(stream)))
 
     def all_reduce_add_rmsnorm(self, x, residual, gamma, eps, norm_out, residual_out,
                                fp8_scale=None, fp8_row_scales=None, stream=0):
         self._call(_capi.lib().tpcomm_all_reduce_add_rmsnorm(
             self.handle, _ref(x), _ref(residual), _ref(gamma), eps, _ref(norm_out),
-            _ref(residual_out), _ref(fp8_scale), _ref(fp8_row_scales), stream))
+            _ref(residual_out), _ref(fp8_scale), _ref(fp8_row_scales), _stream(stream)))
 
     def lm_head_exchange(self, shard_logits, out, rows, stream=0):
         """`rows`: an int (every rank holds that many rows) or one count per rank."""
         lib = _capi.lib()
         if isinstance(rows, int):
             status = lib.tpcomm_lm_head_exchange(self.handle, _ref(shard_logits), _ref(out),
-                                                 rows, None, 0, stream)
+                                                 _int("rows", rows, 64), None, 0, _stream(stream))
         else:
             arr = (ctypes.c_int64 * len(rows))(*rows)
             status = lib.tpcomm_lm_head_exchange(self.handle, _ref(shard_logits), _ref(out), -1,
-                                                 arr, len(rows), stream)
+                                                 arr, len(rows), _stream(stream))
         self._call(status)
 
     def prepare_exchange(self, bytes_per_peer=0, stream=0):
-        self._call(_capi.lib().tpcomm_prepare_exchange(self.handle, bytes_per_peer, stream))
+        self._call(_capi.lib().tpcomm_prepare_exchange(self.handle, bytes_per_peer, _stream(stream)))
 
     @contextlib.contextmanager
     def capture(self, stream):
@@ -429,7 +485,7 @@ class Group(_Handle):
         the capture ended) registers the captured buffers with every rank. Collective."""
         lib = _capi.lib()
         scope = ctypes.c_void_p()
-        self._call(lib.tpcomm_capture_begin(self.handle, stream, ctypes.byref(scope)))
+        self._call(lib.tpcomm_capture_begin(self.handle, _stream(stream), ctypes.byref(scope)))
         try:
             yield self
         finally:
