@@ -10,7 +10,6 @@ import builtins
 import contextlib
 import ctypes
 import json as _json
-import threading
 
 from . import _capi
 
@@ -196,22 +195,6 @@ def _stream(v):
     return v
 
 
-#: How often a blocking wait on the store returns to Python, so that Ctrl-C is felt.
-_POLL_S = 0.1
-
-
-def _interruptible(fn):
-    """Runs the blocking C call `fn()` on a helper thread and returns its result, waking every
-    `_POLL_S` so that Ctrl-C (KeyboardInterrupt) reaches the caller at once; the call itself
-    then ends at its own deadline on the helper thread."""
-    result = []
-    t = threading.Thread(target=lambda: result.append(fn()), daemon=True)
-    t.start()
-    while t.is_alive():
-        t.join(_POLL_S)
-    return result[0]
-
-
 class _Handle:
     """An object of the C API behind an opaque handle: `_kind` names it ("bootstrap", "group"),
     and `tpcomm_<kind>_last_error` / `tpcomm_<kind>_destroy` are its error text and destructor."""
@@ -287,10 +270,8 @@ class Bootstrap(_Handle):
         super().close()
 
     def barrier(self):
-        """Returns when every rank has called it. Ctrl-C interrupts the wait at once (the
-        bootstrap is unusable after that: its ranks are no longer in step)."""
-        handle = self.handle
-        self._call(_interruptible(lambda: _capi.lib().tpcomm_bootstrap_barrier(handle)))
+        """Returns when every rank has called it."""
+        self._call(_capi.lib().tpcomm_bootstrap_barrier(self.handle))
 
     def store_set(self, key, value, timeout_ms=0):
         """Stores `value` (bytes or str) under `key`."""
@@ -301,14 +282,12 @@ class Bootstrap(_Handle):
                                                 _int("timeout_ms", timeout_ms, 64)))
 
     def store_get(self, key, timeout_ms=0):
-        """The value of `key` (bytes), waiting for it up to `timeout_ms` (0: TPCOMM_TIMEOUT_MS).
-        Ctrl-C interrupts the wait at once."""
+        """The value of `key` (bytes), waiting for it up to `timeout_ms` (0: TPCOMM_TIMEOUT_MS)."""
         lib = _capi.lib()
         handle, k, timeout_ms = self.handle, _key(key), _int("timeout_ms", timeout_ms, 64)
         size = ctypes.c_size_t(0)
         buf = ctypes.create_string_buffer(256)
-        status = _interruptible(lambda: lib.tpcomm_store_get(handle, k, buf, len(buf),
-                                                             ctypes.byref(size), timeout_ms))
+        status = lib.tpcomm_store_get(handle, k, buf, len(buf), ctypes.byref(size), timeout_ms)
         if status == 2 and size.value > len(buf):
             buf = ctypes.create_string_buffer(size.value)
             status = lib.tpcomm_store_get(handle, k, buf, len(buf), ctypes.byref(size),
