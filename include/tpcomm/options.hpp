@@ -106,8 +106,8 @@ struct Options {
   /// add + RMSNorm serves from the same Lamport buffers, as SGLang sizes its fusion workspace:
   /// the buffers are made large enough for the two-shot form of that many rows (rows x hidden x 2
   /// bytes among the ranks: `lamport_slot_bytes`) when that is more than `lamport_max_bytes`
-  /// gives. The defaults fuse DeepSeek-V3 (7168) and Llama-3.1-70B (8192) decode batches up to
-  /// 128 tokens on 2 to 8 ranks, for 12 MiB of receive buffers per rank at any world size. At
+  /// gives. The defaults hold DeepSeek-V3 (7168) and Llama-3.1-70B (8192) decode batches of up
+  /// to 128 tokens on 2 to 8 ranks, for 12 MiB of receive buffers per rank at any world size. At
   /// most 65536 tokens and a hidden size of 65536; 0 tokens: only `lamport_max_bytes` counts.
   /// Ignored when `lamport_max_bytes` is 0 (no Lamport buffers).
   std::int64_t fusion_max_tokens = 128;
