@@ -601,15 +601,22 @@ class Supervisor {
     abandon_at_ = deadline_after(kAbandonAfter);
   }
 
-  // Stops the job when one of the ranks that have just ended failed.
+  // Stops the job when one of the ranks that have just ended failed, naming the one that most
+  // likely failed first: ranks reaped in the same tick ended within milliseconds of each other,
+  // and one killed by a signal is the cause of ones that then exited with an error (a survivor
+  // exits with one once its group notices the lost rank), so it is named first.
   void stop_on_failure(const std::vector<int>& ended) {
+    if (phase_ != Phase::kRunning) return;
+    const RankExit* first = nullptr;
     for (int r : ended) {
       const RankExit& e = result_.ranks[static_cast<std::size_t>(r)];
-      if (phase_ == Phase::kRunning && is_failure(e)) {
-        begin_stop(SIGTERM, describe(e),
-                   e.how == RankExit::How::kSignaled ? 128 + e.signal : e.code);
-      }
+      if (!is_failure(e)) continue;
+      const bool signaled = e.how == RankExit::How::kSignaled;
+      if (first == nullptr || (signaled && first->how != RankExit::How::kSignaled)) first = &e;
     }
+    if (first != nullptr)
+      begin_stop(SIGTERM, describe(*first),
+                 first->how == RankExit::How::kSignaled ? 128 + first->signal : first->code);
   }
 
   // The job's deadline, then the grace period, then the wait after SIGKILL; false when the

@@ -207,6 +207,16 @@ TEST_F(Launcher, ReportsARankKilledBySignal) {
   expect_all_gone(r);
 }
 
+// A rank killed by a signal, and a survivor that exits with an error moments later because it
+// noticed: the summary names the killed rank, not the survivor.
+TEST_F(Launcher, NamesTheKilledRankNotTheSurvivorThatNoticedIt) {
+  LaunchResult r = launch_local(
+      spec(2, {"await:" + path("dead1") + ",exit:1", "touch:" + path("dead") + ",signal:9"}));
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.message;
+  EXPECT_EQ(r.message, "rank 1 killed by signal 9 (SIGKILL)");
+  expect_all_gone(r);
+}
+
 TEST_F(Launcher, DeadlineStopsEveryRank) {
   LaunchSpec s = spec(3, {"sleep:60"});
   s.timeout = 300ms;
