@@ -15,8 +15,13 @@ namespace {
 
 using detail::concat;
 
+// The TCP store's limits, so that both stores accept and refuse the same keys and values.
+const TcpStoreServerConfig kLimits{};
+
 void check_key(std::string_view what, std::string_view key) {
   TPCOMM_CHECK(!key.empty(), Status::kInvalidArgument, what, ": empty key");
+  TPCOMM_CHECK(key.size() <= kLimits.max_key_bytes, Status::kInvalidArgument, what, ": key of ",
+               key.size(), " bytes is longer than the limit of ", kLimits.max_key_bytes);
 }
 
 }  // namespace
@@ -49,7 +54,11 @@ InProcessStore::InProcessStore() : impl_(std::make_unique<Impl>()) {}
 InProcessStore::~InProcessStore() = default;
 
 void InProcessStore::set(std::string_view key, std::span<const std::byte> value, Milliseconds) {
-  check_key(concat("store set '", key, "'"), key);
+  const std::string what = concat("store set '", key, "'");
+  check_key(what, key);
+  TPCOMM_CHECK(value.size() <= kLimits.max_value_bytes, Status::kInvalidArgument, what,
+               ": value of ", value.size(), " bytes is longer than the limit of ",
+               kLimits.max_value_bytes);
   {
     std::lock_guard lock(impl_->mu);
     impl_->data[std::string(key)].assign(value.begin(), value.end());

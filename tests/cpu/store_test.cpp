@@ -154,6 +154,24 @@ TEST_P(StoreSemantics, EmptyKeysAreInvalid) {
   s->set("still", "works");
 }
 
+// Both stores accept and refuse the same keys and values: the TCP store's limits, checked
+// before anything is allocated (a length of SIZE_MAX included).
+TEST_P(StoreSemantics, BothStoresRefuseTheSameKeysAndValues) {
+  auto s = client();
+  const std::string longest(4096, 'k'), too_long(4097, 'k');
+  s->set(longest, "fits");
+  EXPECT_EQ(s->get(longest, 1s).size(), 4u);
+  expect_error([&] { s->set(too_long, "x"); }, Status::kInvalidArgument,
+               "key of 4097 bytes is longer than the limit of 4096");
+  expect_error([&] { (void)s->get(too_long, 10ms); }, Status::kInvalidArgument,
+               "key of 4097 bytes is longer than the limit of 4096");
+  const std::byte one{1};
+  const std::span<const std::byte> huge(&one, SIZE_MAX);  // never read: refused by its size
+  expect_error([&] { s->set("huge", huge, 1s); }, Status::kInvalidArgument,
+               "bytes is longer than the limit of 67108864");
+  s->set("still", "works");
+}
+
 TEST_P(StoreSemantics, GetAndWaitTimeOutOnTime) {
   auto s = client();
   auto t0 = SteadyClock::now();
