@@ -90,7 +90,12 @@ TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
            {"TPCOMM_ASYNC_ERROR_HANDLING", "1"},
            {"TPCOMM_CUSTOM_AR_MAX_BYTES", "4611686018427387904"},
            {"TPCOMM_CUSTOM_AR_MAX_BYTES", "5G"},
-           {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", "4611686018427387904"}}) {
+           {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", "4611686018427387904"},
+           {"TPCOMM_FUSION_MAX_TOKENS", "65537"},
+           {"TPCOMM_FUSION_MAX_TOKENS", "-1"},
+           {"TPCOMM_FUSION_MAX_TOKENS", "12x"},
+           {"TPCOMM_FUSION_HIDDEN", "0"},
+           {"TPCOMM_FUSION_HIDDEN", "100000"}}) {
     try {
       from({{name, value}});
       FAIL() << name << "=" << value << " accepted";
@@ -268,22 +273,8 @@ TEST(Options, FusionBatchSizesTheLamportSlots) {
                 from({{"TPCOMM_FUSION_MAX_TOKENS", "256"}, {"TPCOMM_FUSION_HIDDEN", "7168"}}), 4),
             2 * (256 * 7168 * 2 / 4));
   EXPECT_EQ(lamport_slot_bytes(from({{"TPCOMM_LAMPORT_MAX_BYTES", "0"}}), 2), 0);
-  // Bounded, and malformed values name the variable.
+  // Bounded (malformed values: MalformedValuesAreErrorsNamingTheVariable).
   EXPECT_EQ(from({{"TPCOMM_FUSION_MAX_TOKENS", "65536"}}).fusion_max_tokens, 65536);
-  for (auto [name, value] :
-       std::vector<std::pair<std::string, std::string>>{{"TPCOMM_FUSION_MAX_TOKENS", "65537"},
-                                                        {"TPCOMM_FUSION_MAX_TOKENS", "-1"},
-                                                        {"TPCOMM_FUSION_MAX_TOKENS", "12x"},
-                                                        {"TPCOMM_FUSION_HIDDEN", "0"},
-                                                        {"TPCOMM_FUSION_HIDDEN", "100000"}}) {
-    try {
-      from({{name, value}});
-      FAIL() << name << "=" << value << " accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), Status::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
-    }
-  }
 }
 
 TEST(Parse, Bytes) {
