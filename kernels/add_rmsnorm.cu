@@ -46,12 +46,8 @@ Status dispatch_local_fusion(Fusion fusion, Fn&& f) {
       return f.template operator()<Fusion::kAddRmsNormFp8>();
     case Fusion::kAddRmsNormFp8Token:
       return f.template operator()<Fusion::kAddRmsNormFp8Token>();
-    case Fusion::kRmsNorm:
-      return f.template operator()<Fusion::kRmsNorm>();
-    case Fusion::kRmsNormFp8:
-      return f.template operator()<Fusion::kRmsNormFp8>();
-    case Fusion::kRmsNormFp8Token:
-      return f.template operator()<Fusion::kRmsNormFp8Token>();
+    case Fusion::kAddRmsNormFp8Group:
+      return f.template operator()<Fusion::kAddRmsNormFp8Group>();
     case Fusion::kAdd:
       return f.template operator()<Fusion::kAdd>();
   }
@@ -62,7 +58,9 @@ Status dispatch_local_fusion(Fusion fusion, Fn&& f) {
 
 Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParams& fusion,
                           std::int64_t count, DType dtype, Stream stream) noexcept {
-  if (count < 0 || (count > 0 && (fusion.hidden < 1 || count % fusion.hidden != 0)))
+  if (count < 0 || (count > 0 && (fusion.hidden < 1 || count % fusion.hidden != 0 ||
+                                  (traits(fusion.kind).quant == Quant::kFp8Group &&
+                                   fusion.hidden % kFp8Group != 0))))
     return Status::kInvalidArgument;
   return dispatch_float_dtype(dtype, [&]<class T>() {
     return dispatch_local_fusion(fusion.kind, [&]<Fusion K>() {

@@ -45,7 +45,8 @@ Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchS
     return Status::kInvalidArgument;
   const FusionParams& fusion = params.fusion;
   if (fusion.kind != Fusion::kNone &&
-      (fusion.hidden < 1 || params.count % fusion.hidden != 0 || shape.threads > kFusedMaxThreads))
+      (fusion.hidden < 1 || params.count % fusion.hidden != 0 || shape.threads > kFusedMaxThreads ||
+       (traits(fusion.kind).quant == Quant::kFp8Group && fusion.hidden % kFp8Group != 0)))
     return Status::kInvalidArgument;
   const void* function = kernel_function(kernel, params.dtype, params.world_size, fusion.kind);
   if (function == nullptr) return Status::kInvalidArgument;

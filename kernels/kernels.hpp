@@ -43,11 +43,16 @@ enum class Quant : std::uint8_t {
   kNone,      // the input's dtype
   kFp8,       // f8e4m3, saturate(value / scale) with the caller's per-tensor scale
   kFp8Token,  // f8e4m3 with a per-row scale amax / 448, written out
+  kFp8Group,  // f8e4m3 with a scale amax / 448 per group of kFp8Group elements of a row, written
 };
 
+/// Elements of a row that share one scale under Quant::kFp8Group (DeepSeek's block
+/// quantisation); the row's length must be a multiple of it.
+inline constexpr int kFp8Group = 128;
+
 /// What an epilogue does (NOTE [epilogues] in kernels/common/epilogue.cuh), fixed at compile time:
-/// add the residual, normalise each row (RMSNorm times gamma), and how to store the normalised
-/// rows.
+/// add the residual (when the call gives one), normalise each row (RMSNorm times gamma), and how
+/// to store the normalised rows.
 struct FusionTraits {
   bool residual = false;
   bool norm = false;
@@ -55,19 +60,19 @@ struct FusionTraits {
   friend constexpr bool operator==(const FusionTraits&, const FusionTraits&) = default;
 };
 
-/// The epilogues that are instantiated, by name. The Lamport kernels carry `kNone` and the
-/// three `kAddRmsNorm*`; the local kernel (`launch_add_rmsnorm`) every one but `kNone`.
+/// The epilogues that are instantiated, by name. The Lamport kernels carry every one but `kAdd`;
+/// the local kernel (`launch_add_rmsnorm`) every one but `kNone`. The forms of the norm that do
+/// not change what is stored (no residual, an f32 gamma, Gemma's `1 + gamma`) are arguments
+/// (`FusionParams`), not epilogues.
 enum class Fusion : std::uint8_t {
   kNone,                // the plain all-reduce
   kAddRmsNorm,          // residual_out = sum + residual; norm_out = RMSNorm(residual_out) * gamma
   kAddRmsNormFp8,       // the same, norm_out in f8e4m3 with a per-tensor scale
   kAddRmsNormFp8Token,  // the same, norm_out in f8e4m3 with per-row scales
-  kRmsNorm,             // no residual: norm_out = RMSNorm(sum) * gamma, residual_out = sum
-  kRmsNormFp8,
-  kRmsNormFp8Token,
-  kAdd,  // residual_out = sum + residual, no norm
+  kAddRmsNormFp8Group,  // the same, norm_out in f8e4m3 with a scale per kFp8Group elements
+  kAdd,                 // residual_out = sum + residual, no norm
 };
-inline constexpr int kFusionCount = 8;
+inline constexpr int kFusionCount = 6;
 
 constexpr FusionTraits traits(Fusion f) noexcept {
   switch (f) {
@@ -79,12 +84,8 @@ constexpr FusionTraits traits(Fusion f) noexcept {
       return {true, true, Quant::kFp8};
     case Fusion::kAddRmsNormFp8Token:
       return {true, true, Quant::kFp8Token};
-    case Fusion::kRmsNorm:
-      return {false, true, Quant::kNone};
-    case Fusion::kRmsNormFp8:
-      return {false, true, Quant::kFp8};
-    case Fusion::kRmsNormFp8Token:
-      return {false, true, Quant::kFp8Token};
+    case Fusion::kAddRmsNormFp8Group:
+      return {true, true, Quant::kFp8Group};
     case Fusion::kAdd:
       return {true, false, Quant::kNone};
   }
@@ -97,28 +98,30 @@ constexpr FusionTraits traits(Fusion f) noexcept {
 inline constexpr int kFusedMaxThreads = 512;
 
 /// True for the epilogues the Lamport kernels carry.
-constexpr bool on_lamport(Fusion f) noexcept {
-  return f == Fusion::kNone || f == Fusion::kAddRmsNorm || f == Fusion::kAddRmsNormFp8 ||
-         f == Fusion::kAddRmsNormFp8Token;
-}
+constexpr bool on_lamport(Fusion f) noexcept { return f != Fusion::kAdd; }
 
 /// The arguments of a fused operation over `count / hidden` rows of `hidden` elements; unused
 /// (zero) for the plain all-reduce. The sum (plus the residual) is the kernel's `output`
 /// (`residual_out`).
 struct FusionParams {
   Fusion kind;
-  /// [rows, hidden] in the input's dtype, any alignment; may be the output (in place).
+  /// [rows, hidden] in the input's dtype, any alignment; may be the output (in place). Null: no
+  /// residual (a model's first layer), and `residual_out` is the sum itself.
   const void* residual;
-  /// [hidden] in the input's dtype.
+  /// [hidden] in the input's dtype, or f32 with `gamma_f32`.
   const void* gamma;
   /// [rows, hidden]: the input's dtype, or f8e4m3 when quantised; may be the input (in place).
   void* norm_out;
   /// Quant::kFp8: one f32 in device memory, read when the kernel runs.
   const float* scale;
-  /// Quant::kFp8Token: [rows] f32, written.
+  /// Written, f32: Quant::kFp8Token [rows]; Quant::kFp8Group [rows, hidden / kFp8Group].
   float* row_scales;
   float eps;
   std::int64_t hidden;
+  /// `gamma` is f32 while the input is 16-bit (a norm weight kept in full precision).
+  bool gamma_f32;
+  /// The row is scaled by `1 + gamma` (Gemma's RMSNorm) instead of `gamma`.
+  bool gamma_plus_one;
 };
 static_assert(std::is_trivially_copyable_v<FusionParams>);
 

@@ -11,10 +11,10 @@ namespace tpcomm {
 
 Status add_rmsnorm(const TensorView& x, const TensorView& residual, const TensorView& gamma,
                    float eps, const TensorView& norm_out, const TensorView& residual_out,
-                   Stream stream, const Fp8Scales& fp8) noexcept {
+                   Stream stream, const Fp8Scales& fp8, NormWeight weight) noexcept {
   AddRmsNormCall call;
   std::string message;
-  if (Status s = check_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, fp8,
+  if (Status s = check_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, fp8, weight,
                                    "add_rmsnorm", &call, &message);
       s != Status::kOk) {
     TPCOMM_LOG_ERROR(message);

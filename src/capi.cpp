@@ -150,8 +150,16 @@ TensorView optional_view(const tpcomm_tensor* t, const char* what) {
   return t == nullptr ? TensorView{} : view_of(t, what);
 }
 
-Fp8Scales fp8_of(const tpcomm_tensor* scale, const tpcomm_tensor* row_scales) {
-  return {optional_view(scale, "fp8_scale"), optional_view(row_scales, "fp8_row_scales")};
+Fp8Scales fp8_of(const tpcomm_tensor* scale, const tpcomm_tensor* row_scales,
+                 const tpcomm_tensor* group_scales) {
+  return {optional_view(scale, "fp8_scale"), optional_view(row_scales, "fp8_row_scales"),
+          optional_view(group_scales, "fp8_group_scales")};
+}
+
+NormWeight weight_of(int weight) {
+  TPCOMM_C_REQUIRE(weight == TPCOMM_WEIGHT_GAMMA || weight == TPCOMM_WEIGHT_ONE_PLUS_GAMMA,
+                   "weight ", weight, " is not a tpcomm_norm_weight (0 or 1)");
+  return static_cast<NormWeight>(weight);
 }
 
 ReduceOp reduce_op_of(int op) {
@@ -580,19 +588,18 @@ tpcomm_status tpcomm_recv(tpcomm_group group, const tpcomm_tensor* buf, int peer
   });
 }
 
-tpcomm_status tpcomm_all_reduce_add_rmsnorm(tpcomm_group group, const tpcomm_tensor* x,
-                                            const tpcomm_tensor* residual,
-                                            const tpcomm_tensor* gamma, float eps,
-                                            const tpcomm_tensor* norm_out,
-                                            const tpcomm_tensor* residual_out,
-                                            const tpcomm_tensor* fp8_scale,
-                                            const tpcomm_tensor* fp8_row_scales, void* stream) {
+tpcomm_status tpcomm_all_reduce_add_rmsnorm(
+    tpcomm_group group, const tpcomm_tensor* x, const tpcomm_tensor* residual,
+    const tpcomm_tensor* gamma, float eps, const tpcomm_tensor* norm_out,
+    const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
+    const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales, int weight,
+    void* stream) {
   return tpcomm::group_call("tpcomm_all_reduce_add_rmsnorm", group, [&](tpcomm::Group& g) {
     return g.all_reduce_add_rmsnorm(
-        tpcomm::view_of(x, "x"), tpcomm::view_of(residual, "residual"),
+        tpcomm::view_of(x, "x"), tpcomm::optional_view(residual, "residual"),
         tpcomm::view_of(gamma, "gamma"), eps, tpcomm::view_of(norm_out, "norm_out"),
         tpcomm::view_of(residual_out, "residual_out"), tpcomm::stream_of(stream),
-        tpcomm::fp8_of(fp8_scale, fp8_row_scales));
+        tpcomm::fp8_of(fp8_scale, fp8_row_scales, fp8_group_scales), tpcomm::weight_of(weight));
   });
 }
 
@@ -600,24 +607,27 @@ tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* re
                                  const tpcomm_tensor* gamma, float eps,
                                  const tpcomm_tensor* norm_out, const tpcomm_tensor* residual_out,
                                  const tpcomm_tensor* fp8_scale,
-                                 const tpcomm_tensor* fp8_row_scales, void* stream) {
+                                 const tpcomm_tensor* fp8_row_scales,
+                                 const tpcomm_tensor* fp8_group_scales, int weight, void* stream) {
   return guarded("tpcomm_add_rmsnorm", nullptr, [&] {
     const tpcomm::TensorView xv = tpcomm::view_of(x, "x"),
-                             rv = tpcomm::view_of(residual, "residual"),
+                             rv = tpcomm::optional_view(residual, "residual"),
                              gv = tpcomm::view_of(gamma, "gamma"),
                              nv = tpcomm::view_of(norm_out, "norm_out"),
                              ov = tpcomm::view_of(residual_out, "residual_out");
-    const tpcomm::Fp8Scales fp8 = tpcomm::fp8_of(fp8_scale, fp8_row_scales);
+    const tpcomm::Fp8Scales fp8 = tpcomm::fp8_of(fp8_scale, fp8_row_scales, fp8_group_scales);
+    const tpcomm::NormWeight w = tpcomm::weight_of(weight);
     // The checks again, for their message (add_rmsnorm only logs it).
     tpcomm::AddRmsNormCall call;
     std::string message;
-    if (const Status s = tpcomm::check_add_rmsnorm(xv, rv, gv, eps, nv, ov, fp8,
+    if (const Status s = tpcomm::check_add_rmsnorm(xv, rv, gv, eps, nv, ov, fp8, w,
                                                    "tpcomm_add_rmsnorm", &call, &message);
         s != Status::kOk) {
       tpcomm::fail(s, message);
       return s;
     }
-    const Status s = tpcomm::add_rmsnorm(xv, rv, gv, eps, nv, ov, tpcomm::stream_of(stream), fp8);
+    const Status s =
+        tpcomm::add_rmsnorm(xv, rv, gv, eps, nv, ov, tpcomm::stream_of(stream), fp8, w);
     if (s != Status::kOk) {
       tpcomm::fail(s, tpcomm::detail::concat("tpcomm_add_rmsnorm: ", tpcomm::to_string(s),
                                              ": the kernel could not be launched on the stream"));

@@ -471,7 +471,7 @@ struct Group::Impl {
                           cudaMemcpyDeviceToDevice, reinterpret_cast<cudaStream_t>(stream)));
     }
     TPCOMM_TRY(reduce(c.residual_out, c.residual_out));
-    f.kind = without_residual(f.kind);
+    f.residual = nullptr;  // added already
     return local(c.residual_out.data);
   }
 
@@ -1049,22 +1049,24 @@ Status Group::recv(const TensorView& buf, int peer, Stream stream) noexcept {
 Status Group::all_reduce_add_rmsnorm(const TensorView& x, const TensorView& residual,
                                      const TensorView& gamma, float eps, const TensorView& norm_out,
                                      const TensorView& residual_out, Stream stream,
-                                     const Fp8Scales& fp8) noexcept {
+                                     const Fp8Scales& fp8, NormWeight weight) noexcept {
   Impl& m = *impl_;
   TPCOMM_TRY(m.poll_health());
   AddRmsNormCall call;
   std::string message;
-  if (Status s = check_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, fp8,
+  if (Status s = check_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, fp8, weight,
                                    "all_reduce_add_rmsnorm", &call, &message);
       s != Status::kOk)
     return m.fail(s, std::move(message));
   for (const TensorView* v : {&x, &residual, &gamma, &norm_out, &residual_out})
-    TPCOMM_TRY(m.check_view(*v, "a tensor", "all_reduce_add_rmsnorm"));
+    if (v->data != nullptr || v != &residual)
+      TPCOMM_TRY(m.check_view(*v, "a tensor", "all_reduce_add_rmsnorm"));
   if (call.rows == 0) return Status::kOk;
   Request req{Op::kAllReduceAddRmsNorm, x, residual_out, ReduceOp::kSum, -1, false};
   req.fusion = &call.fusion;
-  req.tag = m.tag(Op::kAllReduceAddRmsNorm, x.dtype, x.numel(),
-                  fused_shape(static_cast<int>(call.fusion.kind), call.fusion.hidden));
+  req.tag = m.tag(
+      Op::kAllReduceAddRmsNorm, x.dtype, x.numel(),
+      fused_shape(static_cast<int>(call.fusion.kind), norm_form(call.fusion), call.fusion.hidden));
   const char* why = m.custom == nullptr
                         ? (world_size() == 1 ? "world size 1" : "no custom all-reduce")
                         : m.custom->supports(req).reason;

@@ -8,30 +8,20 @@
 namespace tpcomm {
 
 bool overlaps(const TensorView& a, const TensorView& b) noexcept {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  if (a.data == nullptr || b.data == nullptr || a.nbytes() == 0 || b.nbytes() == 0) return false;
   const auto* a0 = static_cast<const char*>(a.data);
   const auto* b0 = static_cast<const char*>(b.data);
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
-kernels::Fusion without_residual(kernels::Fusion kind) noexcept {
-  using kernels::Fusion;
-  switch (kind) {
-    case Fusion::kAddRmsNorm:
-      return Fusion::kRmsNorm;
-    case Fusion::kAddRmsNormFp8:
-      return Fusion::kRmsNormFp8;
-    case Fusion::kAddRmsNormFp8Token:
-      return Fusion::kRmsNormFp8Token;
-    default:
-      return kind;
-  }
+int norm_form(const kernels::FusionParams& f) noexcept {
+  return (f.residual == nullptr ? 1 : 0) | (f.gamma_f32 ? 2 : 0) | (f.gamma_plus_one ? 4 : 0);
 }
 
 Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const TensorView& gamma,
                          float eps, const TensorView& norm_out, const TensorView& residual_out,
-                         const Fp8Scales& fp8, const char* op, AddRmsNormCall* call,
-                         std::string* message) noexcept {
+                         const Fp8Scales& fp8, NormWeight weight, const char* op,
+                         AddRmsNormCall* call, std::string* message) noexcept {
   auto bad = [&](auto&&... what) {
     *message = detail::concat(op, ": ", what...);
     return Status::kInvalidArgument;
@@ -49,15 +39,21 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
                {&gamma, "gamma"},
                {&norm_out, "norm_out"},
                {&residual_out, "residual_out"}};
+  const bool has_residual = residual.data != nullptr;  // none: a model's first layer
   for (const auto& [view, name] : views) {
+    if (view == &residual && !has_residual) continue;
     if (view->numel() > 0 && view->data == nullptr) return bad(name, " is null");
     if (!view->is_contiguous()) return bad(name, " is not contiguous");
   }
-  if (!residual.same_layout(x)) return bad("residual's dtype or shape differs from x's");
+  if (has_residual && !residual.same_layout(x))
+    return bad("residual's dtype or shape differs from x's");
   if (!residual_out.same_layout(x)) return bad("residual_out's dtype or shape differs from x's");
-  if (gamma.dtype != x.dtype || gamma.numel() != hidden)
-    return bad("gamma must hold ", hidden, " elements of ", to_string(x.dtype), " (it holds ",
-               gamma.numel(), " of ", to_string(gamma.dtype), ")");
+  if ((gamma.dtype != x.dtype && gamma.dtype != DType::kF32) || gamma.numel() != hidden)
+    return bad("gamma must hold ", hidden, " elements of ", to_string(x.dtype),
+               x.dtype == DType::kF32 ? "" : " or float", " (it holds ", gamma.numel(), " of ",
+               to_string(gamma.dtype), ")");
+  if (weight != NormWeight::kGamma && weight != NormWeight::kOnePlusGamma)
+    return bad("weight ", static_cast<int>(weight), " is not a NormWeight");
   TensorView norm_shape = norm_out;
   norm_shape.dtype = x.dtype;
   if (!norm_shape.same_layout(x)) return bad("norm_out's shape differs from x's");
@@ -69,9 +65,11 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
   const float* scale = nullptr;
   float* row_scales = nullptr;
   const bool has_rows = fp8.row_scales.data != nullptr;
+  const bool has_groups = fp8.group_scales.data != nullptr;
+  const int given = (fp8.scale.data != nullptr ? 1 : 0) + (has_rows ? 1 : 0) + (has_groups ? 1 : 0);
+  TensorView scales;  // the written ones
   if (norm_out.dtype == DType::kF8E4M3) {
-    if (fp8.scale.data != nullptr && has_rows)
-      return bad("give one of the per-tensor scale and the row scales, not both");
+    if (given > 1) return bad("give one of the per-tensor, row and group scales, not several");
     if (fp8.scale.data != nullptr) {
       if (fp8.scale.dtype != DType::kF32 || fp8.scale.numel() != 1)
         return bad("the FP8 scale must be one f32 element");
@@ -82,14 +80,26 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
           !fp8.row_scales.is_contiguous())
         return bad("the FP8 row scales must be ", rows, " contiguous f32 elements");
       kind = Fusion::kAddRmsNormFp8Token;
-      row_scales = static_cast<float*>(fp8.row_scales.data);
+      scales = fp8.row_scales;
+    } else if (has_groups) {
+      if (hidden % kernels::kFp8Group != 0)
+        return bad("FP8 group scales take a hidden size that is a multiple of ", kernels::kFp8Group,
+                   " (it is ", hidden, ")");
+      const std::int64_t groups = rows * (hidden / kernels::kFp8Group);
+      if (fp8.group_scales.dtype != DType::kF32 || fp8.group_scales.numel() != groups ||
+          !fp8.group_scales.is_contiguous())
+        return bad("the FP8 group scales must be ", groups, " contiguous f32 elements (", rows,
+                   " rows of ", hidden / kernels::kFp8Group, " groups)");
+      kind = Fusion::kAddRmsNormFp8Group;
+      scales = fp8.group_scales;
     } else {
-      return bad("norm_out is f8e4m3: give its per-tensor scale or row scales");
+      return bad("norm_out is f8e4m3: give its per-tensor scale, row scales or group scales");
     }
+    row_scales = static_cast<float*>(scales.data);
   } else if (norm_out.dtype != x.dtype) {
     return bad("norm_out is ", to_string(norm_out.dtype), "; ", to_string(x.dtype),
                " (x's) or f8e4m3 expected");
-  } else if (fp8.scale.data != nullptr || has_rows) {
+  } else if (given > 0) {
     return bad("FP8 scales given, but norm_out is ", to_string(norm_out.dtype));
   }
   if (overlaps(norm_out, residual_out)) return bad("norm_out overlaps residual_out");
@@ -103,11 +113,19 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
     return bad("an output overlaps gamma");
   if (row_scales != nullptr) {
     for (const TensorView* v : {&x, &residual, &norm_out, &residual_out, &gamma})
-      if (overlaps(fp8.row_scales, *v)) return bad("the row scales overlap a tensor");
+      if (overlaps(scales, *v)) return bad("the FP8 scales overlap a tensor");
   }
 
-  call->fusion = kernels::FusionParams{kind,  residual.data, gamma.data, norm_out.data,
-                                       scale, row_scales,    eps,        hidden};
+  call->fusion = kernels::FusionParams{kind,
+                                       has_residual ? residual.data : nullptr,
+                                       gamma.data,
+                                       norm_out.data,
+                                       scale,
+                                       row_scales,
+                                       eps,
+                                       hidden,
+                                       /*gamma_f32=*/gamma.dtype != x.dtype,
+                                       /*gamma_plus_one=*/weight == NormWeight::kOnePlusGamma};
   call->rows = rows;
   call->dtype = x.dtype;
   call->x = x;

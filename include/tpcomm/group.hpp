@@ -144,11 +144,13 @@ class Group {
                                  Stream stream) noexcept;
   /// The decode step's all-reduce, residual add and RMSNorm in one call, in one kernel where it
   /// can: `residual_out = sum over ranks(x) + residual`, then `norm_out = residual_out *
-  /// rsqrt(mean(residual_out^2) + eps) * gamma` per row of the last dimension (`hidden`). The
-  /// arguments are those of `add_rmsnorm` (tpcomm/norm.hpp): one shape for `x`, `residual` and
-  /// the outputs, `gamma` of `hidden` elements, in place as engines call it (`residual_out ==
-  /// residual`, `norm_out == x`), `norm_out` in f8e4m3 with `fp8` giving its scale. `residual`
-  /// must be the same on every rank (as under tensor parallelism, where it is replicated).
+  /// rsqrt(mean(residual_out^2) + eps) * gamma` (or `1 + gamma`, with `weight`) per row of the
+  /// last dimension (`hidden`). The arguments are those of `add_rmsnorm` (tpcomm/norm.hpp): one
+  /// shape for `x`, `residual` and the outputs, `residual` empty for none (`residual_out` is then
+  /// the sum), `gamma` of `hidden` elements of the input's dtype or f32, in place as engines
+  /// call it (`residual_out == residual`, `norm_out == x`), `norm_out` in f8e4m3 with `fp8`
+  /// giving its per-tensor, per-row or per-group scales. `residual` must be the same on every
+  /// rank (as under tensor parallelism, where it is replicated).
   /// Accumulation and the mean of squares in fp32; every rank's outputs are bitwise identical.
   ///
   /// Served by a Lamport kernel with the norm as its epilogue (f16/bf16, world size 2..8, within
@@ -160,7 +162,8 @@ class Group {
                                               const TensorView& gamma, float eps,
                                               const TensorView& norm_out,
                                               const TensorView& residual_out, Stream stream,
-                                              const Fp8Scales& fp8 = {}) noexcept;
+                                              const Fp8Scales& fp8 = {},
+                                              NormWeight weight = NormWeight::kGamma) noexcept;
   /// Point to point: pairs with `recv` on `peer`.
   [[nodiscard]] Status send(const TensorView& buf, int peer, Stream stream) noexcept;
   [[nodiscard]] Status recv(const TensorView& buf, int peer, Stream stream) noexcept;

@@ -79,6 +79,12 @@ typedef enum tpcomm_reduce_op {
   TPCOMM_AVG = 4
 } tpcomm_reduce_op;
 
+/* What multiplies the normalised row: the numbering of `tpcomm::NormWeight`. */
+typedef enum tpcomm_norm_weight {
+  TPCOMM_WEIGHT_GAMMA = 0,         /* gamma */
+  TPCOMM_WEIGHT_ONE_PLUS_GAMMA = 1 /* 1 + gamma (Gemma's RMSNorm) */
+} tpcomm_norm_weight;
+
 #define TPCOMM_MAX_DIMS 6
 
 /* A contiguous (row-major) tensor in device memory: `ndim` extents in `shape` (0 dims: one
@@ -236,22 +242,24 @@ tpcomm_status tpcomm_broadcast(tpcomm_group group, const tpcomm_tensor* in,
                                const tpcomm_tensor* out, int root, void* stream);
 tpcomm_status tpcomm_send(tpcomm_group group, const tpcomm_tensor* buf, int peer, void* stream);
 tpcomm_status tpcomm_recv(tpcomm_group group, const tpcomm_tensor* buf, int peer, void* stream);
-/* residual_out = sum over ranks(x) + residual; norm_out = RMSNorm(residual_out) * gamma. For an
- * f8e4m3 `norm_out`, exactly one of `fp8_scale` (one f32, read) and `fp8_row_scales` ([tokens]
- * f32, written) is given; otherwise both are NULL. */
-tpcomm_status tpcomm_all_reduce_add_rmsnorm(tpcomm_group group, const tpcomm_tensor* x,
-                                            const tpcomm_tensor* residual,
-                                            const tpcomm_tensor* gamma, float eps,
-                                            const tpcomm_tensor* norm_out,
-                                            const tpcomm_tensor* residual_out,
-                                            const tpcomm_tensor* fp8_scale,
-                                            const tpcomm_tensor* fp8_row_scales, void* stream);
+/* residual_out = sum over ranks(x) + residual; norm_out = RMSNorm(residual_out) * gamma (or
+ * 1 + gamma: `weight` is a tpcomm_norm_weight). `residual` NULL: none (residual_out is the sum).
+ * `gamma` in x's dtype or f32. For an f8e4m3 `norm_out`, exactly one of `fp8_scale` (one f32,
+ * read), `fp8_row_scales` ([tokens] f32, written) and `fp8_group_scales` ([tokens, hidden / 128]
+ * f32, written) is given; otherwise all are NULL. */
+tpcomm_status tpcomm_all_reduce_add_rmsnorm(
+    tpcomm_group group, const tpcomm_tensor* x, const tpcomm_tensor* residual,
+    const tpcomm_tensor* gamma, float eps, const tpcomm_tensor* norm_out,
+    const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
+    const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales, int weight,
+    void* stream);
 /* The local residual add + RMSNorm alone (`tpcomm::add_rmsnorm`), on `stream`. */
 tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* residual,
                                  const tpcomm_tensor* gamma, float eps,
                                  const tpcomm_tensor* norm_out, const tpcomm_tensor* residual_out,
                                  const tpcomm_tensor* fp8_scale,
-                                 const tpcomm_tensor* fp8_row_scales, void* stream);
+                                 const tpcomm_tensor* fp8_row_scales,
+                                 const tpcomm_tensor* fp8_group_scales, int weight, void* stream);
 /* The LM head's exchange. `rows_per_rank` NULL: every rank holds `equal_rows` rows (graphs);
  * otherwise it has `num_ranks` (= world size) entries and `equal_rows` is ignored. */
 tpcomm_status tpcomm_lm_head_exchange(tpcomm_group group, const tpcomm_tensor* shard_logits,

@@ -93,6 +93,8 @@ const void* dispatch_fusion(Fusion fusion, F&& f) {
       return f.template operator()<Fused<Fusion::kAddRmsNormFp8>>();
     case Fusion::kAddRmsNormFp8Token:
       return f.template operator()<Fused<Fusion::kAddRmsNormFp8Token>>();
+    case Fusion::kAddRmsNormFp8Group:
+      return f.template operator()<Fused<Fusion::kAddRmsNormFp8Group>>();
     default:
       return nullptr;
   }

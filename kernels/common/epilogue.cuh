@@ -45,10 +45,11 @@ struct Identity {
 };
 
 /// The fused epilogue `K` (named by its `Fusion`, since a kernel's template arguments cannot be
-/// class values), whose traits `F` decide: with `F.residual`, the pack step adds the residual (in
-/// fp32, one rounding); with `F.norm`, the row step stores each row (`residual_out`) and then its
-/// normalisation `x * rsqrt(mean(x^2) + eps) * gamma`, with the mean of squares in fp32 over the
-/// stored (rounded) row, in `F.quant`'s format.
+/// class values), whose traits `F` decide: with `F.residual`, the pack step adds the residual when
+/// the call gives one (in fp32, one rounding); with `F.norm`, the row step stores each row
+/// (`residual_out`) and then its normalisation `x * rsqrt(mean(x^2) + eps) * gamma` (or
+/// `1 + gamma`), with the mean of squares in fp32 over the stored (rounded) row, in `F.quant`'s
+/// format.
 template <Fusion K>
 struct Fused {
   static constexpr FusionTraits F = traits(K);
@@ -73,16 +74,17 @@ struct Fused {
   template <class T>
   __device__ __forceinline__ Pack<T> residual_pack(std::int64_t v) const {
     if constexpr (F.residual) {
-      return load_pack(static_cast<const T*>(f.residual), v, count, residual_aligned);
-    } else {
-      return Pack<T>{};
+      if (f.residual != nullptr)
+        return load_pack(static_cast<const T*>(f.residual), v, count, residual_aligned);
     }
+    return Pack<T>{};
   }
 
   /// `sum + residual` in fp32, rounded once; `sum` itself without a residual.
   template <class T>
   __device__ __forceinline__ Pack<T> add(const Pack<T>& sum, const Pack<T>& residual) const {
     if constexpr (F.residual) {
+      if (f.residual == nullptr) return sum;
       Pack<T> out;
 #pragma unroll
       for (int i = 0; i < Pack<T>::kElems; ++i)
@@ -226,6 +228,42 @@ __device__ __forceinline__ Pack<T> gamma_for(const T* gamma, bool gamma_aligned,
   return g;
 }
 
+/// The factors of the elements of pack `v` of the row [lo, lo + hidden) in fp32: `g`, gamma's
+/// pack loaded before, or an f32 gamma (`f.gamma_f32`) loaded here; plus one in Gemma's form.
+/// Outside the row they are not used.
+template <class T>
+__device__ __forceinline__ void weights(const FusionParams& f, const Pack<T>& g, std::int64_t v,
+                                        std::int64_t lo, std::int64_t hidden,
+                                        float (&w)[Pack<T>::kElems]) {
+  constexpr int W = Pack<T>::kElems;
+  if constexpr (sizeof(T) == 2) {
+    if (f.gamma_f32) {
+      const auto* gamma = static_cast<const float*>(f.gamma);
+      const std::int64_t j0 = v * W - lo;
+      if (j0 >= 0 && j0 + W <= hidden && is_aligned16(gamma + j0)) {
+#pragma unroll
+        for (int i = 0; i < W; i += 4) {
+          const float4 q = *reinterpret_cast<const float4*>(gamma + j0 + i);
+          w[i] = q.x, w[i + 1] = q.y, w[i + 2] = q.z, w[i + 3] = q.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < W; ++i) w[i] = j0 + i >= 0 && j0 + i < hidden ? gamma[j0 + i] : 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < W; ++i) w[i] = to_float(g[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = to_float(g[i]);
+  }
+  if (f.gamma_plus_one) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] += 1.f;
+  }
+}
+
 /// The row step of an epilogue with `kRows` (NOTE [epilogues]) over the `count` elements of the
 /// message, as rows of `e.f.hidden`: row group g (NOTE [row groups]) takes rows g, g + the number
 /// of groups, ... . `fetch(v, x)`
@@ -246,7 +284,8 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
   const std::int64_t hidden = e.f.hidden;
   const std::int64_t rows = count / hidden;
   const bool out_aligned = is_aligned16(out);
-  const T* gamma = static_cast<const T*>(e.f.gamma);
+  // A gamma of T is loaded with the sums; an f32 one (`weights`) when it is used.
+  const T* gamma = e.f.gamma_f32 && sizeof(T) == 2 ? nullptr : static_cast<const T*>(e.f.gamma);
   const bool gamma_aligned = is_aligned16(gamma);
   const auto sum = [](float a, float b) { return a + b; };
   const auto max = [](float a, float b) { return fmaxf(a, b); };
@@ -257,7 +296,7 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
   for (std::int64_t row = blockIdx.x / group.size; row < rows; row += gridDim.x / group.size) {
     const std::int64_t lo = row * hidden, hi = lo + hidden;
     const std::int64_t v0 = lo / W, v1 = (hi + W - 1) / W;
-    Pack<T> kept[kKept], gammas[kKept];
+    Pack<T> kept[kKept], gammas[kKept]{};
     float squares = 0.f;
     bool ok = true;
     // Stores pack v of the row and adds its squares.
@@ -274,7 +313,7 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
       for (int k = 0; k < kKept; ++k) {
         const std::int64_t v = v0 + lane + k * step;
         if (v < v1) {
-          gammas[k] = gamma_for(gamma, gamma_aligned, v, lo, hidden);
+          if (gamma != nullptr) gammas[k] = gamma_for(gamma, gamma_aligned, v, lo, hidden);
           if constexpr (kBareSums) residuals[k] = e.template residual_pack<T>(v);
         }
       }
@@ -302,10 +341,12 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
     }
     const float rstd = rsqrtf(squared / static_cast<float>(hidden) + e.f.eps);
 
-    // The normalised pack (`x` holds the stored row values, `g` gamma).
-    auto normalised = [&](const Pack<T>& x, const Pack<T>& g, float(&y)[W]) {
+    // The normalised pack (`x` holds the stored row values, `g` gamma of T where it is that).
+    auto normalised = [&](const Pack<T>& x, const Pack<T>& g, std::int64_t v, float(&y)[W]) {
+      float w[W];
+      weights(e.f, g, v, lo, hidden, w);
 #pragma unroll
-      for (int i = 0; i < W; ++i) y[i] = to_float(x[i]) * rstd * to_float(g[i]);
+      for (int i = 0; i < W; ++i) y[i] = to_float(x[i]) * rstd * w[i];
     };
     // Calls `each(v, y)` for every pack of the row this thread holds, in order.
     auto for_each_pack = [&](auto&& each) {
@@ -314,18 +355,27 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
         const std::int64_t v = v0 + lane + k * step;
         if (v < v1) {
           float y[W];
-          normalised(kept[k], gammas[k], y);
+          normalised(kept[k], gammas[k], v, y);
           each(v, y);
         }
       }
       for (std::int64_t v = v0 + lane + kKept * step; v < v1; v += step) {
         float y[W];
         normalised(load_pack(out, v, count, out_aligned),
-                   gamma_for(gamma, gamma_aligned, v, lo, hidden), y);
+                   gamma != nullptr ? gamma_for(gamma, gamma_aligned, v, lo, hidden) : Pack<T>{}, v,
+                   y);
         each(v, y);
       }
     };
 
+    // Stores `y * inverse` in f8e4m3.
+    auto store_fp8 = [&](std::int64_t v, const float(&y)[W], float inverse) {
+      std::uint8_t q[W];
+#pragma unroll
+      for (int i = 0; i < W; ++i)
+        q[i] = __nv_cvt_float_to_fp8(y[i] * inverse, __NV_SATFINITE, __NV_E4M3);
+      store_in_row_fp8<T>(static_cast<std::uint8_t*>(e.f.norm_out), v, lo, hi, q);
+    };
     if constexpr (F.quant == Quant::kNone) {
       T* norm = static_cast<T*>(e.f.norm_out);
       const bool norm_aligned = is_aligned16(norm);
@@ -334,6 +384,23 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
 #pragma unroll
         for (int i = 0; i < W; ++i) n[i] = from_float<T>(y[i]);
         store_in_row(norm, v, lo, hi, norm_aligned, n);
+      });
+    } else if constexpr (F.quant == Quant::kFp8Group) {
+      // A group's packs are held by kLanes consecutive lanes of one warp (the row starts on a
+      // pack boundary and blockDim.x is a multiple of 32), all in the row or all past it: its
+      // maximum is theirs, shuffled among them.
+      constexpr int kLanes = kFp8Group / W;
+      const unsigned lanes = kLanes == 32 ? 0xFFFFFFFFu : 0xFFFFu << (threadIdx.x & 16u);
+      for_each_pack([&](std::int64_t v, const float(&y)[W]) {
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < W; ++i) amax = fmaxf(amax, fabsf(y[i]));
+#pragma unroll
+        for (int o = kLanes / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(lanes, amax, o));
+        const float scale = fmaxf(amax / kFp8Max, 1.f / (kFp8Max * 512.f));
+        // Rows start on a group boundary: the group's first lane writes its scale.
+        if (v * W % kFp8Group == 0) e.f.row_scales[v * W / kFp8Group] = scale;
+        store_fp8(v, y, 1.f / scale);
       });
     } else {
       float inverse = 0.f;
@@ -353,14 +420,7 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
         if (threadIdx.x == 0 && group.rank == 0) e.f.row_scales[row] = scale;
         inverse = 1.f / scale;
       }
-      auto* norm = static_cast<std::uint8_t*>(e.f.norm_out);
-      for_each_pack([&](std::int64_t v, const float(&y)[W]) {
-        std::uint8_t q[W];
-#pragma unroll
-        for (int i = 0; i < W; ++i)
-          q[i] = __nv_cvt_float_to_fp8(y[i] * inverse, __NV_SATFINITE, __NV_E4M3);
-        store_in_row_fp8<T>(norm, v, lo, hi, q);
-      });
+      for_each_pack([&](std::int64_t v, const float(&y)[W]) { store_fp8(v, y, inverse); });
     }
   }
   group.finish();

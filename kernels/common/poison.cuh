@@ -59,6 +59,7 @@ __device__ __forceinline__ void poison_outputs_block(const AllReduceParams& p) {
   }
   if (t.quant == Quant::kFp8Token && f.hidden > 0)
     poison_block(f.row_scales, p.count / f.hidden * 4, 4);
+  if (t.quant == Quant::kFp8Group) poison_block(f.row_scales, p.count / kFp8Group * 4, 4);
 }
 
 }  // namespace tpcomm::kernels

@@ -44,9 +44,14 @@ def test_opcheck_every_op(group):
     gamma = ints(64, low=1, high=3)
     torch.library.opcheck(torch.ops.tpcomm.all_reduce_add_rmsnorm,
                           (x, ints(8, 64), gamma, 1e-6, h, None, False))
+    torch.library.opcheck(torch.ops.tpcomm.all_reduce_add_rmsnorm,
+                          (x, None, gamma.float(), 1e-6, h, None, False, False, True))
     if hasattr(torch, "float8_e4m3fn"):
         torch.library.opcheck(torch.ops.tpcomm.all_reduce_add_rmsnorm,
                               (x, ints(8, 64), gamma, 1e-6, h, None, True))
+        torch.library.opcheck(torch.ops.tpcomm.all_reduce_add_rmsnorm,
+                              (ints(2, 256), ints(2, 256), ints(256, low=1, high=3), 1e-6, h,
+                               None, False, True))
     torch.library.opcheck(torch.ops.tpcomm.lm_head_exchange, (ints(3, 40), h, 37, 3, None))
     torch.library.opcheck(torch.ops.tpcomm.lm_head_exchange, (ints(3, 40), h, 40, 0, [3]))
 
@@ -69,6 +74,38 @@ def test_results_at_world_size_one(group):
     ref = ref * torch.rsqrt(ref.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma.float()
     torch.testing.assert_close(norm_out.float(), ref, atol=0.05, rtol=0.02)
     assert row_scales.numel() == 0
+
+
+def rmsnorm(v, gamma, eps=1e-6):
+    v = v.float()
+    return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()
+
+
+def test_norm_forms_at_world_size_one(group):
+    """No residual, an f32 gamma, Gemma's 1 + gamma, per-group FP8 scales."""
+    x = ints(4, 256)
+    gamma32 = torch.rand(256, device="cuda") + 0.5
+    norm_out, residual_out, scales = group.fused_all_reduce_add_rmsnorm(
+        x, None, gamma32, 1e-6, gamma_plus_one=True)
+    assert torch.equal(residual_out, x)
+    torch.testing.assert_close(norm_out.float(), rmsnorm(x, gamma32 + 1), atol=0.05, rtol=0.02)
+    assert scales.numel() == 0
+    if not hasattr(torch, "float8_e4m3fn"):
+        return
+    residual = ints(4, 256)
+    gamma = ints(256, low=1, high=3)
+    norm_out, residual_out, scales = group.fused_all_reduce_add_rmsnorm(
+        x, residual, gamma, 1e-6, fp8_group_scales=True)
+    assert torch.equal(residual_out, x + residual)
+    assert scales.shape == (4, 2) and norm_out.dtype == torch.float8_e4m3fn
+    ref = rmsnorm(residual_out, gamma).view(4, 2, 128)
+    want = (ref.abs().amax(-1) / 448).clamp(min=1 / (448 * 512))
+    torch.testing.assert_close(scales, want, rtol=1e-4, atol=0)
+    got = norm_out.float().view(4, 2, 128) * scales.unsqueeze(-1)
+    torch.testing.assert_close(got, ref, atol=0.02, rtol=0.07)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        group.fused_all_reduce_add_rmsnorm(ints(2, 100), None, ints(100), 1e-6,
+                                           fp8_group_scales=True)
 
 
 def test_bad_tensors_are_refused_clearly(group):

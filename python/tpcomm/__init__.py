@@ -438,10 +438,15 @@ class Group(_Handle):
                                            _stream(stream)))
 
     def all_reduce_add_rmsnorm(self, x, residual, gamma, eps, norm_out, residual_out,
-                               fp8_scale=None, fp8_row_scales=None, stream=0):
+                               fp8_scale=None, fp8_row_scales=None, stream=0,
+                               fp8_group_scales=None, gamma_plus_one=False):
+        """`residual` None: none (residual_out is the sum). `gamma` in x's dtype or float32;
+        `gamma_plus_one` scales by 1 + gamma (Gemma). An f8e4m3 `norm_out` takes one of
+        `fp8_scale`, `fp8_row_scales` ([tokens]) and `fp8_group_scales` ([tokens, hidden / 128])."""
         self._call(_capi.lib().tpcomm_all_reduce_add_rmsnorm(
             self.handle, _ref(x), _ref(residual), _ref(gamma), eps, _ref(norm_out),
-            _ref(residual_out), _ref(fp8_scale), _ref(fp8_row_scales), _stream(stream)))
+            _ref(residual_out), _ref(fp8_scale), _ref(fp8_row_scales), _ref(fp8_group_scales),
+            1 if gamma_plus_one else 0, _stream(stream)))
 
     def lm_head_exchange(self, shard_logits, out, rows, stream=0):
         """`rows`: an int (every rank holds that many rows) or one count per rank."""

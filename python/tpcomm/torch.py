@@ -200,47 +200,68 @@ def _(x, group, counts=None):
     return x.new_empty(_all_to_all_shape(x, g, counts))
 
 
-def _fused_checks(x, residual, gamma, group, fp8_scale):
+_FP8_GROUP = 128  # elements per scale of the per-group FP8 form
+
+
+def _fused_checks(x, residual, gamma, group, fp8_scale, fp8_row_scales, fp8_group_scales):
     g = get_group(group)
-    for t, name in ((x, "x"), (residual, "residual"), (gamma, "gamma")):
-        _check(t, name, "all_reduce_add_rmsnorm", g)
-    if fp8_scale is not None:
-        _check(fp8_scale, "fp8_scale", "all_reduce_add_rmsnorm", g)
+    op = "all_reduce_add_rmsnorm"
+    for t, name in ((x, "x"), (residual, "residual"), (gamma, "gamma"), (fp8_scale, "fp8_scale")):
+        if t is not None:
+            _check(t, name, op, g)
+    if (fp8_scale is not None) + fp8_row_scales + fp8_group_scales > 1:
+        raise ValueError(f"tpcomm::{op}: give one of fp8_scale, fp8_row_scales and "
+                         "fp8_group_scales")
+    if fp8_group_scales and (x.dim() == 0 or x.shape[-1] % _FP8_GROUP != 0):
+        raise ValueError(f"tpcomm::{op}: fp8_group_scales takes a last dimension that is a "
+                         f"multiple of {_FP8_GROUP} (x has shape {tuple(x.shape)})")
     return g
 
 
-def _fused_outputs(x, fp8_scale, fp8_row_scales):
-    fp8 = fp8_scale is not None or fp8_row_scales
+def _fused_outputs(x, fp8_scale, fp8_row_scales, fp8_group_scales):
+    fp8 = fp8_scale is not None or fp8_row_scales or fp8_group_scales
     if fp8 and not hasattr(torch, "float8_e4m3fn"):
         raise TypeError("tpcomm::all_reduce_add_rmsnorm: this PyTorch has no float8_e4m3fn")
     norm_out = torch.empty_like(x, dtype=torch.float8_e4m3fn) if fp8 else torch.empty_like(x)
     rows = x.numel() // x.shape[-1] if x.dim() > 0 and x.shape[-1] > 0 else 0
-    row_scales = x.new_empty((rows if fp8_row_scales else 0,), dtype=torch.float32)
-    return norm_out, torch.empty_like(x), row_scales
+    if fp8_group_scales:
+        shape = (rows, x.shape[-1] // _FP8_GROUP)
+    else:
+        shape = (rows if fp8_row_scales else 0,)
+    return norm_out, torch.empty_like(x), x.new_empty(shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("tpcomm::all_reduce_add_rmsnorm", mutates_args=())
-def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor,
-                           eps: float, group: int, fp8_scale: Optional[torch.Tensor] = None,
-                           fp8_row_scales: bool = False
+def all_reduce_add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor],
+                           gamma: torch.Tensor, eps: float, group: int,
+                           fp8_scale: Optional[torch.Tensor] = None,
+                           fp8_row_scales: bool = False, fp8_group_scales: bool = False,
+                           gamma_plus_one: bool = False
                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(norm_out, residual_out, row_scales): residual_out = sum over ranks(x) + residual,
-    norm_out = RMSNorm(residual_out) * gamma, in f8e4m3 with `fp8_scale` (a static scale) or
-    `fp8_row_scales` (dynamic per-row scales, returned; empty otherwise)."""
-    g = _fused_checks(x, residual, gamma, group, fp8_scale)
-    norm_out, residual_out, row_scales = _fused_outputs(x, fp8_scale, fp8_row_scales)
+    """(norm_out, residual_out, scales): residual_out = sum over ranks(x) + residual (the sum
+    alone when `residual` is None), norm_out = RMSNorm(residual_out) * gamma (`1 + gamma` with
+    `gamma_plus_one`, as Gemma's norm; `gamma` in x's dtype or float32), in f8e4m3 with
+    `fp8_scale` (a static scale), `fp8_row_scales` (dynamic per-row scales, returned as
+    [tokens]) or `fp8_group_scales` (one per 128 elements of a row, returned as
+    [tokens, hidden / 128]); `scales` is empty otherwise."""
+    g = _fused_checks(x, residual, gamma, group, fp8_scale, fp8_row_scales, fp8_group_scales)
+    norm_out, residual_out, scales = _fused_outputs(x, fp8_scale, fp8_row_scales,
+                                                    fp8_group_scales)
     g.all_reduce_add_rmsnorm(
-        _desc(x), _desc(residual), _desc(gamma), eps, _desc(norm_out), _desc(residual_out),
+        _desc(x), None if residual is None else _desc(residual), _desc(gamma), eps,
+        _desc(norm_out), _desc(residual_out),
         fp8_scale=None if fp8_scale is None else _desc(fp8_scale),
-        fp8_row_scales=_desc(row_scales) if fp8_row_scales else None,
-        stream=_stream(x.device))
-    return norm_out, residual_out, row_scales
+        fp8_row_scales=_desc(scales) if fp8_row_scales else None,
+        fp8_group_scales=_desc(scales) if fp8_group_scales else None,
+        gamma_plus_one=gamma_plus_one, stream=_stream(x.device))
+    return norm_out, residual_out, scales
 
 
 @all_reduce_add_rmsnorm.register_fake
-def _(x, residual, gamma, eps, group, fp8_scale=None, fp8_row_scales=False):
-    _fused_checks(x, residual, gamma, group, fp8_scale)
-    return _fused_outputs(x, fp8_scale, fp8_row_scales)
+def _(x, residual, gamma, eps, group, fp8_scale=None, fp8_row_scales=False,
+      fp8_group_scales=False, gamma_plus_one=False):
+    _fused_checks(x, residual, gamma, group, fp8_scale, fp8_row_scales, fp8_group_scales)
+    return _fused_outputs(x, fp8_scale, fp8_row_scales, fp8_group_scales)
 
 
 def _lm_head_shape(shard_logits, g, vocab, rows, rows_per_rank):
@@ -351,9 +372,11 @@ class TpcommGroup:
         return torch.ops.tpcomm.all_to_all(x, self.handle, counts)
 
     def fused_all_reduce_add_rmsnorm(self, x, residual, gamma, eps, fp8_scale=None,
-                                     fp8_row_scales=False):
+                                     fp8_row_scales=False, fp8_group_scales=False,
+                                     gamma_plus_one=False):
         return torch.ops.tpcomm.all_reduce_add_rmsnorm(x, residual, gamma, eps, self.handle,
-                                                       fp8_scale, fp8_row_scales)
+                                                       fp8_scale, fp8_row_scales,
+                                                       fp8_group_scales, gamma_plus_one)
 
     def lm_head_exchange(self, shard_logits, vocab, rows, rows_per_rank=None):
         return torch.ops.tpcomm.lm_head_exchange(shard_logits, self.handle, vocab, rows,

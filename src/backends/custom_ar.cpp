@@ -60,7 +60,7 @@ Status launch_every_kernel(int world, Stream stream) noexcept {
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
       for (int f = 0; f < kernels::kFusionCount; ++f) {
         empty.fusion.kind = static_cast<kernels::Fusion>(f);
-        empty.fusion.hidden = 1;
+        empty.fusion.hidden = kernels::kFp8Group;  // a row length every epilogue takes
         if (kernels::kernel_function(a.kernel, t, world, empty.fusion.kind) == nullptr) continue;
         empty.dtype = t;
         TPCOMM_TRY(kernels::launch_all_reduce(empty, a.kernel, {1, 32}, false, stream));
@@ -690,7 +690,7 @@ TuneTable CustomAllReduce::tune(const TuneKey& key) {
     const auto iv = TensorView::flat(in, DType::kBF16, count, m.device);
     const auto ov = TensorView::flat(out, DType::kBF16, count, m.device);
     const CallTag tag{fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, count,
-                                  fused_shape(static_cast<int>(f.kind), hidden))};
+                                  fused_shape(static_cast<int>(f.kind), 0, hidden))};
     if (c.algo != Algo::kNone)
       return time_ops(c, [&] { return run(iv, ov, c, /*capturing=*/false, stream, tag, &f); });
     // The fallback: the built-in all-reduce into residual_out, then the local kernel there.

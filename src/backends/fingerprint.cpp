@@ -10,8 +10,8 @@ namespace {
 
 constexpr int kOpShift = 60;
 constexpr int kDTypeShift = 56;
-constexpr int kShapeShift = 36;
-constexpr std::uint64_t kShapeMask = (std::uint64_t{1} << 20) - 1;
+constexpr int kShapeShift = 33;
+constexpr std::uint64_t kShapeMask = (std::uint64_t{1} << 23) - 1;
 constexpr std::uint64_t kCountMask = (std::uint64_t{1} << kShapeShift) - 1;
 constexpr int kHiddenBits = 17;
 
@@ -23,8 +23,9 @@ std::uint64_t fingerprint(Op op, DType dtype, std::int64_t count, std::uint32_t 
          (shape & kShapeMask) << kShapeShift | (static_cast<std::uint64_t>(count) & kCountMask);
 }
 
-std::uint32_t fused_shape(int fusion, std::int64_t hidden) noexcept {
-  return static_cast<std::uint32_t>(fusion & 0x7) << kHiddenBits |
+std::uint32_t fused_shape(int fusion, int form, std::int64_t hidden) noexcept {
+  return static_cast<std::uint32_t>(fusion & 0x7) << (kHiddenBits + 3) |
+         static_cast<std::uint32_t>(form & 0x7) << kHiddenBits |
          static_cast<std::uint32_t>(hidden & ((1 << kHiddenBits) - 1));
 }
 
@@ -52,13 +53,19 @@ std::string describe_fingerprint(std::uint64_t fp) {
   std::string text = detail::concat(to_string(op), " ", fp & kCountMask, " ", to_string(dtype));
   if (op == Op::kAllReduceAddRmsNorm) {
     const auto hidden = shape & ((1u << kHiddenBits) - 1);
-    const auto fusion = shape >> kHiddenBits;
-    const bool fp8 =
-        kernels::traits(static_cast<kernels::Fusion>(fusion)).quant != kernels::Quant::kNone;
-    text += detail::concat(" (hidden ", hidden, fp8 ? ", f8e4m3 out" : "", ")");
+    const auto form = shape >> kHiddenBits & 0x7;
+    const kernels::Quant quant =
+        kernels::traits(static_cast<kernels::Fusion>(shape >> (kHiddenBits + 3))).quant;
+    const char* out = quant == kernels::Quant::kFp8        ? ", f8e4m3 out"
+                      : quant == kernels::Quant::kFp8Token ? ", f8e4m3 out per row"
+                      : quant == kernels::Quant::kFp8Group ? ", f8e4m3 out per group"
+                                                           : "";
+    text += detail::concat(" (hidden ", hidden, out, (form & 1) != 0 ? ", no residual" : "",
+                           (form & 2) != 0 ? ", f32 gamma" : "",
+                           (form & 4) != 0 ? ", 1 + gamma" : "", ")");
   } else if (shape != 0) {
     char hex[16];
-    std::snprintf(hex, sizeof(hex), "0x%05x", shape);
+    std::snprintf(hex, sizeof(hex), "0x%06x", shape);
     text += detail::concat(" (shape ", hex, ")");
   }
   return text;

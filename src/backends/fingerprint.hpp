@@ -13,24 +13,26 @@
 namespace tpcomm {
 
 /// The fingerprint of a call: bits 63..60 the operation (`Op` + 1, never 0), 59..56 the dtype,
-/// 55..36 `shape` (20 bits of the operation's shape parameters: see `fused_shape`,
-/// `shape_hash`), 35..0 the element count (modulo 2^36). `count` is what every rank passes alike:
+/// 55..33 `shape` (23 bits of the operation's shape parameters: see `fused_shape`,
+/// `shape_hash`), 32..0 the element count (modulo 2^33). `count` is what every rank passes alike:
 /// the input's elements for the reductions and the all-gather, the elements every rank moves for
 /// the all-to-all, the shard logits' for the LM head.
 [[nodiscard]] std::uint64_t fingerprint(Op op, DType dtype, std::int64_t count,
                                         std::uint32_t shape = 0) noexcept;
 
 /// The shape word of a fused all-reduce + residual add + RMSNorm: the epilogue (`kernels::Fusion`)
+/// in bits 22..20, its form (`norm_form` in norm.hpp: no residual 1, f32 gamma 2, `1 + gamma` 4)
 /// in bits 19..17, the hidden size below (modulo 2^17).
-[[nodiscard]] std::uint32_t fused_shape(int fusion, std::int64_t hidden) noexcept;
+[[nodiscard]] std::uint32_t fused_shape(int fusion, int form, std::int64_t hidden) noexcept;
 
-/// 20 bits of a hash (FNV-1a) of `values`: the shape word of the exchanges whose shape is more
+/// 23 bits of a hash (FNV-1a) of `values`: the shape word of the exchanges whose shape is more
 /// than a count (the all-to-all's per-peer counts, the LM head's layout and columns).
 [[nodiscard]] std::uint32_t shape_hash(std::span<const std::int64_t> values) noexcept;
 
 /// The call a fingerprint stands for, as messages name it: "all_reduce 4096 bfloat16",
 /// "all_reduce_add_rmsnorm 57344 bfloat16 (hidden 7168)", "all_to_all 8192 uint8 (shape
-/// 0x3fa21)".
+/// 0x03fa21)", "all_reduce_add_rmsnorm 1024 half (hidden 512, f8e4m3 out per group, no
+/// residual, f32 gamma, 1 + gamma)".
 [[nodiscard]] std::string describe_fingerprint(std::uint64_t fingerprint);
 
 }  // namespace tpcomm

@@ -116,31 +116,33 @@ static void test_bad_arguments(void) {
   tpcomm_tensor t = {x, TPCOMM_F32, 1, -1, 0, {4}};
   tpcomm_tensor bad = t;
   bad.dtype = 42;
-  CHECK_FAILS(tpcomm_add_rmsnorm(&bad, &t, &t, 1e-6f, &t, &t, NULL, NULL, NULL),
+  CHECK_FAILS(tpcomm_add_rmsnorm(&bad, &t, &t, 1e-6f, &t, &t, NULL, NULL, NULL, 0, NULL),
               TPCOMM_INVALID_ARGUMENT, "x: dtype 42 is not a tpcomm_dtype");
   bad = t;
   bad.ndim = 7;
-  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &bad, &t, 1e-6f, &t, &t, NULL, NULL, NULL),
+  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &bad, &t, 1e-6f, &t, &t, NULL, NULL, NULL, 0, NULL),
               TPCOMM_INVALID_ARGUMENT, "residual: ndim 7 is outside 0..6");
   bad = t;
   bad.shape[0] = -3;
-  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL),
+  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL, 0, NULL),
               TPCOMM_INVALID_ARGUMENT, "gamma: shape[0] is -3");
   bad = t;
   bad.ndim = 3;
   bad.shape[0] = bad.shape[1] = bad.shape[2] = (int64_t)1 << 30;
-  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL),
+  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL, 0, NULL),
               TPCOMM_INVALID_ARGUMENT, "gamma: the shape's element count overflows");
   bad = t;
   bad.data = NULL;
-  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &t, 1e-6f, &bad, &t, NULL, NULL, NULL),
+  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &t, 1e-6f, &bad, &t, NULL, NULL, NULL, 0, NULL),
               TPCOMM_INVALID_ARGUMENT, "norm_out: data is NULL for 4 elements");
-  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &t, 1e-6f, &t, NULL, NULL, NULL, NULL),
+  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &t, 1e-6f, &t, NULL, NULL, NULL, NULL, 0, NULL),
               TPCOMM_INVALID_ARGUMENT, "residual_out is NULL");
+  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &t, 1e-6f, &t, &t, NULL, NULL, NULL, 7, NULL),
+              TPCOMM_INVALID_ARGUMENT, "weight 7 is not a tpcomm_norm_weight (0 or 1)");
   /* What only the operation's own checks see is said too, not left to the log. */
   bad = t;
   bad.shape[0] = 3;
-  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL),
+  CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL, 0, NULL),
               TPCOMM_INVALID_ARGUMENT, "gamma must hold 4 elements of float (it holds 3");
 }
 

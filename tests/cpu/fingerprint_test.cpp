@@ -22,9 +22,13 @@ TEST(Fingerprint, EveryPartOfACallChangesIt) {
            fingerprint(Op::kAllGather, DType::kBF16, 4096),
            fingerprint(Op::kAllToAll, DType::kBF16, 4096),
            fingerprint(Op::kAllReduce, DType::kBF16, 4096, 1),
-           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 4096)),
-           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 1024)),
-           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(2, 4096)),
+           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 0, 4096)),
+           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 0, 1024)),
+           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(2, 0, 4096)),
+           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(4, 0, 4096)),
+           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 1, 4096)),
+           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 2, 4096)),
+           fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 4, 4096)),
        }) {
     EXPECT_TRUE(seen.insert(other).second) << describe_fingerprint(other);
   }
@@ -37,7 +41,7 @@ TEST(Fingerprint, ShapeHashesDifferForDifferentShapes) {
   EXPECT_NE(shape_hash(a), shape_hash(b));
   EXPECT_NE(shape_hash(a), shape_hash(c));
   EXPECT_EQ(shape_hash(a), shape_hash(std::vector<std::int64_t>{1, 2, 3, 4}));
-  EXPECT_LT(shape_hash(a), 1u << 20);
+  EXPECT_LT(shape_hash(a), 1u << 23);
 }
 
 TEST(Fingerprint, DescribesTheCall) {
@@ -45,14 +49,18 @@ TEST(Fingerprint, DescribesTheCall) {
             "all_reduce 4096 bfloat16");
   EXPECT_EQ(describe_fingerprint(fingerprint(Op::kAllGather, DType::kU8, 8192)),
             "all_gather 8192 uint8");
-  EXPECT_EQ(describe_fingerprint(
-                fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 57344, fused_shape(1, 7168))),
+  EXPECT_EQ(describe_fingerprint(fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 57344,
+                                             fused_shape(1, 0, 7168))),
             "all_reduce_add_rmsnorm 57344 bfloat16 (hidden 7168)");
   EXPECT_EQ(describe_fingerprint(
-                fingerprint(Op::kAllReduceAddRmsNorm, DType::kF16, 1024, fused_shape(2, 512))),
+                fingerprint(Op::kAllReduceAddRmsNorm, DType::kF16, 1024, fused_shape(2, 0, 512))),
             "all_reduce_add_rmsnorm 1024 half (hidden 512, f8e4m3 out)");
+  EXPECT_EQ(describe_fingerprint(
+                fingerprint(Op::kAllReduceAddRmsNorm, DType::kF16, 1024, fused_shape(4, 7, 512))),
+            "all_reduce_add_rmsnorm 1024 half (hidden 512, f8e4m3 out per group, no residual, "
+            "f32 gamma, 1 + gamma)");
   EXPECT_EQ(describe_fingerprint(fingerprint(Op::kAllToAll, DType::kBF16, 64, 0x3fa21)),
-            "all_to_all 64 bfloat16 (shape 0x3fa21)");
+            "all_to_all 64 bfloat16 (shape 0x03fa21)");
   EXPECT_EQ(describe_fingerprint(0), "an operation of unknown fingerprint 0x0000000000000000");
 }
 

@@ -103,14 +103,37 @@ struct FusedCase {
   DType norm_dtype = DType::kBF16;  // or kF8E4M3
   bool in_place = false;
   bool row_scales = false;  // FP8: per-row scales instead of the per-tensor one
+  // The forms of the norm (tpcomm/norm.hpp).
+  bool group_scales = false;  // FP8: per-group scales
+  bool no_residual = false;
+  bool gamma_f32 = false;
+  bool plus_one = false;  // Gemma's 1 + gamma
 
   [[nodiscard]] std::int64_t count() const { return tokens * hidden; }
+  [[nodiscard]] std::int64_t groups() const { return hidden / kernels::kFp8Group; }
   [[nodiscard]] std::string name() const {
     return detail::concat("world ", world, " tokens ", tokens, " hidden ", hidden, " ",
                           to_string(dtype), " -> ", to_string(norm_dtype),
-                          in_place ? " in place" : "", row_scales ? " row scales" : "");
+                          in_place ? " in place" : "", row_scales ? " row scales" : "",
+                          group_scales ? " group scales" : "", no_residual ? " no residual" : "",
+                          gamma_f32 ? " f32 gamma" : "", plus_one ? " 1 + gamma" : "");
   }
 };
+
+/// `c` in one of the norm's forms (`form`: bits no residual 1, f32 gamma 2, 1 + gamma 4).
+FusedCase with_form(FusedCase c, int form) {
+  c.no_residual = (form & 1) != 0;
+  c.gamma_f32 = (form & 2) != 0;
+  c.plus_one = (form & 4) != 0;
+  return c;
+}
+
+/// `c` with FP8 group scales.
+FusedCase per_group(FusedCase c) {
+  c.norm_dtype = DType::kF8E4M3;
+  c.group_scales = true;
+  return c;
+}
 
 struct Reference {
   std::vector<std::vector<float>> x;  // per rank
@@ -135,10 +158,17 @@ Reference make_reference(const FusedCase& c, std::uint64_t seed) {
       ref.x[static_cast<std::size_t>(r)][i] = v;
     }
     const std::uint64_t h = mix(seed ^ 0x5e5e5e5eull ^ (i << 8));
-    ref.residual[i] = static_cast<float>(static_cast<int>(h % 17) - 8);
+    ref.residual[i] = c.no_residual ? 0.f : static_cast<float>(static_cast<int>(h % 17) - 8);
   }
-  for (std::size_t j = 0; j < ref.gamma.size(); ++j)
-    ref.gamma[j] = static_cast<float>(mix(seed + j * 31) % 64 + 32) / 64.0f;
+  // Gamma near 1 (near 0 for Gemma's 1 + gamma); an f32 gamma carries bits that the input's
+  // dtype cannot hold.
+  for (std::size_t j = 0; j < ref.gamma.size(); ++j) {
+    float g = static_cast<float>(mix(seed + j * 31) % 64 + 32) / 64.0f;
+    if (c.plus_one) g -= 1.f;
+    if (c.gamma_f32) g += 1.f / 8192;
+    ref.gamma[j] = g;
+  }
+  const double offset = c.plus_one ? 1.0 : 0.0;
   double amax = 0;
   for (std::int64_t row = 0; row < c.tokens; ++row) {
     double squares = 0;
@@ -152,7 +182,7 @@ Reference make_reference(const FusedCase& c, std::uint64_t seed) {
     const double rstd = 1.0 / std::sqrt(squares / static_cast<double>(c.hidden) + kEps);
     for (std::int64_t j = 0; j < c.hidden; ++j) {
       const auto i = static_cast<std::size_t>(row * c.hidden + j);
-      ref.norm[i] = ref.residual_out[i] * rstd * ref.gamma[static_cast<std::size_t>(j)];
+      ref.norm[i] = ref.residual_out[i] * rstd * (ref.gamma[static_cast<std::size_t>(j)] + offset);
       amax = std::max(amax, std::abs(ref.norm[i]));
     }
   }
@@ -171,20 +201,27 @@ std::int64_t wrong_elements(const FusedCase& c, const Reference& ref, const Got&
   const std::size_t es = dtype_size(c.dtype);
   const std::size_t ns = dtype_size(c.norm_dtype);
   std::int64_t bad = 0;
+  // The scale `got` holds for elements [lo, lo + n) of the flat message (its `k`th scale),
+  // checked against the reference's.
+  auto dynamic_scale = [&](std::int64_t k, std::int64_t lo, std::int64_t n) {
+    float s = 0;
+    std::memcpy(&s, got.row_scales.data() + k * 4, 4);
+    double amax = 0;
+    for (std::int64_t i = lo; i < lo + n; ++i)
+      amax = std::max(amax, std::abs(ref.norm[static_cast<std::size_t>(i)]));
+    const double expected = std::max(amax / 448.0, 1.0 / (448.0 * 512.0));
+    if (!(std::abs(s - expected) <= 2e-2 * expected)) ++bad;
+    return static_cast<double>(s);
+  };
   for (std::int64_t row = 0; row < c.tokens; ++row) {
     double row_scale = ref.scale;
-    if (c.norm_dtype == DType::kF8E4M3 && c.row_scales) {
-      float s = 0;
-      std::memcpy(&s, got.row_scales.data() + row * 4, 4);
-      double amax = 0;
-      for (std::int64_t j = 0; j < c.hidden; ++j)
-        amax = std::max(amax, std::abs(ref.norm[static_cast<std::size_t>(row * c.hidden + j)]));
-      const double expected = std::max(amax / 448.0, 1.0 / (448.0 * 512.0));
-      if (std::abs(s - expected) > 2e-2 * expected) ++bad;
-      row_scale = s;
-    }
+    if (c.norm_dtype == DType::kF8E4M3 && c.row_scales)
+      row_scale = dynamic_scale(row, row * c.hidden, c.hidden);
     for (std::int64_t j = 0; j < c.hidden; ++j) {
       const auto i = static_cast<std::size_t>(row * c.hidden + j);
+      if (c.group_scales && j % kernels::kFp8Group == 0)
+        row_scale = dynamic_scale(row * c.groups() + j / kernels::kFp8Group, row * c.hidden + j,
+                                  kernels::kFp8Group);
       if (decode(got.residual_out.data() + i * es, c.dtype) != ref.residual_out[i]) ++bad;
       const double value = decode(got.norm_out.data() + i * ns, c.norm_dtype);
       const double y = ref.norm[i];
@@ -211,7 +248,7 @@ struct RankBuffers {
         residual_out(max_count * 4 + 64),
         gamma(max_hidden * 4 + 64),
         scale(64),
-        row_scales(max_tokens * 4 + 64) {}
+        row_scales(std::max(max_tokens, max_count / kernels::kFp8Group) * 4 + 64) {}
   DeviceBuffer x, residual, norm_out, residual_out, gamma, scale, row_scales;
 };
 
@@ -225,7 +262,8 @@ void run_fused(Group& g, int rank, const FusedCase& c, const Reference& ref, Ran
   const auto n = static_cast<std::size_t>(c.count());
   const auto x_host = host_tensor(ref.x[static_cast<std::size_t>(rank)], c.dtype);
   const auto residual_host = host_tensor(ref.residual, c.dtype);
-  const auto gamma_host = host_tensor(ref.gamma, c.dtype);
+  const DType gamma_dtype = c.gamma_f32 ? DType::kF32 : c.dtype;
+  const auto gamma_host = host_tensor(ref.gamma, gamma_dtype);
   ASSERT_EQ(cudaMemcpyAsync(b.x.get(), x_host.data(), n * es, cudaMemcpyHostToDevice, cs),
             cudaSuccess);
   ASSERT_EQ(
@@ -242,19 +280,26 @@ void run_fused(Group& g, int rank, const FusedCase& c, const Reference& ref, Ran
     return TensorView::contiguous(p, t, {c.tokens, c.hidden}, 0);
   };
   const TensorView x = view(b.x.get(), c.dtype);
-  const TensorView residual = view(b.residual.get(), c.dtype);
-  const TensorView residual_out = c.in_place ? residual : view(b.residual_out.get(), c.dtype);
+  // Without a residual, in place means residual_out in the residual's buffer all the same.
+  const TensorView residual_buffer = view(b.residual.get(), c.dtype);
+  const TensorView residual = c.no_residual ? TensorView{} : residual_buffer;
+  const TensorView residual_out =
+      c.in_place ? residual_buffer : view(b.residual_out.get(), c.dtype);
   const TensorView norm_out =
       c.in_place && c.norm_dtype == c.dtype ? x : view(b.norm_out.get(), c.norm_dtype);
-  const TensorView gamma = TensorView::flat(b.gamma.get(), c.dtype, c.hidden, 0);
+  const TensorView gamma = TensorView::flat(b.gamma.get(), gamma_dtype, c.hidden, 0);
   Fp8Scales fp8;
   if (c.norm_dtype == DType::kF8E4M3) {
     if (c.row_scales)
       fp8.row_scales = TensorView::flat(b.row_scales.get(), DType::kF32, c.tokens, 0);
+    else if (c.group_scales)
+      fp8.group_scales =
+          TensorView::contiguous(b.row_scales.get(), DType::kF32, {c.tokens, c.groups()}, 0);
     else
       fp8.scale = TensorView::flat(b.scale.get(), DType::kF32, 1, 0);
   }
-  ASSERT_EQ(g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, norm_out, residual_out, s, fp8),
+  ASSERT_EQ(g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, norm_out, residual_out, s, fp8,
+                                     c.plus_one ? NormWeight::kOnePlusGamma : NormWeight::kGamma),
             Status::kOk)
       << g.last_error();
   ASSERT_EQ(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
@@ -263,6 +308,9 @@ void run_fused(Group& g, int rank, const FusedCase& c, const Reference& ref, Ran
   got->norm_out = testing::to_host(norm_out.data, n * dtype_size(c.norm_dtype));
   if (c.row_scales)
     got->row_scales = testing::to_host(b.row_scales.get(), static_cast<std::size_t>(c.tokens) * 4);
+  if (c.group_scales)
+    got->row_scales =
+        testing::to_host(b.row_scales.get(), static_cast<std::size_t>(c.tokens * c.groups()) * 4);
   EXPECT_EQ(wrong_elements(c, ref, *got), 0)
       << c.name() << " rank " << rank << " on " << g.backend_for_add_rmsnorm(x, norm_out);
 }
@@ -349,6 +397,19 @@ TEST_P(FusedWorlds, MatchTheReferenceBitwiseAlike) {
     cases.push_back({world, 5, hidden, DType::kF16, DType::kF8E4M3, false, true});
     cases.push_back({world, 9, hidden, DType::kBF16, DType::kF8E4M3, true, true});
   }
+  // The forms: every combination of no residual, an f32 gamma and 1 + gamma, with both dtypes,
+  // in place and not, rows that do not start on a 16-byte boundary; and per-group FP8 scales.
+  for (int form = 1; form < 8; ++form) {
+    cases.push_back(with_form({world, 3, 2880}, form));
+    cases.push_back(with_form({world, 17, 7, DType::kF16, DType::kF16, true}, form));
+    cases.push_back(with_form({world, 2, 7168, DType::kBF16, DType::kF8E4M3, false, true}, form));
+  }
+  for (std::int64_t tokens : {1, 5, 128}) {
+    cases.push_back(per_group({world, tokens, 7168}));
+    cases.push_back(per_group({world, tokens, 128, DType::kF16}));
+    cases.push_back(
+        with_form(per_group({world, tokens, 2048, DType::kBF16, DType::kBF16, true}), 7));
+  }
   run_cases(world, cases, fused_options(algo), [&](const FusedCase& c, const std::string& path) {
     EXPECT_EQ(path, "custom_ar:" + algo) << c.name();
   });
@@ -376,6 +437,11 @@ TEST(AllReduceAddRmsNorm, FallbacksGiveTheSameAnswer) {
     cases.push_back({4, 17, 2880, DType::kBF16, DType::kBF16, in_place});
     cases.push_back({4, 3, 7, DType::kBF16, DType::kF8E4M3, in_place});
     cases.push_back({4, 3, 4096, DType::kF16, DType::kF8E4M3, in_place, true});
+    cases.push_back(per_group({4, 3, 4096, DType::kBF16, DType::kBF16, in_place}));
+    for (int form = 1; form < 8; ++form) {
+      cases.push_back(with_form({4, 5, 2880, DType::kBF16, DType::kBF16, in_place}, form));
+      cases.push_back(with_form({4, 3, 7, DType::kF16, DType::kF8E4M3, in_place}, form));
+    }
   }
   run_cases(
       4, cases, fused_options(),
@@ -383,7 +449,11 @@ TEST(AllReduceAddRmsNorm, FallbacksGiveTheSameAnswer) {
         EXPECT_EQ(path.find("+add_rmsnorm"), path.size() - 12) << c.name() << ": " << path;
       },
       GroupConfig{true, true, /*fusion=*/false});
-  run_cases(4, {{4, 5, 1000, DType::kF32, DType::kF32}, {4, 2, 7, DType::kF32, DType::kF32, true}},
+  run_cases(4,
+            {{4, 5, 1000, DType::kF32, DType::kF32},
+             {4, 2, 7, DType::kF32, DType::kF32, true},
+             with_form({4, 3, 7, DType::kF32, DType::kF32, true}, 5),
+             per_group({4, 2, 256, DType::kF32, DType::kF32, true})},
             fused_options(), [](const FusedCase& c, const std::string& path) {
               EXPECT_NE(path.find("+add_rmsnorm"), std::string::npos) << c.name() << ": " << path;
             });
@@ -510,6 +580,31 @@ TEST(AllReduceAddRmsNorm, BadArgumentsAreClearErrors) {
     expect_error(g.all_reduce_add_rmsnorm(v(a), v(r), gamma, -1.0f, v(n), v(o), s), "eps");
     expect_error(g.all_reduce_add_rmsnorm(v(a), v(r), gamma, kEps, v(o), v(o), s),
                  "norm_out overlaps residual_out");
+    expect_error(
+        g.all_reduce_add_rmsnorm(v(a), v(r), TensorView::flat(w.get(), DType::kF16, 4096, 0), kEps,
+                                 v(n), v(o), s),
+        "gamma must hold 4096 elements of bfloat16 or float");
+    expect_error(g.all_reduce_add_rmsnorm(v(a), v(r), gamma, kEps, v(n), v(o), s, {},
+                                          static_cast<NormWeight>(9)),
+                 "weight 9 is not a NormWeight");
+    Fp8Scales scales;
+    scales.group_scales = TensorView::flat(n.get(), DType::kF32, 4 * 4096 / 128 - 1, 0);
+    expect_error(
+        g.all_reduce_add_rmsnorm(v(a), v(r), gamma, kEps, v(o, DType::kF8E4M3), v(r), s, scales),
+        "the FP8 group scales must be 128 contiguous f32 elements");
+    scales.scale = TensorView::flat(n.get(), DType::kF32, 1, 0);
+    expect_error(
+        g.all_reduce_add_rmsnorm(v(a), v(r), gamma, kEps, v(o, DType::kF8E4M3), v(r), s, scales),
+        "not several");
+    auto narrow = [](const DeviceBuffer& p, DType t = DType::kBF16) {
+      return TensorView::contiguous(p.get(), t, {4, 100}, 0);
+    };
+    scales = {};
+    scales.group_scales = TensorView::flat(n.get(), DType::kF32, 4, 0);
+    expect_error(g.all_reduce_add_rmsnorm(narrow(a), narrow(r),
+                                          TensorView::flat(w.get(), DType::kBF16, 100, 0), kEps,
+                                          narrow(o, DType::kF8E4M3), narrow(r), s, scales),
+                 "a multiple of 128");
     EXPECT_EQ(g.health(), Status::kOk);
     EXPECT_EQ(g.all_reduce_add_rmsnorm(v(a), v(r), gamma, kEps, v(n), v(o), s), Status::kOk)
         << g.last_error();
