@@ -66,6 +66,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
       if (ok)
         store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
     }
+    if (ok && gridDim.x <= kEarlyLaunchMaxBlocks)
+      allow_next_launch();  // NOTE [programmatic launch]
   }
   lamport_end<T, R>(p, f, ok, packs * 16, header);
 }

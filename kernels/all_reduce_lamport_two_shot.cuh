@@ -98,6 +98,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
       for (int s = 0; s < R; ++s)
         if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);
     }
+    if (ok && gridDim.x <= kEarlyLaunchMaxBlocks)
+      allow_next_launch();  // NOTE [programmatic launch]
   }
   header.see(seen);
   lamport_end<T, R>(p, f, ok, 2 * slice * 16, header);

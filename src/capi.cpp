@@ -419,6 +419,12 @@ tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
       c.custom_all_reduce = config->custom_all_reduce != 0;
       c.nccl = config->nccl != 0;
       c.fusion = config->fusion != 0;
+      TPCOMM_C_REQUIRE(config->fusion_max_tokens >= 0 && config->fusion_hidden >= 0,
+                       "config: fusion_max_tokens ", config->fusion_max_tokens,
+                       " and fusion_hidden ", config->fusion_hidden,
+                       " must be >= 0 (0: the default)");
+      if (config->fusion_max_tokens > 0) c.fusion_max_tokens = config->fusion_max_tokens;
+      c.fusion_hidden = config->fusion_hidden;
     }
     *out =
         new tpcomm_group_s{tpcomm::Group(boot->boot, device, tpcomm::Options::from_env(), c), {}};

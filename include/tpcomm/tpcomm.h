@@ -108,11 +108,16 @@ typedef struct tpcomm_rank_info {
   int32_t device;  /* -1 for a bootstrap */
 } tpcomm_rank_info;
 
-/* What a group may build (`tpcomm::GroupConfig`); each field 0 or 1. */
+/* What a group may build (`tpcomm::GroupConfig`): the first three 0 or 1; the fused operation's
+ * largest batch, `fusion_max_tokens` rows of `fusion_hidden` elements, sizes its workspace (0:
+ * TPCOMM_FUSION_MAX_TOKENS and TPCOMM_FUSION_HIDDEN). */
 typedef struct tpcomm_group_config {
   int32_t custom_all_reduce;
   int32_t nccl;
   int32_t fusion;
+  int32_t reserved; /* 0 */
+  int64_t fusion_max_tokens;
+  int64_t fusion_hidden;
 } tpcomm_group_config;
 
 typedef struct tpcomm_bootstrap_s* tpcomm_bootstrap;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/sync.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/kernels.hpp"
 
@@ -334,6 +335,9 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
       if (ok) keep(v, x);
     }
     ok = __syncthreads_and(ok) != 0;
+    // The block's last row: no wait is left, only the norm (NOTE [programmatic launch]).
+    if (ok && row + gridDim.x / group.size >= rows && gridDim.x <= kEarlyLaunchMaxBlocks)
+      allow_next_launch();
     const float squared = group.combine(block_reduce(squares, sum), ok, sum);
     if (!ok) {
       group.finish();

@@ -237,13 +237,22 @@ __device__ __forceinline__ OperationStart start_operation(SignalPad* self,
 // operation counts). Each block calls `allow_next_launch` once it has passed its last wait for
 // a peer: from then on it only computes and stores, so the blocks of the next kernel, scheduled
 // once every block of this one got there, can never hold resources that this kernel or a peer's
-// current kernel still needs (ranks sharing a GPU need room for one kernel each, not two). The
+// current kernel still needs (ranks sharing a GPU need room for one kernel each, not two): every
+// peer whose data a block has taken is running. The Lamport kernels call it after their last
+// poll of a pack (a fused kernel, before the norm of its last row); the header check that
+// follows waits, if at all, for a header that a running peer pushed before its data. They do
+// so only with at most kEarlyLaunchMaxBlocks blocks, where the launch is what costs: measured on
+// virtual ranks (docs/PERFORMANCE.md), grids of 32 blocks and more got slower with it. The
 // next kernel waits for this one's completion before it touches anything (CUDA's rule for such
 // launches), so it never sees this kernel's output early. Launched without the attribute, both
 // instructions return at once.
 __device__ __forceinline__ void begin_launch() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
+
+/// Most blocks of a Lamport kernel's grid that let the next launch in early (NOTE [programmatic
+/// launch]).
+inline constexpr unsigned kEarlyLaunchMaxBlocks = 16;
 
 __device__ __forceinline__ void allow_next_launch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -315,14 +315,15 @@ class TpcommGroup:
     """
 
     def __init__(self, device=None, bootstrap=None, custom_all_reduce=True, nccl=True,
-                 fusion=True, failure_mode=None, on_failure=None):
+                 fusion=True, failure_mode=None, on_failure=None, fusion_max_tokens=0,
+                 fusion_hidden=0):
         self.bootstrap = bootstrap if bootstrap is not None else tpcomm.Bootstrap()
         if device is None:
             device = self.bootstrap.local_rank % torch.cuda.device_count()
         self.device = torch.device("cuda", device if isinstance(device, int) else device.index)
         torch.cuda.set_device(self.device)
         self.group = tpcomm.Group(self.bootstrap, self.device.index, custom_all_reduce, nccl,
-                                  fusion)
+                                  fusion, fusion_max_tokens, fusion_hidden)
         if failure_mode is None:
             failure_mode = os.environ.get("TPCOMM_ASYNC_ERROR_HANDLING", "teardown").lower()
         self.group.set_failure_mode(failure_mode, on_failure)

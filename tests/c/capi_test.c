@@ -187,6 +187,11 @@ static void test_world_of_one(void) {
   CHECK_FAILS(tpcomm_store_get(boot, "counter", NULL, 4, &size, 0), TPCOMM_INVALID_ARGUMENT,
               "buf is NULL");
   CHECK_FAILS(tpcomm_group_create(boot, -1, NULL, NULL), TPCOMM_INVALID_ARGUMENT, "out is NULL");
+  tpcomm_group group = NULL;
+  const tpcomm_group_config config = {1, 1, 1, 0, -5, 0};
+  CHECK_FAILS(tpcomm_group_create(boot, 0, &config, &group), TPCOMM_INVALID_ARGUMENT,
+              "config: fusion_max_tokens -5 and fusion_hidden 0 must be >= 0");
+  CHECK(group == NULL);
   CHECK_OK(tpcomm_bootstrap_destroy(boot));
   /* A destroyed handle, or one never made, is refused rather than read. */
   CHECK_FAILS(tpcomm_bootstrap_destroy(boot), TPCOMM_INVALID_ARGUMENT, "destroyed already");
