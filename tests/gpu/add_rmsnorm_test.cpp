@@ -252,22 +252,57 @@ struct RankBuffers {
   DeviceBuffer x, residual, norm_out, residual_out, gamma, scale, row_scales;
 };
 
-/// Runs `c` on this rank: upload, poison, the fused call, download, check.
-void run_fused(Group& g, int rank, const FusedCase& c, const Reference& ref, RankBuffers& b,
-               Stream s, Got* got) {
-  const std::size_t es = dtype_size(c.dtype);
-  // In order on the rank's stream: a plain cudaMemcpy from pageable memory may return before
-  // its copy reaches the device, unordered with the non-blocking stream.
+/// The tensors of case `c` over one rank's buffers, and the call's other arguments.
+struct CaseCall {
+  TensorView x, residual, gamma, norm_out, residual_out;
+  Fp8Scales fp8;
+  NormWeight weight = NormWeight::kGamma;
+
+  Status run(Group& g, Stream s) const {
+    return g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, norm_out, residual_out, s, fp8,
+                                    weight);
+  }
+};
+
+CaseCall call_of(const FusedCase& c, RankBuffers& b) {
+  auto view = [&](void* p, DType t) {
+    return TensorView::contiguous(p, t, {c.tokens, c.hidden}, 0);
+  };
+  CaseCall call;
+  call.x = view(b.x.get(), c.dtype);
+  // Without a residual, in place means residual_out in the residual's buffer all the same.
+  const TensorView residual_buffer = view(b.residual.get(), c.dtype);
+  call.residual = c.no_residual ? TensorView{} : residual_buffer;
+  call.residual_out = c.in_place ? residual_buffer : view(b.residual_out.get(), c.dtype);
+  call.norm_out =
+      c.in_place && c.norm_dtype == c.dtype ? call.x : view(b.norm_out.get(), c.norm_dtype);
+  call.gamma = TensorView::flat(b.gamma.get(), c.gamma_f32 ? DType::kF32 : c.dtype, c.hidden, 0);
+  if (c.norm_dtype == DType::kF8E4M3) {
+    if (c.row_scales)
+      call.fp8.row_scales = TensorView::flat(b.row_scales.get(), DType::kF32, c.tokens, 0);
+    else if (c.group_scales)
+      call.fp8.group_scales =
+          TensorView::contiguous(b.row_scales.get(), DType::kF32, {c.tokens, c.groups()}, 0);
+    else
+      call.fp8.scale = TensorView::flat(b.scale.get(), DType::kF32, 1, 0);
+  }
+  call.weight = c.plus_one ? NormWeight::kOnePlusGamma : NormWeight::kGamma;
+  return call;
+}
+
+/// Uploads this rank's inputs of `ref` and poisons every output, in order on `s` (a plain
+/// cudaMemcpy from pageable memory may return before its copy reaches the device, unordered
+/// with the non-blocking stream).
+void upload(const FusedCase& c, int rank, const Reference& ref, RankBuffers& b, Stream s) {
   const auto cs = reinterpret_cast<cudaStream_t>(s);
-  const auto n = static_cast<std::size_t>(c.count());
+  const auto bytes = static_cast<std::size_t>(c.count()) * dtype_size(c.dtype);
   const auto x_host = host_tensor(ref.x[static_cast<std::size_t>(rank)], c.dtype);
   const auto residual_host = host_tensor(ref.residual, c.dtype);
-  const DType gamma_dtype = c.gamma_f32 ? DType::kF32 : c.dtype;
-  const auto gamma_host = host_tensor(ref.gamma, gamma_dtype);
-  ASSERT_EQ(cudaMemcpyAsync(b.x.get(), x_host.data(), n * es, cudaMemcpyHostToDevice, cs),
+  const auto gamma_host = host_tensor(ref.gamma, c.gamma_f32 ? DType::kF32 : c.dtype);
+  ASSERT_EQ(cudaMemcpyAsync(b.x.get(), x_host.data(), bytes, cudaMemcpyHostToDevice, cs),
             cudaSuccess);
   ASSERT_EQ(
-      cudaMemcpyAsync(b.residual.get(), residual_host.data(), n * es, cudaMemcpyHostToDevice, cs),
+      cudaMemcpyAsync(b.residual.get(), residual_host.data(), bytes, cudaMemcpyHostToDevice, cs),
       cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(b.gamma.get(), gamma_host.data(), gamma_host.size(),
                             cudaMemcpyHostToDevice, cs),
@@ -275,44 +310,34 @@ void run_fused(Group& g, int rank, const FusedCase& c, const Reference& ref, Ran
   ASSERT_EQ(cudaMemcpyAsync(b.scale.get(), &ref.scale, 4, cudaMemcpyHostToDevice, cs), cudaSuccess);
   for (DeviceBuffer* p : {&b.norm_out, &b.residual_out, &b.row_scales})
     ASSERT_EQ(kernels::poison(p->get(), static_cast<std::int64_t>(p->size()), s), Status::kOk);
+}
 
-  auto view = [&](void* p, DType t) {
-    return TensorView::contiguous(p, t, {c.tokens, c.hidden}, 0);
-  };
-  const TensorView x = view(b.x.get(), c.dtype);
-  // Without a residual, in place means residual_out in the residual's buffer all the same.
-  const TensorView residual_buffer = view(b.residual.get(), c.dtype);
-  const TensorView residual = c.no_residual ? TensorView{} : residual_buffer;
-  const TensorView residual_out =
-      c.in_place ? residual_buffer : view(b.residual_out.get(), c.dtype);
-  const TensorView norm_out =
-      c.in_place && c.norm_dtype == c.dtype ? x : view(b.norm_out.get(), c.norm_dtype);
-  const TensorView gamma = TensorView::flat(b.gamma.get(), gamma_dtype, c.hidden, 0);
-  Fp8Scales fp8;
-  if (c.norm_dtype == DType::kF8E4M3) {
-    if (c.row_scales)
-      fp8.row_scales = TensorView::flat(b.row_scales.get(), DType::kF32, c.tokens, 0);
-    else if (c.group_scales)
-      fp8.group_scales =
-          TensorView::contiguous(b.row_scales.get(), DType::kF32, {c.tokens, c.groups()}, 0);
-    else
-      fp8.scale = TensorView::flat(b.scale.get(), DType::kF32, 1, 0);
-  }
-  ASSERT_EQ(g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, norm_out, residual_out, s, fp8,
-                                     c.plus_one ? NormWeight::kOnePlusGamma : NormWeight::kGamma),
-            Status::kOk)
-      << g.last_error();
+/// What `call` wrote, once its stream is synchronised.
+Got download(const FusedCase& c, const CaseCall& call) {
+  const auto n = static_cast<std::size_t>(c.count());
+  Got got;
+  got.residual_out = testing::to_host(call.residual_out.data, n * dtype_size(c.dtype));
+  got.norm_out = testing::to_host(call.norm_out.data, n * dtype_size(c.norm_dtype));
+  if (c.row_scales)
+    got.row_scales =
+        testing::to_host(call.fp8.row_scales.data, static_cast<std::size_t>(c.tokens) * 4);
+  if (c.group_scales)
+    got.row_scales = testing::to_host(call.fp8.group_scales.data,
+                                      static_cast<std::size_t>(c.tokens * c.groups()) * 4);
+  return got;
+}
+
+/// Runs `c` on this rank: upload, poison, the fused call, download, check.
+void run_fused(Group& g, int rank, const FusedCase& c, const Reference& ref, RankBuffers& b,
+               Stream s, Got* got) {
+  upload(c, rank, ref, b, s);
+  const CaseCall call = call_of(c, b);
+  ASSERT_EQ(call.run(g, s), Status::kOk) << g.last_error();
   ASSERT_EQ(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)), cudaSuccess);
   ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
-  got->residual_out = testing::to_host(residual_out.data, n * es);
-  got->norm_out = testing::to_host(norm_out.data, n * dtype_size(c.norm_dtype));
-  if (c.row_scales)
-    got->row_scales = testing::to_host(b.row_scales.get(), static_cast<std::size_t>(c.tokens) * 4);
-  if (c.group_scales)
-    got->row_scales =
-        testing::to_host(b.row_scales.get(), static_cast<std::size_t>(c.tokens * c.groups()) * 4);
+  *got = download(c, call);
   EXPECT_EQ(wrong_elements(c, ref, *got), 0)
-      << c.name() << " rank " << rank << " on " << g.backend_for_add_rmsnorm(x, norm_out);
+      << c.name() << " rank " << rank << " on " << g.backend_for_add_rmsnorm(call.x, call.norm_out);
 }
 
 /// Runs every case of one world size on one group per rank, checking bitwise equality across
@@ -459,63 +484,44 @@ TEST(AllReduceAddRmsNorm, FallbacksGiveTheSameAnswer) {
             });
 }
 
-// Captured once, replayed with new inputs: each replay matches its own reference.
+// Captured once, replayed with new inputs: each replay matches its own reference; the plain
+// form, and every form at once with per-group FP8 scales.
 TEST(AllReduceAddRmsNorm, GraphReplayWithNewInputs) {
   const int world = 4;
   for (const char* algo : {"lamport", "lamport_two_shot"}) {
-    const FusedCase c{world, 17, 2880};
-    std::vector<Reference> refs;
-    for (int replay = 0; replay < 3; ++replay) refs.push_back(make_reference(c, fresh_seed()));
-    run_ranks(world, [&](int rank, Bootstrap& boot) {
-      Group g(boot, 0, fused_options(algo));
-      StreamHolder stream;
-      const cudaStream_t s = stream.get();
-      RankBuffers b(c.count(), c.hidden, c.tokens);
-      auto view = [&](const DeviceBuffer& p) {
-        return TensorView::contiguous(p.get(), c.dtype, {c.tokens, c.hidden}, 0);
-      };
-      const auto gamma = TensorView::flat(b.gamma.get(), c.dtype, c.hidden, 0);
-      cudaGraph_t graph = nullptr;
-      {
-        auto scope = g.capture(stream.stream());
-        ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        EXPECT_EQ(g.all_reduce_add_rmsnorm(view(b.x), view(b.residual), gamma, kEps,
-                                           view(b.norm_out), view(b.residual_out), stream.stream()),
-                  Status::kOk)
-            << g.last_error();
-        ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-        ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-      }
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      for (const Reference& ref : refs) {
-        const std::size_t bytes = static_cast<std::size_t>(c.count()) * 2;
-        const auto x = host_tensor(ref.x[static_cast<std::size_t>(rank)], c.dtype);
-        const auto residual = host_tensor(ref.residual, c.dtype);
-        const auto gamma_host = host_tensor(ref.gamma, c.dtype);
-        ASSERT_EQ(cudaMemcpyAsync(b.x.get(), x.data(), bytes, cudaMemcpyHostToDevice, s),
-                  cudaSuccess);
-        ASSERT_EQ(
-            cudaMemcpyAsync(b.residual.get(), residual.data(), bytes, cudaMemcpyHostToDevice, s),
-            cudaSuccess);
-        ASSERT_EQ(cudaMemcpyAsync(b.gamma.get(), gamma_host.data(), gamma_host.size(),
-                                  cudaMemcpyHostToDevice, s),
-                  cudaSuccess);
-        ASSERT_EQ(
-            kernels::poison(b.norm_out.get(), static_cast<std::int64_t>(bytes), stream.stream()),
-            Status::kOk);
-        ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
-        Got got{testing::to_host(b.residual_out.get(), bytes),
-                testing::to_host(b.norm_out.get(), bytes),
-                {}};
-        EXPECT_EQ(wrong_elements(c, ref, got), 0) << algo << " rank " << rank;
-      }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      boot.barrier();
-    });
+    for (const FusedCase& c :
+         {FusedCase{world, 17, 2880}, with_form(per_group({world, 9, 1024}), 7)}) {
+      std::vector<Reference> refs;
+      for (int replay = 0; replay < 3; ++replay) refs.push_back(make_reference(c, fresh_seed()));
+      run_ranks(world, [&](int rank, Bootstrap& boot) {
+        Group g(boot, 0, fused_options(algo));
+        StreamHolder stream;
+        const cudaStream_t s = stream.get();
+        RankBuffers b(c.count(), c.hidden, c.tokens);
+        const CaseCall call = call_of(c, b);
+        cudaGraph_t graph = nullptr;
+        {
+          auto scope = g.capture(stream.stream());
+          ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          EXPECT_EQ(call.run(g, stream.stream()), Status::kOk) << g.last_error();
+          ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+          ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+        }
+        cudaGraphExec_t exec = nullptr;
+        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        for (const Reference& ref : refs) {
+          upload(c, rank, ref, b, stream.stream());
+          ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+          ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+          EXPECT_EQ(wrong_elements(c, ref, download(c, call)), 0)
+              << algo << " " << c.name() << " rank " << rank;
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        boot.barrier();
+      });
+    }
   }
 }
 
