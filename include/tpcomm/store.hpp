@@ -136,6 +136,10 @@ struct TcpStoreServerConfig {
   /// store carries ids, handles and host names (a few hundred bytes per rank and collective),
   /// not tensors.
   std::size_t max_stored_bytes = std::size_t{1} << 30;
+  /// The job's world size, when known (a rank hosting the store knows it): a WATCH of a rank
+  /// outside 0..world_size-1 is then refused. Whatever it is, a rank has one watch connection
+  /// at a time; a second is refused, and closing a refused one loses nothing (NOTE [rank watch]).
+  int world_size = 0;
 };
 
 /// The TCP store server: hosted by rank 0 inside a `TcpStore`, or standalone (`tpcomm store`).

@@ -272,6 +272,7 @@ Bootstrap Bootstrap::from_launch_info(const LaunchInfo& info, const Options& opt
   if (info.rank == 0) {
     config.host_server = true;
     config.server.token = options.store_token;
+    config.server.world_size = info.world_size;
     if (!options.store_bind.empty()) {
       // Resolved here first so that an address that does not resolve names its variable.
       try {

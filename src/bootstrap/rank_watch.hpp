@@ -22,7 +22,12 @@ namespace tpcomm {
 // groups) make their kernels give up and their next call fail with kAborted. A client whose own
 // watch connection closes without the server's stop notice has lost the store's host (rank 0,
 // or a standalone `tpcomm store`): it reports rank -1, which every subscriber takes as its own.
-// A job's first lost rank is the one reported; the job cannot go on without it.
+// A job's first lost rank is the one reported; the job cannot go on without it. The server takes
+// one watch connection per rank at a time, and only of ranks below the job's world size where it
+// knows it (the rank that hosts it does): a second WATCH of a rank, or one past the world, is a
+// protocol error, and closing that connection marks nothing lost. The server does not know which
+// rank a connection bootstrapped as, so a process that watches as another rank before that rank
+// does still takes its place.
 
 /// The first lost rank of a job, as a client learned it, and who wants to know.
 /// Thread-safe.

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "bootstrap/deadline.hpp"
 #include "bootstrap/socket.hpp"
@@ -160,6 +161,8 @@ struct TcpStoreServer::Impl {
   // is lost. Guarded by `data_mu`, so a waiter checks it with the keys.
   std::string lost;
   std::int64_t lost_rank = -1;
+  // The ranks with a watch connection now: one each. Guarded by `data_mu`.
+  std::unordered_set<std::int64_t> watched;
   std::size_t stored = 0;  // keys and values of `data`, in bytes
 
   // Connections: threads are started and joined by the accept thread (and by stop() once the
@@ -655,11 +658,33 @@ bool TcpStoreServer::Impl::watch(Connection& c, std::int64_t rank) {
     reject(c, ReplyCode::kProtocolError, "WATCH -1 (leaving) on a connection that watches no rank");
     return false;
   }
+  // A watch that is not a rank of the job, or of a rank watched already, is refused: closing it
+  // then loses nothing (NOTE [rank watch]).
+  if (config.world_size > 0 && rank >= config.world_size) {
+    reject(c, ReplyCode::kProtocolError,
+           concat("WATCH ", rank, ": the job has ", config.world_size, " ranks"));
+    return false;
+  }
+  bool first = false;
+  {
+    std::lock_guard lock(data_mu);
+    first = watched.insert(rank).second;
+  }
+  if (!first) {
+    reject(c, ReplyCode::kProtocolError,
+           concat("WATCH ", rank, ": rank ", rank, " has a watch connection already"));
+    return false;
+  }
   watchers.fetch_add(1);
   struct Leave {
-    std::atomic<int>& n;
-    ~Leave() { n.fetch_sub(1); }
-  } leave{watchers};
+    Impl& m;
+    std::int64_t rank;
+    ~Leave() {
+      m.watchers.fetch_sub(1);
+      std::lock_guard lock(m.data_mu);
+      m.watched.erase(rank);
+    }
+  } leave{*this, rank};
   if (!send_reply(fd, wire::ReplyHeader{}, {})) return false;
   TPCOMM_LOG_DEBUG("store: ", c.peer, " watches as rank ", rank);
   bool told = false;

@@ -62,7 +62,9 @@ enum class Opcode : std::uint16_t {
   /// No key, no value. arg = the job rank this connection stands for (>= 0): the connection
   /// becomes that rank's watch connection (NOTE [rank watch]). Reply: kOk at once; after it
   /// the server sends only notices on this connection, and the client sends only one more
-  /// WATCH, with arg = -1, when the rank leaves normally.
+  /// WATCH, with arg = -1, when the rank leaves normally. kProtocolError (the connection then
+  /// closes, losing nothing) for a rank that has a watch connection already, or one past the
+  /// job's world size where the server knows it.
   kWatch = 8,
 };
 

@@ -273,6 +273,45 @@ TEST(RankWatch, TheKnobTurnsItOff) {
   }
 }
 
+// One watch per rank of the job: a second watch of a rank, or one past the world size, is
+// refused, and closing it loses nothing; once the rank leaves, it may watch again.
+TEST(RankWatch, OneWatchPerRankOfTheJob) {
+  TcpStoreServerConfig config;
+  config.world_size = 2;
+  TcpStoreServer server(config);
+  auto s0 = watched(server.port(), 0);
+  Heard heard;
+  const auto id = s0->rank_watch()->subscribe(heard.callback());
+  const auto rejected = server.rejected_frames();
+  {
+    net::Socket second = raw_watch(server.port(), 1);
+    EXPECT_THROW(raw_watch(server.port(), 1), std::runtime_error);
+    EXPECT_THROW(raw_watch(server.port(), 2), std::runtime_error);
+    EXPECT_THROW(raw_watch(server.port(), 0), std::runtime_error);
+    EXPECT_GE(server.rejected_frames(), rejected + 3);
+    raw_leave(second);
+  }
+  EXPECT_FALSE(heard.wait(300ms)) << heard.lost->reason;
+  s0->set("still", "here");
+  const Bytes value = s0->get("still", 1s);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(value.data()), value.size()), "here");
+  // Rank 1 left normally: it may watch again, and its loss is then reported.
+  EXPECT_TRUE(eventually(
+      [&] {
+        try {
+          net::Socket again = raw_watch(server.port(), 1);
+          again.reset();  // closed without leaving: lost
+          return true;
+        } catch (const std::runtime_error&) {
+          return false;
+        }
+      },
+      5s));
+  ASSERT_TRUE(heard.wait(5s));
+  EXPECT_EQ(heard.lost->rank, 1);
+  s0->rank_watch()->unsubscribe(id);
+}
+
 TEST(RankWatch, WatchFramesAreChecked) {
   wire::RequestHeader h{.opcode = wire::Opcode::kWatch, .arg = 3};
   EXPECT_FALSE(wire::check_request(h, {}));
