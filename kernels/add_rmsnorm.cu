@@ -19,10 +19,11 @@ __global__ void __launch_bounds__(kFusedMaxThreads)
   const Fused<K> epilogue(fusion, count);
   const bool sum_aligned = is_aligned16(sum);
   if constexpr (Fused<K>::kRows) {
-    finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
-      x = load_pack(sum, v, count, sum_aligned);
-      return true;
-    });
+    finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, /*early_launch=*/false,
+                                       [&](std::int64_t v, Pack<T>& x) {
+                                         x = load_pack(sum, v, count, sum_aligned);
+                                         return true;
+                                       });
   } else {
     const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
     const bool out_aligned = is_aligned16(out);

@@ -65,6 +65,26 @@ int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,
   return blocks;
 }
 
+int max_active_clusters(KernelId kernel, DType dtype, int world_size, int threads, Fusion fusion,
+                        int cluster) noexcept {
+  const void* function = kernel_function(kernel, dtype, world_size, fusion);
+  if (function == nullptr || cluster < 1) return 0;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(cluster));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, function, &config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+
 namespace {
 
 __global__ void fill_lamport_empty_kernel(uint4* p, std::int64_t packs) {

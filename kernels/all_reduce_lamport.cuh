@@ -52,13 +52,14 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   const Epilogue epilogue(p);
   bool ok = !f.failed;
   if constexpr (Epilogue::kRows) {
-    ok = finish_rows<T, /*kBareSums=*/true>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
-      Pack<T> got[R];
-      if (f.failed || !lamport_poll<T, R>(mine, slot_bytes, v * 16, got, header, f.wait))
-        return false;
-      x = sum_packs<T, R>(got);
-      return true;
-    });
+    ok = finish_rows<T, /*kBareSums=*/true>(
+        epilogue, out, count, p.early_launch, [&](std::int64_t v, Pack<T>& x) {
+          Pack<T> got[R];
+          if (f.failed || !lamport_poll<T, R>(mine, slot_bytes, v * 16, got, header, f.wait))
+            return false;
+          x = sum_packs<T, R>(got);
+          return true;
+        });
   } else {
     for (std::int64_t v = first; v < packs && ok; v += stride) {
       Pack<T> got[R];
@@ -66,8 +67,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
       if (ok)
         store_pack(out, v, count, out_aligned, epilogue(sum_packs<T, R>(got), v * Pack<T>::kElems));
     }
-    if (ok && gridDim.x <= kEarlyLaunchMaxBlocks)
-      allow_next_launch();  // NOTE [programmatic launch]
+    if (ok && p.early_launch) allow_next_launch();  // NOTE [programmatic launch]
   }
   lamport_end<T, R>(p, f, ok, packs * 16, header);
 }

@@ -79,11 +79,12 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
     // A block whose reduce gave up does not wait again, but goes through the row step with the
     // rest of its group (NOTE [row groups]).
     const bool reduced = __syncthreads_and(ok) != 0;
-    ok = finish_rows<T, /*kBareSums=*/false>(epilogue, out, count, [&](std::int64_t v, Pack<T>& x) {
-      const int s = static_cast<int>(v / slice);
-      return reduced &&
-             lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16, x, f.wait, s);
-    });
+    ok = finish_rows<T, /*kBareSums=*/false>(
+        epilogue, out, count, p.early_launch, [&](std::int64_t v, Pack<T>& x) {
+          const int s = static_cast<int>(v / slice);
+          return reduced && lamport_poll_one(mine + s * slot_bytes + (slice + v - s * slice) * 16,
+                                             x, f.wait, s);
+        });
   } else {
 #pragma unroll 1
     for (std::int64_t i = first; i < slice && ok; i += stride) {
@@ -98,8 +99,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
       for (int s = 0; s < R; ++s)
         if (s < slots) store_pack(out, s * slice + i, count, out_aligned, sums[s]);
     }
-    if (ok && gridDim.x <= kEarlyLaunchMaxBlocks)
-      allow_next_launch();  // NOTE [programmatic launch]
+    if (ok && p.early_launch) allow_next_launch();  // NOTE [programmatic launch]
   }
   header.see(seen);
   lamport_end<T, R>(p, f, ok, 2 * slice * 16, header);

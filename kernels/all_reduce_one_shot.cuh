@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(1024, 1) all_reduce_one_shot_kernel(AllReduceP
   ok = ok && barrier_block<R>(p.pads, p.rank, f.barrier_value(1), p.fingerprint, f.wait);
 
   if (ok) {
-    if (!p.end_barrier) allow_next_launch();
+    if (!p.end_barrier && p.early_launch) allow_next_launch();
     T* out = static_cast<T*>(p.output);
     const bool out_aligned = is_aligned16(out);
     const bool src_aligned = all_aligned<T, R>(f.src);
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(1024, 1) all_reduce_one_shot_kernel(AllReduceP
   // has read them.
   if (ok && p.end_barrier) {
     ok = barrier_block<R>(p.pads, p.rank, f.barrier_value(3), p.fingerprint, f.wait);
-    if (ok) allow_next_launch();
+    if (ok && p.early_launch) allow_next_launch();
   }
   if (!ok) return poison_outputs_block<T>(p);
   end_launch(p.pads[p.rank]->seq, f.seq);

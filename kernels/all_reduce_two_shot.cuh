@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(1024, 1) all_reduce_two_shot_kernel(AllReduceP
 
   // All-gather: every reduced slice from its owner's scratch.
   if (ok) {
-    if (!p.end_barrier) allow_next_launch();
+    if (!p.end_barrier && p.early_launch) allow_next_launch();
     T* out = static_cast<T*>(p.output);
     const bool out_aligned = is_aligned16(out);
     for (std::int64_t i = first; i < slice; i += stride) {
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(1024, 1) all_reduce_two_shot_kernel(AllReduceP
   // only registered inputs need the end barrier (NOTE [staging]).
   if (ok && p.end_barrier) {
     ok = barrier_block<R>(p.pads, p.rank, f.barrier_value(3), p.fingerprint, f.wait);
-    if (ok) allow_next_launch();
+    if (ok && p.early_launch) allow_next_launch();
   }
   if (!ok) return poison_outputs_block<T>(p);
   end_launch(p.pads[p.rank]->seq, f.seq);

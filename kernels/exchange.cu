@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(1024, 1) exchange_kernel(ExchangeParams p) {
   ok = ok && barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 1, p.fingerprint, wait);
 
   if (ok) {
-    if (!p.end_barrier) allow_next_launch();
+    if (!p.end_barrier && p.early_launch) allow_next_launch();
     const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
     char* out = static_cast<char*>(p.output);
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(1024, 1) exchange_kernel(ExchangeParams p) {
   // Registered inputs belong to their callers again when the kernel ends.
   if (ok && p.end_barrier) {
     ok = barrier_block<R>(p.pads, p.rank, seq * SignalPad::kPhases + 3, p.fingerprint, wait);
-    if (ok) allow_next_launch();
+    if (ok && p.early_launch) allow_next_launch();
   }
   if (!ok) return poison_exchange<R, V>(p);
   end_launch(p.pads[p.rank]->seq, seq);

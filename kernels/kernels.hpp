@@ -170,6 +170,9 @@ struct AllReduceParams {
   int world_size;
   /// Run the end barrier (registered inputs must stay untouched until every peer has read).
   bool end_barrier;
+  /// Let the next kernel on the stream be scheduled once the last wait is passed: where every
+  /// rank sharing the GPU holds room for two kernels at once (NOTE [programmatic launch]).
+  bool early_launch;
   /// Give up waiting for a peer after this many nanoseconds (0 = never).
   std::uint64_t timeout_ns;
   /// Host-mapped error report and abort flag (NOTE [bounded waits], kernels/common/sync.cuh).
@@ -216,6 +219,12 @@ Status fill_lamport_empty(void* buffers, std::int64_t bytes, Stream stream) noex
 int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,
                       Fusion fusion = Fusion::kNone) noexcept;
 
+/// Most thread-block clusters of `cluster` blocks of `threads` threads of `kernel` with the
+/// epilogue `fusion` that the GPU holds at once (its GPCs hold a whole number of clusters each);
+/// 0 where the kernel has no such instantiation or the GPU no such clusters.
+int max_active_clusters(KernelId kernel, DType dtype, int world_size, int threads, Fusion fusion,
+                        int cluster) noexcept;
+
 // ---- the exchange: all-gather, all-to-all and the LM-head exchange ----------------------
 
 /// What one rank copies from one source rank in an exchange: `rows` rows of `row_bytes` bytes,
@@ -253,6 +262,9 @@ struct ExchangeParams {
   int world_size;
   /// Run the end barrier (registered inputs must stay untouched until every peer has read).
   bool end_barrier;
+  /// Let the next kernel on the stream be scheduled once the last wait is passed: where every
+  /// rank sharing the GPU holds room for two kernels at once (NOTE [programmatic launch]).
+  bool early_launch;
   /// Give up waiting for a peer after this many nanoseconds (0 = never).
   std::uint64_t timeout_ns;
   ErrorWord* error;

@@ -123,13 +123,15 @@ __device__ __forceinline__ float block_reduce(float x, Op op) {
 // packs of its row instead of a whole block's worth. The group is the thread-block cluster the
 // kernel was launched with (`row_cluster` in kernels/kernels.hpp picks its size; without one it
 // is the block alone, as in the standalone add + RMSNorm kernel): block k of a group takes packs
-// k * blockDim.x + t, k * blockDim.x + t + group size * blockDim.x, ... of the row, and the
-// group's blocks combine their partial sums through each other's shared memory, every block
-// adding the partials in the same order (block 0 first), so every block, and every rank, gets
-// bitwise the same result. Each combine is one cluster barrier; its two slots alternate, so the
-// barrier of one combine also proves that every block is done reading the slots of the one
-// before, and a last barrier before the kernel returns keeps a block's shared memory alive while
-// the others may still read it.
+// k * blockDim.x + t, k * blockDim.x + t + group size * blockDim.x, ... of the row. The group's
+// blocks combine their partial sums by pushing: thread b of every block stores the block's
+// partial into block b's shared memory, one cluster barrier makes them visible, and every block
+// adds the partials it received in the same order (block 0 first), so every block, and every
+// rank, gets bitwise the same result. One barrier per combine, and none at the end: no block
+// reads another's shared memory, and the last remote store precedes the last barrier, so a block
+// may return while others still read their own. Two slots alternate, so a block that is a combine
+// ahead never overwrites what another still reads. A block's first remote store waits for the
+// cluster to have started (an arrival made when the group is formed, long since complete then).
 
 /// The group of blocks that shares a row (NOTE [row groups]).
 struct RowGroup {
@@ -140,21 +142,27 @@ struct RowGroup {
   __device__ __forceinline__ RowGroup()
       : size(cooperative_groups::this_cluster().num_blocks()),
         rank(cooperative_groups::this_cluster().block_rank()),
-        combines(0) {}
+        combines(0) {
+    if (size > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  }
 
   /// `op` over the group of every block's `x` (each already reduced over its block), and
   /// whether `ok` holds in every block; every thread of every block of the group calls it.
   template <class Op>
   __device__ __forceinline__ float combine(float x, bool& ok, Op op) {
     if (size == 1) return x;
-    __shared__ float2 slot[2];
-    const unsigned s = combines++ & 1u;
-    if (threadIdx.x == 0) slot[s] = make_float2(x, ok ? 1.f : 0.f);
+    __shared__ float2 slot[2][kMaxRowGroup];
+    const unsigned s = combines & 1u;
+    // Every block of the cluster has started (the arrival made when the group was formed).
+    if (combines++ == 0) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    if (threadIdx.x < size)
+      *cooperative_groups::this_cluster().map_shared_rank(&slot[s][rank], threadIdx.x) =
+          make_float2(x, ok ? 1.f : 0.f);
     cooperative_groups::this_cluster().sync();
     float all = 0.f;
     bool every = true;
     for (unsigned b = 0; b < size; ++b) {
-      const float2 v = *cooperative_groups::this_cluster().map_shared_rank(&slot[s], b);
+      const float2 v = slot[s][b];
       all = b == 0 ? v.x : op(all, v.x);
       every = every && v.y != 0.f;
     }
@@ -162,9 +170,9 @@ struct RowGroup {
     return all;
   }
 
-  /// Before the block returns: no block of the group reads this one's slots any more.
+  /// Before the block returns: a group formed but never combined completes its first barrier.
   __device__ __forceinline__ void finish() const {
-    if (size > 1 && combines > 0) cooperative_groups::this_cluster().sync();
+    if (size > 1 && combines == 0) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
   }
 };
 
@@ -273,11 +281,12 @@ __device__ __forceinline__ void weights(const FusionParams& f, const Pack<T>& g,
 /// applied. Each row is stored
 /// into `out` (residual_out), its mean square reduced over the group, and its normalisation
 /// stored into `e.f.norm_out`. A thread keeps its first packs of a row in registers and reads
-/// the rest back from `out`, which it wrote itself. Returns false, on every thread of every block
-/// of the group, when a fetch failed in any of them.
+/// the rest back from `out`, which it wrote itself. With `early_launch`, the next kernel may be
+/// scheduled once the block's last row is fetched (NOTE [programmatic launch]). Returns false, on
+/// every thread of every block of the group, when a fetch failed in any of them.
 template <class T, bool kBareSums, Fusion K, class Fetch>
 __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int64_t count,
-                                            Fetch&& fetch) {
+                                            bool early_launch, Fetch&& fetch) {
   constexpr FusionTraits F = traits(K);
   constexpr int W = Pack<T>::kElems;
   constexpr int kKept = 2;
@@ -336,8 +345,7 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
     }
     ok = __syncthreads_and(ok) != 0;
     // The block's last row: no wait is left, only the norm (NOTE [programmatic launch]).
-    if (ok && row + gridDim.x / group.size >= rows && gridDim.x <= kEarlyLaunchMaxBlocks)
-      allow_next_launch();
+    if (ok && early_launch && row + gridDim.x / group.size >= rows) allow_next_launch();
     const float squared = group.combine(block_reduce(squares, sum), ok, sum);
     if (!ok) {
       group.finish();

@@ -234,25 +234,21 @@ __device__ __forceinline__ OperationStart start_operation(SignalPad* self,
 // scheduled while the kernel before it on the stream is still running, so its launch latency
 // hides behind that kernel. So `begin_launch` is the first thing every kernel does: it waits
 // until the previous kernel has completed and its writes are visible (the caller's input, the
-// operation counts). Each block calls `allow_next_launch` once it has passed its last wait for
-// a peer: from then on it only computes and stores, so the blocks of the next kernel, scheduled
-// once every block of this one got there, can never hold resources that this kernel or a peer's
-// current kernel still needs (ranks sharing a GPU need room for one kernel each, not two): every
-// peer whose data a block has taken is running. The Lamport kernels call it after their last
-// poll of a pack (a fused kernel, before the norm of its last row); the header check that
-// follows waits, if at all, for a header that a running peer pushed before its data. They do
-// so only with at most kEarlyLaunchMaxBlocks blocks, where the launch is what costs: measured on
-// virtual ranks (docs/PERFORMANCE.md), grids of 32 blocks and more got slower with it. The
-// next kernel waits for this one's completion before it touches anything (CUDA's rule for such
-// launches), so it never sees this kernel's output early. Launched without the attribute, both
-// instructions return at once.
+// operation counts). A block calls `allow_next_launch` once it has passed its last wait for a
+// peer (the Lamport kernels after their last poll of a pack, a fused kernel before the norm of
+// its last row): from then on it only computes and stores, and every peer whose data it took is
+// running. The blocks of the next kernel, scheduled once every block of this one got there, then
+// hold room on the GPU while they wait: where ranks share a GPU, a rank whose own kernel has not
+// been scheduled yet could find no room left (its peers spin for it until their deadline), so a
+// kernel allows it only where the host found room for two of every rank's kernels at once
+// (`early_launch`: at most half the blocks a rank may hold; `CustomAllReduce::run`). The Lamport
+// header check that follows the last poll waits, if at all, for a header that a running peer
+// pushed before its data. The next kernel waits for this one's completion before it touches
+// anything (CUDA's rule for such launches), so it never sees this kernel's output early. Launched
+// without the attribute, both instructions return at once.
 __device__ __forceinline__ void begin_launch() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
-
-/// Most blocks of a Lamport kernel's grid that let the next launch in early (NOTE [programmatic
-/// launch]).
-inline constexpr unsigned kEarlyLaunchMaxBlocks = 16;
 
 __device__ __forceinline__ void allow_next_launch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

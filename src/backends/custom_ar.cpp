@@ -204,6 +204,31 @@ struct CustomAllReduce::Impl {
     return std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
   }
 
+  /// The same for the fused kernels in clusters of 2, 4 and 8 blocks (NOTE [row groups]): each
+  /// rank's share of the clusters the GPU holds at once, in blocks.
+  ClusterBlocks resident_cluster_blocks(int sharing) const {
+    ClusterBlocks out{};
+    for (int i = 0; i < 3; ++i) {
+      const int size = 2 << i;
+      int clusters = std::numeric_limits<int>::max();
+      for (const AlgoInfo& a : kAlgorithms) {
+        if (!kernels::fuses(a.kernel)) continue;
+        for (int f = 1; f < kernels::kFusionCount; ++f) {
+          const auto fusion = static_cast<kernels::Fusion>(f);
+          if (!kernels::traits(fusion).norm ||
+              kernels::kernel_function(a.kernel, DType::kBF16, world, fusion) == nullptr)
+            continue;
+          clusters = std::min(
+              clusters, kernels::max_active_clusters(a.kernel, DType::kBF16, world,
+                                                     kernels::kFusedMaxThreads, fusion, size));
+        }
+      }
+      if (clusters == std::numeric_limits<int>::max()) clusters = 0;
+      out[static_cast<std::size_t>(i)] = clusters / std::max(sharing, 1) * size;
+    }
+    return out;
+  }
+
   /// What the pads say after a wait gave up (NOTE [bounded waits]).
   struct Progress {
     /// The operation this rank's block `e.block` was in (one past the count it last completed),
@@ -458,13 +483,20 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   for (int r = 0; r < world; ++r)
     impl->exchange_staging[r] = impl->workspaces[r] + impl->layout.staging;
   caps.max_blocks = std::min(kMaxBlocks, impl->resident_blocks(sharing));
+  caps.max_cluster_blocks = impl->resident_cluster_blocks(sharing);
   // The smallest of the ranks' limits, so every rank launches the same grid.
-  std::int32_t mine = caps.max_blocks;
-  for (std::int32_t v : boot.all_gather_value(mine))
-    caps.max_blocks = std::min(caps.max_blocks, static_cast<int>(v));
+  std::array<std::int32_t, 4> mine{caps.max_blocks, caps.max_cluster_blocks[0],
+                                   caps.max_cluster_blocks[1], caps.max_cluster_blocks[2]};
+  for (const auto& v : boot.all_gather_value(mine)) {
+    caps.max_blocks = std::min(caps.max_blocks, static_cast<int>(v[0]));
+    for (std::size_t i = 0; i < 3; ++i)
+      caps.max_cluster_blocks[i] = std::min(caps.max_cluster_blocks[i], static_cast<int>(v[i + 1]));
+  }
   TPCOMM_LOG_INFO("custom all-reduce ready: rank ", impl->rank, "/", world, ", ",
                   impl->layout.total, " workspace bytes (Lamport up to ", caps.lamport_max_bytes,
-                  " bytes), up to ", caps.max_blocks, " blocks per kernel",
+                  " bytes), up to ", caps.max_blocks, " blocks per kernel (",
+                  caps.max_cluster_blocks[0], ", ", caps.max_cluster_blocks[1], ", ",
+                  caps.max_cluster_blocks[2], " in clusters of 2, 4, 8)",
                   sharing > 1 ? " (ranks share a GPU)" : "");
   return std::unique_ptr<CustomAllReduce>(new CustomAllReduce(std::move(impl), caps));
 }
@@ -553,6 +585,15 @@ void CustomAllReduce::abort() noexcept {
   }
 }
 
+bool CustomAllReduce::early_launch(int blocks, int group) const noexcept {
+  int room = caps_.max_blocks;
+  if (group > 1) {
+    const std::size_t i = group == 2 ? 0 : group == 4 ? 1 : 2;
+    room = std::min(room, caps_.max_cluster_blocks[i]);
+  }
+  return 2 * blocks <= room;
+}
+
 Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice choice,
                             bool capturing, Stream stream, const CallTag& tag,
                             const kernels::FusionParams* fusion) noexcept {
@@ -572,6 +613,10 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
     m.recorded.push_back(read_in_place ? in.data : nullptr);
     ++next_slot_;
   }
+  const int group = fusion != nullptr && kernels::traits(fusion->kind).norm
+                        ? kernels::row_group(choice.blocks, in.numel() / fusion->hidden)
+                        : 1;
+  p.early_launch = early_launch(choice.blocks, group);
   return kernels::launch_all_reduce(p, kernel, choice.shape(), m.programmatic, stream);
 }
 
@@ -609,6 +654,7 @@ Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
     m.recorded.push_back(stage ? nullptr : in.data);
     ++next_slot_;
   }
+  p.early_launch = early_launch(choice.blocks, 1);
   return kernels::launch_exchange(p, choice.shape(), stage, m.programmatic, stream);
 }
 

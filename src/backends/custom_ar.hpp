@@ -106,6 +106,11 @@ class CustomAllReduce {
   struct Impl;
   CustomAllReduce(std::unique_ptr<Impl> impl, SelectorCaps caps);
 
+  /// True where a kernel of `blocks` blocks (in clusters of `group`) may let the next launch in
+  /// early: every rank sharing the GPU has room for two of them at once (NOTE [programmatic
+  /// launch] in kernels/common/sync.cuh).
+  [[nodiscard]] bool early_launch(int blocks, int group) const noexcept;
+
   std::unique_ptr<Impl> impl_;
   SelectorCaps caps_;
   bool capture_open_ = false;

@@ -81,7 +81,8 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
   return built_in_choice(bytes, dtype, caps, /*allow_push=*/true);
 }
 
-Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_blocks) noexcept {
+Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_blocks,
+                    const ClusterBlocks& cluster_blocks) noexcept {
   if (algo == Algo::kNone) return Choice{};
   // A row that does not start on a pack boundary spans one pack more.
   const std::int64_t packs = ceil_div(std::max<std::int64_t>(hidden, 1) * 2, kVectorBytes) + 1;
@@ -90,11 +91,15 @@ Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_b
   // Groups of blocks per row (NOTE [row groups] in kernels/common/epilogue.cuh) where one block
   // would hold more than one pack of the row in most threads (a group's barriers cost more than
   // a second pack in a few threads: measured in docs/PERFORMANCE.md), while the rows leave
-  // blocks to spare, until a block holds at most 256 packs of its row.
+  // blocks to spare, until a block holds at most 256 packs of its row; and only as large as
+  // the GPU holds clusters of it for every row (clusters that do not fit wait for others).
+  auto fit = [&](int g) {
+    const int cap = g == 2 ? cluster_blocks[0] : g == 4 ? cluster_blocks[1] : cluster_blocks[2];
+    return rows * g <= std::min(most, cap);
+  };
   int group = 1;
   if (packs > kernels::kFusedMaxThreads + kernels::kFusedMaxThreads / 8)
-    while (group < kernels::kMaxRowGroup && rows * group * 2 <= most && packs > group * 256)
-      group *= 2;
+    while (group < kernels::kMaxRowGroup && fit(group * 2) && packs > group * 256) group *= 2;
   int threads = 64;
   while (threads < kernels::kFusedMaxThreads && threads * group < packs) threads *= 2;
   const auto blocks = static_cast<int>(std::min<std::int64_t>(rows * group, most));
@@ -123,11 +128,13 @@ Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const S
   };
   if (pinned) {
     if (*pinned == Algo::kNone) return no("TPCOMM_ALGO=nccl");
-    if (usable(*pinned)) return fused_launch(*pinned, rows, hidden, caps.max_blocks);
+    if (usable(*pinned))
+      return fused_launch(*pinned, rows, hidden, caps.max_blocks, caps.max_cluster_blocks);
   } else if (table != nullptr && table->key().world_size == caps.world_size) {
     if (auto tuned = table->lookup_fused(bytes)) {
       if (tuned->algo == Algo::kNone) return no("the tuned table: the unfused pair was faster");
-      if (usable(tuned->algo)) return fused_launch(tuned->algo, rows, hidden, caps.max_blocks);
+      if (usable(tuned->algo))
+        return fused_launch(tuned->algo, rows, hidden, caps.max_blocks, caps.max_cluster_blocks);
     }
   }
   const AlgoInfo* best = nullptr;
@@ -142,7 +149,7 @@ Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const S
   if (best == nullptr)
     return no("rows x hidden past the built-in bounds, where the unfused pair is faster");
   *why = nullptr;
-  return fused_launch(best->algo, rows, hidden, caps.max_blocks);
+  return fused_launch(best->algo, rows, hidden, caps.max_blocks, caps.max_cluster_blocks);
 }
 
 }  // namespace

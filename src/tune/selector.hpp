@@ -2,6 +2,7 @@
 // The pure all-reduce selector: a request and the group's capabilities in, an algorithm out.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "tpcomm/options.hpp"
@@ -13,6 +14,9 @@ namespace tpcomm {
 
 /// What the custom all-reduce backend of one group can do. Fixed at group setup and identical
 /// on every rank: availability is agreed collectively (all ranks vote, DESIGN.md §3).
+/// Most blocks in clusters of 2, 4 and 8 blocks (index: log2(size) - 1).
+using ClusterBlocks = std::array<int, 3>;
+
 struct SelectorCaps {
   /// Ranks in the group.
   int world_size = 1;
@@ -31,6 +35,10 @@ struct SelectorCaps {
   /// LM-head exchange): the larger of the all-reduce's staging half and the exchange buffer
   /// `Group::prepare_exchange` adds.
   std::int64_t exchange_max_bytes = 0;
+  /// Most blocks one rank's fused kernel may launch in clusters of 2, 4 and 8 blocks (NOTE [row
+  /// groups] in kernels/common/epilogue.cuh), as `max_blocks` caps them alone: a GPC holds a
+  /// whole number of clusters, so fewer blocks fit in clusters than alone.
+  ClusterBlocks max_cluster_blocks{kMaxBlocks, kMaxBlocks, kMaxBlocks};
 };
 
 /// Blocks the built-in launch shapes never exceed (a default, not a limit: the tuner may pick
@@ -93,9 +101,11 @@ inline constexpr int kDefaultThreads = 512;
 /// per row while the rows leave blocks to spare (NOTE [row groups] in
 /// kernels/common/epilogue.cuh), each holding at most 256 packs of it, with about one 16-byte
 /// pack of a row per thread (64 to `kernels::kFusedMaxThreads` threads); at most `max_blocks`
-/// blocks (blocks then take several rows).
-[[nodiscard]] Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden,
-                                  int max_blocks) noexcept;
+/// blocks (blocks then take several rows), and a group only where its clusters fit
+/// (`cluster_blocks`, as `SelectorCaps::max_cluster_blocks`).
+[[nodiscard]] Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_blocks,
+                                  const ClusterBlocks& cluster_blocks = {kMaxBlocks, kMaxBlocks,
+                                                                         kMaxBlocks}) noexcept;
 
 /// Chooses how the custom backend serves the fused all-reduce + residual add + RMSNorm of `rows`
 /// rows of `hidden` elements of `dtype`, or `Algo::kNone` (the caller then runs the group's

@@ -100,7 +100,8 @@ std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
     for (const AlgoInfo& a : kAlgorithms)
       if (kernels::fuses(a.kernel) &&
           fits(a.algo, rows * hidden * 2, DType::kBF16, caps.world_size, caps.lamport_max_bytes))
-        candidates.push_back(fused_launch(a.algo, rows, hidden, caps.max_blocks));
+        candidates.push_back(
+            fused_launch(a.algo, rows, hidden, caps.max_blocks, caps.max_cluster_blocks));
     entries.push_back(pick(candidates, bytes, boot, time, "fused "));
   }
   return entries;

@@ -427,6 +427,16 @@ TEST(SelectAddRmsNorm, LaunchShapeFollowsTheRow) {
   EXPECT_EQ(fused_launch(Algo::kLamport, 2048, 4096, 20).blocks, 20);
   EXPECT_EQ(fused_launch(Algo::kLamport, 1, 7168, 20).blocks, 4);
   EXPECT_EQ(fused_launch(Algo::kLamport, 1, 4096, kMaxBlocks).blocks, 1);
+  // Groups only as large as the GPU holds clusters of them for every row: 16 rows of 8192 in
+  // groups of 4 need 64 blocks in clusters of 4, past a GPU's 60; groups of 2 fit. Without
+  // clusters, a block per row.
+  EXPECT_EQ(fused_launch(Algo::kLamport, 16, 8192, 66).blocks, 64);
+  const Choice pairs = fused_launch(Algo::kLamport, 16, 8192, 66, {66, 60, 56});
+  EXPECT_EQ(pairs.blocks, 32);
+  EXPECT_EQ(kernels::row_group(pairs.blocks, 16), 2);
+  const Choice alone = fused_launch(Algo::kLamport, 16, 8192, 66, {0, 0, 0});
+  EXPECT_EQ(alone.blocks, 16);
+  EXPECT_EQ(alone.threads, 512);
 }
 
 }  // namespace
