@@ -587,10 +587,7 @@ void CustomAllReduce::abort() noexcept {
 
 bool CustomAllReduce::early_launch(int blocks, int group) const noexcept {
   int room = caps_.max_blocks;
-  if (group > 1) {
-    const std::size_t i = group == 2 ? 0 : group == 4 ? 1 : 2;
-    room = std::min(room, caps_.max_cluster_blocks[i]);
-  }
+  if (group > 1) room = std::min(room, caps_.max_cluster_blocks[cluster_index(group)]);
   return 2 * blocks <= room;
 }
 

@@ -93,10 +93,7 @@ Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_b
   // a second pack in a few threads: measured in docs/PERFORMANCE.md), while the rows leave
   // blocks to spare, until a block holds at most 256 packs of its row; and only as large as
   // the GPU holds clusters of it for every row (clusters that do not fit wait for others).
-  auto fit = [&](int g) {
-    const int cap = g == 2 ? cluster_blocks[0] : g == 4 ? cluster_blocks[1] : cluster_blocks[2];
-    return rows * g <= std::min(most, cap);
-  };
+  auto fit = [&](int g) { return rows * g <= std::min(most, cluster_blocks[cluster_index(g)]); };
   int group = 1;
   if (packs > kernels::kFusedMaxThreads + kernels::kFusedMaxThreads / 8)
     while (group < kernels::kMaxRowGroup && fit(group * 2) && packs > group * 256) group *= 2;

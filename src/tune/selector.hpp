@@ -14,8 +14,11 @@ namespace tpcomm {
 
 /// What the custom all-reduce backend of one group can do. Fixed at group setup and identical
 /// on every rank: availability is agreed collectively (all ranks vote, DESIGN.md §3).
-/// Most blocks in clusters of 2, 4 and 8 blocks (index: log2(size) - 1).
+/// Most blocks in clusters of 2, 4 and 8 blocks (index: `cluster_index`).
 using ClusterBlocks = std::array<int, 3>;
+
+/// The index in a `ClusterBlocks` of clusters of `size` (2, 4 or 8) blocks.
+constexpr std::size_t cluster_index(int size) noexcept { return size <= 2 ? 0 : size <= 4 ? 1 : 2; }
 
 struct SelectorCaps {
   /// Ranks in the group.
