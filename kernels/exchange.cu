@@ -20,7 +20,7 @@ namespace tpcomm::kernels {
 // all-to-all one chunk of each, the LM-head exchange this rank's rows of every vocabulary shard,
 // written at that shard's column offset of the output, so the reassembly that SGLang does with a
 // separate permute and copy happens in the addressing of the one copy. The regions are computed
-// on every rank from the same shapes (src/exchange_plan.hpp), so every rank runs the same
+// on every rank from the same shapes (src/ops/exchange.hpp), so every rank runs the same
 // barriers whatever it reads.
 //
 // A rank's input reaches its peers as in the barrier all-reduce (NOTE [staging] in

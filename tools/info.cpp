@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// `tpcomm info`: prints the library's report (src/info.hpp). Exits 0 on any machine, GPU or not,
-// and 1 (after the full report) when a TPCOMM_* variable is invalid.
+// `tpcomm info`: prints the library's report (src/api/info.hpp). Exits 0 on any machine, GPU or
+// not, and 1 (after the full report) when a TPCOMM_* variable is invalid.
 #include <iostream>
 #include <memory>
 
-#include "info.hpp"
+#include "api/info.hpp"
 #include "tools/commands.hpp"
 
 namespace tpcomm::tools {

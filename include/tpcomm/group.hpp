@@ -41,8 +41,9 @@ struct GroupConfig {
   std::int64_t fusion_hidden = 0;
 };
 
-/// A communicator for the ranks of one `Bootstrap`: the ordered backend chain of DESIGN.md §3
-/// (world size 1, then the custom all-reduce, then NCCL last), CUDA-graph capture, and health.
+/// A communicator for the ranks of one `Bootstrap`: the ordered backend chain of docs/DESIGN.md
+/// §3 (world size 1, then the custom all-reduce, then NCCL, then the composite paths), CUDA-graph
+/// capture, and health.
 ///
 /// Collective calls must be made by every rank of the group in the same order with the same
 /// sizes, dtypes and shapes; each then takes the same path on every rank. Operations are

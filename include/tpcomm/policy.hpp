@@ -37,7 +37,7 @@ enum class FusionBackend : std::uint8_t {
   kTrtllm,
   /// SM10x (Blackwell), one node or several: the workspace is fabric memory reachable over
   /// (multi-node) NVLink. tpcomm's custom kernels share peer memory within one node only
-  /// (DESIGN.md §4); across nodes the all-reduce is NCCL's.
+  /// (docs/DESIGN.md §4); across nodes the all-reduce is NCCL's.
   kMnnvl,
 };
 

@@ -36,10 +36,34 @@ void BackendChain::add(std::unique_ptr<Backend> backend) {
   logged_.push_back(std::move(slots));
 }
 
-const Backend* BackendChain::select(const Request& request) const noexcept {
-  for (const auto& b : backends_)
-    if (b->supports(request).ok()) return b.get();
-  return nullptr;
+std::string Backend::describe(const Plan&) const { return std::string(name()); }
+
+std::string BackendChain::describe(const Plan& plan) {
+  return plan.ok() ? plan.step.backend->describe(plan) : "none";
+}
+
+Plan BackendChain::plan(const Request& request, std::size_t first) const noexcept {
+  Plan refused = Plan::no("no backend");
+  for (std::size_t i = first; i < backends_.size(); ++i) {
+    Plan p = backends_[i]->plan(request);
+    if (p.ok()) {
+      p.refusal = refused.refusal;
+      p.refused_by = refused.refused_by;
+      if (p.refused_by == nullptr) p.refusal = nullptr;
+      return p;
+    }
+    if (refused.refused_by == nullptr) {
+      refused.refusal = p.refusal;
+      refused.refused_by = backends_[i].get();
+    }
+  }
+  return refused;
+}
+
+std::size_t BackendChain::index_of(const Backend* backend) const noexcept {
+  for (std::size_t i = 0; i < backends_.size(); ++i)
+    if (backends_[i].get() == backend) return i;
+  return backends_.size();
 }
 
 void BackendChain::note_fallback(std::size_t index, const char* reason) noexcept {
@@ -60,25 +84,20 @@ void BackendChain::note_fallback(std::size_t index, const char* reason) noexcept
                   "); falling back");
 }
 
-Status BackendChain::run(const Request& request, Stream stream,
+Status BackendChain::run(const Request& request, const Plan& plan, Stream stream,
                          const Backend** served_by) noexcept {
-  for (std::size_t i = 0; i < backends_.size(); ++i) {
+  Plan current = plan;
+  for (;;) {
+    if (served_by != nullptr) *served_by = current.step.backend;
+    if (!current.ok()) return Status::kUnsupported;
+    const std::size_t i = index_of(current.step.backend);
+    if (current.refused_by != nullptr) note_fallback(index_of(current.refused_by), current.refusal);
     Backend& b = *backends_[i];
-    const Support s = b.supports(request);
-    if (!s.ok()) {
-      if (i + 1 < backends_.size()) note_fallback(i, s.reason);
-      continue;
-    }
-    Status st = b.run(request, s, stream);
-    if (st == Status::kUnsupported) {
-      if (i + 1 < backends_.size()) note_fallback(i, "declined at run time");
-      continue;
-    }
-    if (served_by != nullptr) *served_by = &b;
-    return st;
+    const Status st = b.run(request, current, stream);
+    if (st != Status::kUnsupported) return st;
+    if (i + 1 < backends_.size()) note_fallback(i, "declined at run time");
+    current = this->plan(request, i + 1);
   }
-  if (served_by != nullptr) *served_by = nullptr;
-  return Status::kUnsupported;
 }
 
 }  // namespace tpcomm

@@ -1,20 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
-// A backend serves some collectives; the chain asks each in order (DESIGN.md §3).
+// A backend serves some collectives; the chain plans each call once, asking the backends in
+// order, and runs the plan (docs/DESIGN.md).
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "tpcomm/lm_head.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/tensor.hpp"
 #include "tpcomm/types.hpp"
+#include "tune/algorithms.hpp"
 
 namespace tpcomm {
 
-struct ExchangePlan;
+class Backend;
+
+struct ExchangePlan;  // backends/exchange_plan.hpp
 
 /// The collective a request asks for.
 enum class Op : std::uint8_t {
@@ -55,62 +61,100 @@ struct Request {
   int peer = -1;
   /// The stream is being captured into a CUDA graph.
   bool capturing = false;
-  /// kAllReduceAddRmsNorm: the epilogue's arguments (`in` is x, `out` is residual_out).
+  /// kAllReduceAddRmsNorm: the epilogue's arguments (`in` is x, `out` is residual_out), and the
+  /// residual (empty without one) and the norm's output, which the unfused path needs.
   const kernels::FusionParams* fusion = nullptr;
+  TensorView residual{};
+  TensorView norm_out{};
   /// kAllToAll with per-peer counts: `counts[s * world + d]` elements go from rank s to rank d
   /// (the same matrix on every rank); nullptr for the equal split.
   const std::int64_t* counts = nullptr;
   /// kAllGather, kAllToAll, kLmHeadExchange: what this rank copies from each rank, when the
   /// group may serve it with the custom kernels (world size 2..8); nullptr otherwise.
   const ExchangePlan* plan = nullptr;
+  /// kLmHeadExchange: the rows each rank holds.
+  const LmHeadLayout* layout = nullptr;
   /// What the call was, for the kernels to check against their peers'. A fallback's inner calls
   /// carry the outer call's tag.
   CallTag tag{};
 };
 
-/// A backend's answer to "can you serve this?": `reason` says why not (a static string); `plan`
-/// is what the backend decided while answering (the custom backend's algorithm and launch
-/// shape), handed back to its `run`, so that a call is decided once.
-struct Support {
-  const char* reason = nullptr;
-  std::uint64_t plan = 0;
-  [[nodiscard]] bool ok() const noexcept { return reason == nullptr; }
-  static Support yes(std::uint64_t plan = 0) noexcept { return {nullptr, plan}; }
-  static Support no(const char* why) noexcept { return {why, 0}; }
+/// One step of a plan: the backend that runs it and, for the custom backend, the kernel and its
+/// launch shape (an all-reduce algorithm, or an exchange algorithm).
+struct Step {
+  const Backend* backend = nullptr;
+  Algo algo = Algo::kNone;
+  ExchangeAlgo exchange = ExchangeAlgo::kNone;
+  kernels::LaunchShape shape{};
 };
 
-/// A way to run collectives. `supports` is pure and cheap and depends only on rank-invariant
-/// facts (sizes, dtype, shape, group configuration, capture state), never on pointer values.
-/// `run` may still return kUnsupported (the chain then asks the next backend); any other
-/// status is final.
+/// How one call runs: decided once per call (`BackendChain::plan`) from the request's
+/// rank-invariant facts, then run as it is. A composite path (the all-reduce, then the local
+/// norm; the all-gather, then the copy) is a step whose backend runs `inner` through the chain.
+struct Plan {
+  Step step;
+  Step inner;
+  /// Why the first backend asked does not serve the call (a static string, logged once per
+  /// reason), or why none does when `step.backend` is null.
+  const char* refusal = nullptr;
+  const Backend* refused_by = nullptr;
+
+  [[nodiscard]] bool ok() const noexcept { return step.backend != nullptr; }
+  /// A backend's yes: `step` (its backend set) and, for a composite, the inner call's plan.
+  static Plan yes(Step step, Step inner = {}) noexcept { return {step, inner, nullptr, nullptr}; }
+  /// A backend's no, with a static string saying why.
+  static Plan no(const char* why) noexcept { return {{}, {}, why, nullptr}; }
+};
+
+/// A way to run collectives. `plan` is pure and cheap and depends only on rank-invariant facts
+/// (sizes, dtype, shape, group configuration, capture state), never on pointer values; it is
+/// called once per call. `run` may still return kUnsupported (the chain then plans the call
+/// again on the backends after it); any other status is final.
 class Backend {
  public:
   virtual ~Backend() = default;
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
-  [[nodiscard]] virtual Support supports(const Request& request) const noexcept = 0;
-  /// Serves `request`; `support` is what `supports` answered for it.
-  [[nodiscard]] virtual Status run(const Request& request, const Support& support,
+  /// `Plan::yes` with a step of this backend, or `Plan::no` with the reason.
+  [[nodiscard]] virtual Plan plan(const Request& request) const noexcept = 0;
+  /// Serves `request` as `plan` (this backend's yes for it) says.
+  [[nodiscard]] virtual Status run(const Request& request, const Plan& plan,
                                    Stream stream) noexcept = 0;
+  /// The path `plan` takes, in words: "nccl", "custom_ar:lamport",
+  /// "custom_ar:two_shot+add_rmsnorm", "all_gather:custom_ar:pull+copy".
+  [[nodiscard]] virtual std::string describe(const Plan& plan) const;
+  /// What went wrong in the last `run` that failed, where the backend knows more than a status.
+  [[nodiscard]] virtual std::string last_error() const { return {}; }
 };
 
-/// The ordered backends of a group. Not thread-safe for `add`; `run`/`select` may be called
+/// The ordered backends of a group. Not thread-safe for `add`; `plan`/`run` may be called
 /// concurrently with each other.
 class BackendChain {
  public:
   void add(std::unique_ptr<Backend> backend);
 
-  /// The first backend whose `supports` says yes (what `run` would try first), or nullptr.
-  [[nodiscard]] const Backend* select(const Request& request) const noexcept;
+  /// The first backend's plan that says yes, starting at backend `first`; else `Plan::no` with
+  /// the last reason. Pure.
+  [[nodiscard]] Plan plan(const Request& request, std::size_t first = 0) const noexcept;
 
-  /// Runs `request` on the first backend that supports it; `kUnsupported` from `run` moves on
-  /// to the next one; any other status is returned as is (falling back on a real error hides
-  /// bugs and can hang peers). Each (backend, reason) pair of a fallback is logged once.
-  /// `served_by`, when given, receives the backend that returned.
-  [[nodiscard]] Status run(const Request& request, Stream stream,
+  /// Runs `request` as `plan` says. `kUnsupported` from the backend's `run` plans the call again
+  /// on the backends after it; any other status is returned as is (falling back on a real error
+  /// hides bugs and can hang peers). Each (backend, reason) pair of a fallback is logged once.
+  /// `served_by`, when given, receives the backend that returned (nullptr: none could serve).
+  [[nodiscard]] Status run(const Request& request, const Plan& plan, Stream stream,
                            const Backend** served_by = nullptr) noexcept;
+
+  /// `plan`, then `run`.
+  [[nodiscard]] Status run(const Request& request, Stream stream,
+                           const Backend** served_by = nullptr) noexcept {
+    return run(request, plan(request), stream, served_by);
+  }
+
+  /// The path `plan` takes, in words (`Backend::describe`), or "none".
+  [[nodiscard]] static std::string describe(const Plan& plan);
 
  private:
   void note_fallback(std::size_t index, const char* reason) noexcept;
+  [[nodiscard]] std::size_t index_of(const Backend* backend) const noexcept;
 
   std::vector<std::unique_ptr<Backend>> backends_;
   // Reasons already logged per backend; reasons are static strings, compared by address so the

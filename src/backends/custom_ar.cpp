@@ -12,16 +12,16 @@
 #include <optional>
 #include <vector>
 
+#include "backends/exchange_plan.hpp"
 #include "backends/fingerprint.hpp"
 #include "bootstrap/agree.hpp"
 #include "core/cuda_check.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/log.hpp"
-#include "exchange_plan.hpp"
+#include "core/overlap.hpp"
 #include "ipc/layout.hpp"
 #include "ipc/peer_buffer.hpp"
 #include "kernels/kernels.hpp"
-#include "norm.hpp"
 #include "tune/graph_timer.hpp"
 #include "tune/tuner.hpp"
 
@@ -594,7 +594,6 @@ bool CustomAllReduce::early_launch(int blocks, int group) const noexcept {
 Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice choice,
                             bool capturing, Stream stream, const CallTag& tag,
                             const kernels::FusionParams* fusion) noexcept {
-  if (Status h = health(); h != Status::kOk) return h;
   Impl& m = *impl_;
   kernels::AllReduceParams p = m.params(in, out, tag);
   if (fusion != nullptr) p.fusion = *fusion;
@@ -620,7 +619,6 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
 Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
                                  const TensorView& out, ExchangeChoice choice, bool capturing,
                                  Stream stream, const CallTag& tag) noexcept {
-  if (Status h = health(); h != Status::kOk) return h;
   Impl& m = *impl_;
   kernels::ExchangeParams p{};
   p.fingerprint = tag.fingerprint;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The custom all-reduce: one-shot, two-shot and Lamport kernels over peer memory (DESIGN.md
+// The custom all-reduce: one-shot, two-shot and Lamport kernels over peer memory (docs/DESIGN.md
 // §4-6).
 #pragma once
 
@@ -17,8 +17,6 @@
 #include "tune/table.hpp"
 
 namespace tpcomm {
-
-struct ExchangePlan;
 
 /// One rank's share of a custom all-reduce group: its workspace (a `PeerBuffer` laid out as
 /// `WorkspaceLayout`), host-mapped error and abort words, and the registry of buffers used
@@ -42,10 +40,10 @@ class CustomAllReduce {
   /// Reduces (sums) `in` into `out` (same dtype and element count, contiguous, any alignment;
   /// `in == out` allowed) with `choice`. `capturing`: the stream is being captured inside an open
   /// capture scope; large messages then read the caller's buffer in place and record it for
-  /// registration. Returns the sticky failure status once a wait timed out or the group was
-  /// aborted; kUnsupported when the registry is full. With `fusion`, the Lamport kernel of
-  /// `choice` also runs that epilogue (`out` is then residual_out). `tag` is what the kernels
-  /// check against their peers' (NOTE [fingerprints] in kernels/common/sync.cuh).
+  /// registration. The caller asks `health()` before each call (a failed group's kernels would
+  /// only give up at their start); kUnsupported when the registry is full. With `fusion`, the
+  /// Lamport kernel of `choice` also runs that epilogue (`out` is then residual_out). `tag` is what
+  /// the kernels check against their peers' (NOTE [fingerprints] in kernels/common/sync.cuh).
   [[nodiscard]] Status run(const TensorView& in, const TensorView& out, Choice choice,
                            bool capturing, Stream stream, const CallTag& tag,
                            const kernels::FusionParams* fusion = nullptr) noexcept;
@@ -55,8 +53,8 @@ class CustomAllReduce {
   /// kernels/exchange.cu). `in` is this rank's whole input (`plan.input_bytes`), any alignment;
   /// it must not overlap `out`. `capturing` as for `run`: inside an open capture scope an
   /// aligned input is read in place and recorded for registration. Every rank must call it with
-  /// the same `choice`. Sticky failure status as for `run`; kUnsupported when the registry is
-  /// full. `tag` as for `run`.
+  /// the same `choice`. `health()` as for `run`; kUnsupported when the registry is full. `tag` as
+  /// for `run`.
   [[nodiscard]] Status exchange(const ExchangePlan& plan, const TensorView& in,
                                 const TensorView& out, ExchangeChoice choice, bool capturing,
                                 Stream stream, const CallTag& tag) noexcept;

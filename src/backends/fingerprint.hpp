@@ -21,8 +21,8 @@ namespace tpcomm {
                                         std::uint32_t shape = 0) noexcept;
 
 /// The shape word of a fused all-reduce + residual add + RMSNorm: the epilogue (`kernels::Fusion`)
-/// in bits 22..20, its form (`norm_form` in norm.hpp: no residual 1, f32 gamma 2, `1 + gamma` 4)
-/// in bits 19..17, the hidden size below (modulo 2^17).
+/// in bits 22..20, its form (`norm_form` in ops/fused_norm.hpp: no residual 1, f32 gamma 2, `1 +
+/// gamma` 4) in bits 19..17, the hidden size below (modulo 2^17).
 [[nodiscard]] std::uint32_t fused_shape(int fusion, int form, std::int64_t hidden) noexcept;
 
 /// 23 bits of a hash (FNV-1a) of `values`: the shape word of the exchanges whose shape is more

@@ -13,7 +13,7 @@ namespace tpcomm {
 /// Collective: every rank says whether its local step worked (`local_error` empty) or why not.
 /// Returns an empty string when every rank's step worked, else "rank R: <its error>" for the
 /// lowest failing rank R — the same string on every rank, so that all ranks go on or all fall
-/// back alike (DESIGN.md §3). Throws what the bootstrap throws (a peer that never arrives).
+/// back alike (docs/DESIGN.md §3). Throws what the bootstrap throws (a peer that never arrives).
 std::string agree(Bootstrap& boot, std::string_view local_error);
 
 /// One setting that must be the same on every rank: how a person names it (its environment

@@ -103,11 +103,12 @@ Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_b
   return Choice{algo, blocks, threads};
 }
 
-namespace {
-
-/// `select_add_rmsnorm` and its reason.
-Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const SelectorCaps& caps,
-                    Pinned pinned, const TuneTable* table, const char** why) noexcept {
+Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
+                          const SelectorCaps& caps, Pinned pinned, const TuneTable* table,
+                          const char** why) noexcept {
+  const char* ignored = nullptr;
+  if (why == nullptr) why = &ignored;
+  *why = nullptr;
   auto no = [&](const char* reason) {
     *why = reason;
     return Choice{};
@@ -145,25 +146,7 @@ Choice fused_choice(std::int64_t rows, std::int64_t hidden, DType dtype, const S
   if (!any_fits) return no("rows x hidden beyond the fusion workspace (TPCOMM_LAMPORT_MAX_BYTES)");
   if (best == nullptr)
     return no("rows x hidden past the built-in bounds, where the unfused pair is faster");
-  *why = nullptr;
   return fused_launch(best->algo, rows, hidden, caps.max_blocks, caps.max_cluster_blocks);
-}
-
-}  // namespace
-
-Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
-                          const SelectorCaps& caps, Pinned pinned,
-                          const TuneTable* table) noexcept {
-  const char* why = nullptr;
-  return fused_choice(rows, hidden, dtype, caps, pinned, table, &why);
-}
-
-const char* why_not_fused(std::int64_t rows, std::int64_t hidden, DType dtype,
-                          const SelectorCaps& caps, Pinned pinned,
-                          const TuneTable* table) noexcept {
-  const char* why = nullptr;
-  (void)fused_choice(rows, hidden, dtype, caps, pinned, table, &why);
-  return why;
 }
 
 ExchangeChoice select_exchange(std::int64_t largest_input, std::int64_t largest_output,

@@ -13,7 +13,7 @@
 namespace tpcomm {
 
 /// What the custom all-reduce backend of one group can do. Fixed at group setup and identical
-/// on every rank: availability is agreed collectively (all ranks vote, DESIGN.md §3).
+/// on every rank: availability is agreed collectively (all ranks vote, docs/DESIGN.md §3).
 /// Most blocks in clusters of 2, 4 and 8 blocks (index: `cluster_index`).
 using ClusterBlocks = std::array<int, 3>;
 
@@ -88,7 +88,7 @@ inline constexpr int kDefaultThreads = 512;
 ///    buffers) gives `built_in_choice` among the algorithms that read peers' inputs;
 /// 5. in every case `blocks` is clamped to `caps.max_blocks`.
 ///
-/// Rank invariance (DESIGN.md §3): every rank of a group must take the same path for the same
+/// Rank invariance (docs/DESIGN.md §3): every rank of a group must take the same path for the same
 /// call, or the job hangs. This function is pure — the same inputs always give the same output,
 /// it reads no global state, clock or environment — and every input is identical on all ranks:
 /// the request's size, dtype and op, the group's agreed capabilities, the `TPCOMM_ALGO` knob
@@ -123,16 +123,12 @@ inline constexpr int kDefaultThreads = 512;
 ///    there: the fallback won, `kNone`);
 /// 4. the built-in choice: among the algorithms that fit, the lowest `AlgoInfo::fused` order
 ///    whose bound holds the bytes (none past every bound: `kNone`);
-/// always with `fused_launch`'s shape.
+/// always with `fused_launch`'s shape. `*why`, when given, receives why it gives `kNone` (a
+/// static string), or nullptr when it gives an algorithm.
 [[nodiscard]] Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
                                         const SelectorCaps& caps, Pinned pinned,
-                                        const TuneTable* table) noexcept;
-
-/// Why `select_add_rmsnorm` gives `kNone` for these inputs (a static string), or nullptr when it
-/// gives an algorithm.
-[[nodiscard]] const char* why_not_fused(std::int64_t rows, std::int64_t hidden, DType dtype,
-                                        const SelectorCaps& caps, Pinned pinned,
-                                        const TuneTable* table) noexcept;
+                                        const TuneTable* table,
+                                        const char** why = nullptr) noexcept;
 
 /// Chooses how the custom backend serves an exchange (all-gather, all-to-all, the LM-head
 /// exchange) whose largest rank's input is `largest_input` bytes and in which no rank receives

@@ -72,7 +72,7 @@ struct ExchangeEntry {
 /// The tuner fills one entry per bound of `bucket_bounds(max)`; a lookup is a binary search.
 /// An entry whose algorithm is `Algo::kNone` records that NCCL won that bucket. Rank 0 builds
 /// the table and broadcasts it, so every rank of a group holds the same table (rank invariance,
-/// DESIGN.md §3). A table is immutable once built and may be read from any thread.
+/// docs/DESIGN.md §3). A table is immutable once built and may be read from any thread.
 ///
 /// Text format, version 1 (every line ends with '\n'; blank lines and lines whose first
 /// non-blank character is '#' are comments, except the mandatory first line):

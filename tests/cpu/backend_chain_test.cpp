@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The backend chain with fake backends: order, fallback on kUnsupported, real errors
-// propagate, each (backend, reason) fallback logged once.
+// The backend chain with fake backends: one plan per call, order, fallback on kUnsupported, real
+// errors propagate, each (backend, reason) fallback logged once.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -18,11 +18,11 @@ class FakeBackend final : public Backend {
   FakeBackend(std::string name, const char* refuse, Status result, std::vector<std::string>* trace)
       : name_(std::move(name)), refuse_(refuse), result_(result), trace_(trace) {}
   std::string_view name() const noexcept override { return name_; }
-  Support supports(const Request& r) const noexcept override {
-    if (refuse_ != nullptr && r.in.numel() > 100) return Support::no(refuse_);
-    return Support::yes();
+  Plan plan(const Request& r) const noexcept override {
+    if (refuse_ != nullptr && r.in.numel() > 100) return Plan::no(refuse_);
+    return Plan::yes({this});
   }
-  Status run(const Request&, const Support&, Stream) noexcept override {
+  Status run(const Request&, const Plan&, Stream) noexcept override {
     trace_->push_back(name_);
     return result_;
   }
@@ -52,8 +52,8 @@ TEST(BackendChain, FirstSupportingBackendRuns) {
   EXPECT_EQ(chain.run(request(1000), nullptr, &served), Status::kOk);
   EXPECT_EQ(served->name(), "b");
   EXPECT_EQ(trace, (std::vector<std::string>{"a", "b"}));
-  EXPECT_EQ(chain.select(request(10))->name(), "a");
-  EXPECT_EQ(chain.select(request(1000))->name(), "b");
+  EXPECT_EQ(chain.plan(request(10)).step.backend->name(), "a");
+  EXPECT_EQ(chain.plan(request(1000)).step.backend->name(), "b");
 }
 
 TEST(BackendChain, UnsupportedAtRunTimeMovesOn) {
@@ -88,7 +88,9 @@ TEST(BackendChain, NothingServesIsUnsupported) {
   const Backend* served = reinterpret_cast<const Backend*>(1);
   EXPECT_EQ(chain.run(request(1000), nullptr, &served), Status::kUnsupported);
   EXPECT_EQ(served, nullptr);
-  EXPECT_EQ(chain.select(request(1000)), nullptr);
+  EXPECT_FALSE(chain.plan(request(1000)).ok());
+  EXPECT_STREQ(chain.plan(request(1000)).refusal, "too big");
+  EXPECT_EQ(BackendChain::describe(chain.plan(request(1000))), "none");
   BackendChain empty;
   EXPECT_EQ(empty.run(request(1), nullptr), Status::kUnsupported);
 }

@@ -16,15 +16,15 @@ class SelectingBackend final : public Backend {
  public:
   SelectingBackend(SelectorCaps caps, const TuneTable* table) : caps_(caps), table_(table) {}
   std::string_view name() const noexcept override { return "custom_ar"; }
-  Support supports(const Request& r) const noexcept override {
-    if (r.op != Op::kAllReduce) return Support::no("only all-reduce");
+  Plan plan(const Request& r) const noexcept override {
+    if (r.op != Op::kAllReduce) return Plan::no("only all-reduce");
     const Choice c =
         select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, caps_, Pinned{}, table_);
-    return c.algo == Algo::kNone ? Support::no("outside the custom kernels")
-                                 : Support::yes(static_cast<std::uint64_t>(c.blocks));
+    return c.algo == Algo::kNone ? Plan::no("outside the custom kernels")
+                                 : Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
   }
-  Status run(const Request&, const Support& s, Stream) noexcept override {
-    benchmark::DoNotOptimize(s.plan);
+  Status run(const Request&, const Plan& p, Stream) noexcept override {
+    benchmark::DoNotOptimize(p.step.shape.blocks);
     return Status::kOk;
   }
 
@@ -36,8 +36,8 @@ class SelectingBackend final : public Backend {
 class LastBackend final : public Backend {
  public:
   std::string_view name() const noexcept override { return "nccl"; }
-  Support supports(const Request&) const noexcept override { return Support::yes(); }
-  Status run(const Request&, const Support&, Stream) noexcept override { return Status::kOk; }
+  Plan plan(const Request&) const noexcept override { return Plan::yes({this}); }
+  Status run(const Request&, const Plan&, Stream) noexcept override { return Status::kOk; }
 };
 
 TuneTable make_table(std::int64_t max_bytes) {

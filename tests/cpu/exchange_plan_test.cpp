@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// The exchanges' copy regions (src/exchange_plan.hpp) against hand-computed tables, and the
-// exchange's selector.
+// The exchanges' copy regions (src/backends/exchange_plan.hpp) against hand-computed tables, and
+// the exchange's selector.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "exchange_plan.hpp"
+#include "backends/exchange_plan.hpp"
 #include "tune/selector.hpp"
 #include "tune/tuner.hpp"
 

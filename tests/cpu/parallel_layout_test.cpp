@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel_layout.hpp"
+#include "policy/parallel_layout.hpp"
 #include "tpcomm/status.hpp"
 
 namespace tpcomm {

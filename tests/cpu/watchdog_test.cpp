@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The group watchdog (src/watchdog.hpp): it acts once on the first failure its check reports,
-// within its period and without anyone asking, raises and calls back by mode, and stops at once.
-#include "watchdog.hpp"
+// The group watchdog (src/coordinator/watchdog.hpp): it acts once on the first failure its check
+// reports, within its period and without anyone asking, raises and calls back by mode, and stops at
+// once.
+#include "coordinator/watchdog.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // make_parallel_layout: SGLang's group arithmetic, restated in the header.
-#include "parallel_layout.hpp"
+#include "policy/parallel_layout.hpp"
 
 #include <algorithm>
 

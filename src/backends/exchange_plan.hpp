@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // What each rank copies from each peer in an all-gather, an all-to-all and the LM-head exchange
-// (NOTE [exchange] in kernels/exchange.cu). Pure host arithmetic, tested on the CPU.
+// (NOTE [exchange] in kernels/exchange.cu): the regions the custom exchange kernel copies.
 #pragma once
 
 #include <array>
@@ -13,10 +13,11 @@
 
 namespace tpcomm {
 
-/// One rank's exchange: the region it copies from each rank, the bytes of its own input (what
+/// One rank's exchange (all-gather, all-to-all, the LM-head exchange; NOTE [exchange] in
+/// kernels/exchange.cu): the region it copies from each rank, the bytes of its own input (what
 /// it stages for its peers), and, computed alike on every rank, the largest input of any rank
 /// (which decides whether the staging holds the call) and the most bytes any rank receives
-/// (which sizes the launch).
+/// (which sizes the launch). Pure host arithmetic, tested on the CPU.
 struct ExchangePlan {
   std::array<kernels::CopyRegion, kMaxRanks> from{};
   std::int64_t input_bytes = 0;

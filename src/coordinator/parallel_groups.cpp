@@ -4,7 +4,7 @@
 #include <array>
 #include <string>
 
-#include "parallel_layout.hpp"
+#include "policy/parallel_layout.hpp"
 
 namespace tpcomm {
 

@@ -1,18 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "norm.hpp"
+#include "ops/fused_norm.hpp"
 
 #include <cmath>
 
+#include "backends/fingerprint.hpp"
 #include "core/check.hpp"
+#include "core/overlap.hpp"
+#include "ops/call.hpp"
 
 namespace tpcomm {
-
-bool overlaps(const TensorView& a, const TensorView& b) noexcept {
-  if (a.data == nullptr || b.data == nullptr || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a0 = static_cast<const char*>(a.data);
-  const auto* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
 
 int norm_form(const kernels::FusionParams& f) noexcept {
   return (f.residual == nullptr ? 1 : 0) | (f.gamma_f32 ? 2 : 0) | (f.gamma_plus_one ? 4 : 0);
@@ -132,6 +128,30 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
   call->residual = residual;
   call->norm_out = norm_out;
   call->residual_out = residual_out;
+  return Status::kOk;
+}
+
+Status make_all_reduce_add_rmsnorm(const GroupShape& g, const TensorView& x,
+                                   const TensorView& residual, const TensorView& gamma, float eps,
+                                   const TensorView& norm_out, const TensorView& residual_out,
+                                   const Fp8Scales& fp8, NormWeight weight, Call* call) noexcept {
+  constexpr const char* kOp = "all_reduce_add_rmsnorm";
+  AddRmsNormCall& c = call->norm;
+  if (Status s = check_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, fp8, weight,
+                                   kOp, &c, &call->message);
+      s != Status::kOk)
+    return s;
+  for (const TensorView* v : {&x, &residual, &gamma, &norm_out, &residual_out})
+    if (v->data != nullptr || v != &residual) TPCOMM_TRY(check_view(g, *v, "a tensor", kOp, call));
+  call->empty = c.rows == 0;
+  Request& req = call->request;
+  req = Request{Op::kAllReduceAddRmsNorm, x, residual_out};
+  req.fusion = &c.fusion;
+  req.residual = residual;
+  req.norm_out = norm_out;
+  req.tag.fingerprint = fingerprint(
+      Op::kAllReduceAddRmsNorm, x.dtype, x.numel(),
+      fused_shape(static_cast<int>(c.fusion.kind), norm_form(c.fusion), c.fusion.hidden));
   return Status::kOk;
 }
 

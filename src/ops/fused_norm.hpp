@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// The checks and the local kernel launch shared by `add_rmsnorm` and the fused all-reduce.
+// The fused all-reduce + residual add + RMSNorm: the checks it shares with `add_rmsnorm`, its
+// request (ops/call.hpp), and its path where no fused kernel serves it.
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "backends/backend.hpp"
 #include "kernels/kernels.hpp"
 #include "tpcomm/norm.hpp"
 
@@ -29,8 +32,20 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
 /// f32 gamma, Gemma's weight (`fused_shape` in backends/fingerprint.hpp).
 int norm_form(const kernels::FusionParams& f) noexcept;
 
-/// True when the byte ranges of `a` and `b` intersect (an empty or null view intersects
-/// nothing).
-bool overlaps(const TensorView& a, const TensorView& b) noexcept;
+struct Call;
+struct GroupShape;
+
+/// `Group::all_reduce_add_rmsnorm` (tpcomm/group.hpp says the rules).
+Status make_all_reduce_add_rmsnorm(const GroupShape& g, const TensorView& x,
+                                   const TensorView& residual, const TensorView& gamma, float eps,
+                                   const TensorView& norm_out, const TensorView& residual_out,
+                                   const Fp8Scales& fp8, NormWeight weight, Call* call) noexcept;
+
+/// The fused operation where no fused kernel serves it, as an entry of `chain`: the all-reduce
+/// through the chain into an output that can hold the sum, then the local add + RMSNorm. Which
+/// output holds the sum is a local choice, but every rank runs the same all-reduce (same size,
+/// dtype and op), so the ranks' paths agree.
+[[nodiscard]] std::unique_ptr<Backend> make_unfused_norm_backend(BackendChain& chain,
+                                                                 const GroupShape& g);
 
 }  // namespace tpcomm

@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "api/info.hpp"
 #include "backends/nccl_lib.hpp"
 #include "core/check.hpp"
 #include "core/cuda_driver.hpp"
 #include "core/nvml.hpp"
 #include "core/parse.hpp"
-#include "info.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
 #include "tune/algorithms.hpp"

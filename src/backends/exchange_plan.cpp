@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "exchange_plan.hpp"
+#include "backends/exchange_plan.hpp"
 
 #include <algorithm>
 

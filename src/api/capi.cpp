@@ -17,9 +17,9 @@
 #include <unordered_set>
 #include <utility>
 
+#include "api/info.hpp"
 #include "core/check.hpp"
-#include "info.hpp"
-#include "norm.hpp"
+#include "ops/fused_norm.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/group.hpp"
 #include "tpcomm/norm.hpp"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "watchdog.hpp"
+#include "coordinator/watchdog.hpp"
 
 #include <cstdlib>
 

@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "backends/custom_ar_backend.hpp"
+
+#include "backends/exchange_plan.hpp"
+#include "tune/selector.hpp"
+
+namespace tpcomm {
+
+Plan CustomArBackend::plan(const Request& r) const noexcept {
+  switch (r.op) {
+    case Op::kLmHeadExchange:
+      if (!lm_head_) return Plan::no("TPCOMM_LM_HEAD_A2A=0");
+      [[fallthrough]];
+    case Op::kAllGather:
+    case Op::kAllToAll: {
+      if (r.plan == nullptr) return Plan::no("the exchange has no plan");
+      const ExchangeChoice c = select_exchange(r.plan->largest_input, r.plan->largest_output,
+                                               ar_->caps(), pinned_, *table_);
+      if (c.algo == ExchangeAlgo::kNone)
+        return Plan::no("input larger than the exchange's staging (Group::prepare_exchange)");
+      return Plan::yes({this, Algo::kNone, c.algo, c.shape()});
+    }
+    case Op::kAllReduceAddRmsNorm: {
+      const char* why = nullptr;
+      const Choice c = select_add_rmsnorm(r.in.numel() / r.fusion->hidden, r.fusion->hidden,
+                                          r.in.dtype, ar_->caps(), pinned_, *table_, &why);
+      if (c.algo == Algo::kNone) return Plan::no(why);
+      return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
+    }
+    case Op::kAllReduce: {
+      const Choice c =
+          select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, ar_->caps(), pinned_, *table_);
+      if (c.algo == Algo::kNone) return Plan::no("size, dtype or op outside the custom kernels");
+      return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
+    }
+    default:
+      return Plan::no("only the all-reduce, the fused norm and the exchanges");
+  }
+}
+
+Status CustomArBackend::run(const Request& r, const Plan& plan, Stream stream) noexcept {
+  const Step& s = plan.step;
+  if (s.exchange != ExchangeAlgo::kNone)
+    return ar_->exchange(*r.plan, r.in, r.out,
+                         ExchangeChoice{s.exchange, s.shape.blocks, s.shape.threads}, r.capturing,
+                         stream, r.tag);
+  return ar_->run(r.in, r.out, Choice{s.algo, s.shape.blocks, s.shape.threads}, r.capturing, stream,
+                  r.tag, r.fusion);
+}
+
+std::string CustomArBackend::describe(const Plan& plan) const {
+  const Step& s = plan.step;
+  return "custom_ar:" +
+         std::string(s.exchange != ExchangeAlgo::kNone ? to_string(s.exchange) : to_string(s.algo));
+}
+
+}  // namespace tpcomm

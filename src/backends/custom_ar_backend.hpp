@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// The custom all-reduce as a backend of the chain: the selector plans each call once.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backends/backend.hpp"
+#include "backends/custom_ar.hpp"
+
+namespace tpcomm {
+
+/// Serves the all-reduce, the fused all-reduce + residual add + RMSNorm and the exchanges with
+/// the custom kernels; the pure selector (tune/selector.hpp) decides which kernel and launch
+/// shape, from the group's capabilities, `TPCOMM_ALGO` and the tuned table.
+class CustomArBackend final : public Backend {
+ public:
+  /// `table` points at the group's current tuned table (null: the built-in choice), which
+  /// `Group::tune` may replace. `lm_head`: the LM-head exchange is served here
+  /// (`TPCOMM_LM_HEAD_A2A`).
+  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, Pinned pinned, const TuneTable* const* table,
+                  bool lm_head) noexcept
+      : ar_(std::move(ar)), pinned_(pinned), table_(table), lm_head_(lm_head) {}
+
+  [[nodiscard]] CustomAllReduce& impl() noexcept { return *ar_; }
+
+  std::string_view name() const noexcept override { return "custom_ar"; }
+  Plan plan(const Request& request) const noexcept override;
+  Status run(const Request& request, const Plan& plan, Stream stream) noexcept override;
+  std::string describe(const Plan& plan) const override;
+  std::string last_error() const override { return ar_->error_message(); }
+
+ private:
+  std::unique_ptr<CustomAllReduce> ar_;
+  Pinned pinned_;
+  const TuneTable* const* table_;
+  bool lm_head_;
+};
+
+}  // namespace tpcomm

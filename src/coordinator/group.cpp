@@ -1,0 +1,282 @@
+// SPDX-License-Identifier: Apache-2.0
+// Group: the one path of every collective call (health, checks, one plan, its run), the group's
+// health and failures, and its capture scopes (docs/DESIGN.md). Building the group is in
+// group_setup.cpp, the operations' entry points in group_ops.cpp.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "backends/fingerprint.hpp"
+#include "coordinator/group_impl.hpp"
+#include "core/cuda_check.hpp"
+#include "core/log.hpp"
+#include "tpcomm/group.hpp"
+#include "tune/algorithms.hpp"
+
+namespace tpcomm {
+
+Group::Impl::~Impl() {
+  watchdog.reset();
+  if (rank_watch) rank_watch->unsubscribe(watch_id);
+  // A communicator waiting for a rank that is gone is aborted, not finalised at a deadline.
+  if (abort_requested.load() && nccl != nullptr) nccl->comm().abort();
+  if (order_event != nullptr) cudaEventDestroy(order_event);
+}
+
+Status Group::Impl::call(Status checked, Call& c, Stream stream) noexcept {
+  TPCOMM_TRY(poll_health());
+  if (checked != Status::kOk) return fail(checked, std::move(c.message));
+  if (c.empty) return Status::kOk;
+  return run(c.request, stream);
+}
+
+Status Group::Impl::run(Request& req, Stream stream) noexcept {
+  // Point-to-point calls involve two ranks: the others would never meet the barrier, and they
+  // are not numbered (NOTE [fingerprints]).
+  const bool collective = req.op != Op::kSend && req.op != Op::kRecv;
+  if (collective) {
+    TPCOMM_TRY(warm_up(stream));
+    req.tag.call = ++calls;
+  }
+  TPCOMM_TRY(order(stream));
+  req.capturing = capturing(stream);
+  if (req.capturing && collective) captured.push_back(req.tag);
+  const Plan plan = chain.plan(req);
+  const Backend* served = nullptr;
+  const Status s = chain.run(req, plan, stream, &served);
+  if (s == Status::kOk) return s;
+  if (s == Status::kUnsupported && served == nullptr)
+    return fail(s,
+                detail::concat(to_string(req.op), ": no backend can serve ", req.in.numel(), " ",
+                               to_string(req.in.dtype), " elements (", to_string(req.reduce), ")"));
+  std::string message = served != nullptr ? served->last_error() : std::string();
+  if (message.empty())
+    message = detail::concat(to_string(req.op), " on ", served ? served->name() : "?",
+                             " failed: ", to_string(s));
+  TPCOMM_LOG_ERROR("rank ", boot.rank(), ": ", message);
+  return fail(s, std::move(message));
+}
+
+Status Group::Impl::fail(Status s, std::string message) noexcept {
+  last_error = std::move(message);
+  if (s == Status::kTimeout || s == Status::kAborted || s == Status::kNcclError ||
+      s == Status::kCudaError || s == Status::kInternal || s == Status::kMismatch)
+    health = s;
+  return s;
+}
+
+/// The custom kernels report failures through host memory; notice them on every call, whatever
+/// backend that call goes to.
+Status Group::Impl::poll_health() noexcept {
+  if (health != Status::kOk) return health;
+  if (abort_requested.load(std::memory_order_acquire)) {
+    std::string why;
+    Status status = Status::kAborted;
+    {
+      std::lock_guard lock(abort_mu);
+      why = abort_reason;
+      status = abort_status;
+    }
+    if (custom != nullptr) custom->impl().abort();
+    if (nccl != nullptr) nccl->comm().abort();
+    TPCOMM_LOG_ERROR("group rank ", boot.rank(), ": ", why, "; the group is aborted");
+    return fail(status, std::move(why));
+  }
+  if (custom != nullptr) {
+    if (Status h = custom->impl().health(); h != Status::kOk)
+      return fail(h, custom->impl().error_message());
+  }
+  return Status::kOk;
+}
+
+/// A group serves one operation at a time: a call on a new stream waits for the last one.
+Status Group::Impl::order(Stream stream) noexcept {
+  if (any_call && stream != last_stream && !scope_open) {
+    if (order_event == nullptr)
+      TPCOMM_CUDA_TRY(cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming));
+    TPCOMM_CUDA_TRY(cudaEventRecord(order_event, reinterpret_cast<cudaStream_t>(last_stream)));
+    TPCOMM_CUDA_TRY(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), order_event, 0));
+  }
+  any_call = true;
+  last_stream = stream;
+  return Status::kOk;
+}
+
+bool Group::Impl::capturing(Stream stream) const noexcept {
+  if (!scope_open) return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &st) == cudaSuccess &&
+         st == cudaStreamCaptureStatusActive;
+}
+
+/// NOTE [first launch] (backends/custom_ar.cpp): a stream's first collective warms it up.
+Status Group::Impl::warm_up(Stream stream) noexcept {
+  if (custom == nullptr) return Status::kOk;
+  if (Status s = custom->impl().warm_up(stream); s != Status::kOk)
+    return fail(s, custom->impl().error_message().empty()
+                       ? detail::concat("warming up a stream failed: ", to_string(s))
+                       : custom->impl().error_message());
+  return Status::kOk;
+}
+
+/// Collective, when a capture scope closes: the ranks' captured calls must be the same calls
+/// (NOTE [fingerprints]), or the graphs would meet mismatched peers at every replay. kMismatch
+/// on every rank alike, naming the first call that differs.
+Status Group::Impl::compare_captured() noexcept {
+  std::vector<std::vector<std::byte>> all;
+  try {
+    all = boot.all_gather(std::as_bytes(std::span(captured)));
+  } catch (const Error& e) {
+    return fail(e.status(), detail::concat("closing a capture scope: ", e.what()));
+  }
+  auto calls_of = [&](int r) {
+    const auto& bytes = all[static_cast<std::size_t>(r)];
+    std::vector<CallTag> tags(bytes.size() / sizeof(CallTag));
+    std::memcpy(tags.data(), bytes.data(), tags.size() * sizeof(CallTag));
+    return tags;
+  };
+  const std::vector<CallTag> first = calls_of(0);
+  for (int r = 1; r < boot.world_size(); ++r) {
+    const std::vector<CallTag> other = calls_of(r);
+    std::size_t i = 0;
+    while (i < first.size() && i < other.size() && first[i].fingerprint == other[i].fingerprint)
+      ++i;
+    if (i == first.size() && i == other.size()) continue;
+    auto name = [&](const std::vector<CallTag>& tags) {
+      return i < tags.size() ? describe_fingerprint(tags[i].fingerprint)
+                             : std::string("no call (its capture ended)");
+    };
+    if (custom != nullptr) custom->impl().abort();
+    return fail(Status::kMismatch,
+                detail::concat("ranks captured different collectives (captured call ", i + 1,
+                               " of the scope): rank 0 ", name(first), ", rank ", r, " ",
+                               name(other), "; every rank must capture the same calls"));
+  }
+  return Status::kOk;
+}
+
+/// Thread-safe: the custom kernels give up now, the next call on the owning thread fails with
+/// `status`.
+void Group::Impl::request_abort(std::string reason, Status status) noexcept {
+  {
+    std::lock_guard lock(abort_mu);
+    if (abort_reason.empty()) {
+      abort_reason = std::move(reason);
+      abort_status = status;
+    }
+  }
+  abort_requested.store(true, std::memory_order_release);
+  if (custom != nullptr) custom->impl().abort_kernels();
+}
+
+/// The failure the watchdog acts on, if any (NOTE [watchdog]); thread-safe.
+std::optional<Watchdog::Failure> Group::Impl::watched_failure() noexcept {
+  if (aborted_by_user.load(std::memory_order_acquire)) return std::nullopt;
+  if (custom != nullptr) {
+    std::string message;
+    if (Status s = custom->impl().kernel_failure(&message); s != Status::kOk) {
+      // A kernel that gave up because of the rank watch's abort: the lost rank is the news.
+      if (s != Status::kAborted || !abort_requested.load(std::memory_order_acquire))
+        return std::pair{s, std::move(message)};
+    }
+  }
+  if (abort_requested.load(std::memory_order_acquire)) {
+    std::lock_guard lock(abort_mu);
+    return std::pair{abort_status, abort_reason};
+  }
+  return std::nullopt;
+}
+
+Group::~Group() = default;
+Group::Group(Group&&) noexcept = default;
+Group& Group::operator=(Group&&) noexcept = default;
+
+int Group::rank() const noexcept { return impl_->boot.rank(); }
+int Group::world_size() const noexcept { return impl_->boot.world_size(); }
+int Group::device() const noexcept { return impl_->device; }
+const Options& Group::options() const noexcept { return impl_->options; }
+const std::string& Group::last_error() const noexcept { return impl_->last_error; }
+const TuneTable* Group::tune_table() const noexcept { return impl_->table; }
+
+Status Group::health() noexcept { return impl_->poll_health(); }
+
+void Group::set_failure_mode(FailureMode mode, FailureHandler handler) {
+  if (impl_->watchdog) impl_->watchdog->set_mode(mode, std::move(handler));
+}
+
+void Group::abort() noexcept {
+  impl_->aborted_by_user.store(true, std::memory_order_release);
+  try {
+    impl_->request_abort("group aborted");
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the reason could not be kept; the flag is set
+    impl_->abort_requested.store(true);
+  }
+}
+
+Status Group::warm_up(Stream stream) noexcept {
+  Impl& m = *impl_;
+  TPCOMM_TRY(m.poll_health());
+  return m.warm_up(stream);
+}
+
+Group::CaptureScope Group::capture(Stream stream) {
+  Impl& m = *impl_;
+  TPCOMM_CHECK(!m.scope_open, Status::kInvalidArgument, "capture scopes do not nest");
+  if (Status s = m.warm_up(stream); s != Status::kOk)
+    TPCOMM_THROW(s, "opening a capture scope: ", m.last_error);
+  // The capture will not see work issued earlier on another stream: finish it now.
+  if (m.any_call && m.last_stream != stream)
+    TPCOMM_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(m.last_stream)));
+  m.any_call = true;
+  m.last_stream = stream;
+  m.scope_open = true;
+  if (m.nccl != nullptr) {
+    m.nccl_was_enabled = m.nccl->comm().enabled();
+    m.nccl->comm().set_enabled(true);
+  }
+  if (m.custom != nullptr) m.custom->impl().begin_capture();
+  m.captured.clear();
+  return CaptureScope(this);
+}
+
+Group::CaptureScope::CaptureScope(CaptureScope&& other) noexcept
+    : group_(std::exchange(other.group_, nullptr)) {}
+
+Group::CaptureScope::~CaptureScope() {
+  if (group_ == nullptr) return;
+  if (Status s = close(); s != Status::kOk)
+    TPCOMM_LOG_ERROR("closing a capture scope failed: ", group_->last_error());
+}
+
+Status Group::CaptureScope::close() noexcept {
+  if (group_ == nullptr) return Status::kOk;
+  Impl& m = *group_->impl_;
+  group_ = nullptr;
+  m.scope_open = false;
+  if (m.nccl != nullptr) m.nccl->comm().set_enabled(m.nccl_was_enabled);
+  if (Status s = m.compare_captured(); s != Status::kOk) {
+    TPCOMM_LOG_ERROR("group rank ", m.boot.rank(), ": ", m.last_error);
+    return s;
+  }
+  if (m.custom == nullptr) return Status::kOk;
+  if (Status s = m.custom->impl().end_capture(); s != Status::kOk)
+    return m.fail(s, m.custom->impl().error_message());
+  return Status::kOk;
+}
+
+void Group::tune() {
+  Impl& m = *impl_;
+  if (m.custom == nullptr) return;
+  TuneTable table = m.custom->impl().tune(m.tune_key);
+  if (m.boot.rank() == 0) {
+    const std::string path = tune_path(m.options, m.tune_key);
+    table.save(path);
+    TPCOMM_LOG_INFO("stored tuned table in ", path);
+  }
+  m.table_storage = std::move(table);
+  m.table = &*m.table_storage;
+}
+
+}  // namespace tpcomm

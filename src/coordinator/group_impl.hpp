@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// The state of a `Group` and the one path every collective call takes through it: health, then
+// the operation's checks (ops/), then one plan of the backend chain, then its run. Internal to
+// the coordinator (group.cpp, group_ops.cpp, group_setup.cpp).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/custom_ar_backend.hpp"
+#include "backends/nccl_backend.hpp"
+#include "bootstrap/rank_watch.hpp"
+#include "coordinator/watchdog.hpp"
+#include "ops/call.hpp"
+#include "tpcomm/group.hpp"
+#include "tune/table.hpp"
+
+namespace tpcomm {
+
+struct Peers;
+
+struct Group::Impl {
+  Bootstrap boot;  // the group's own namespace in the store
+  int device = 0;
+  Options options;
+  BackendChain chain;
+  CustomArBackend* custom = nullptr;
+  NcclBackend* nccl = nullptr;
+  std::optional<TuneTable> table_storage;
+  const TuneTable* table = nullptr;
+  TuneKey tune_key;
+  Status health = Status::kOk;
+  std::string last_error;
+  Stream last_stream = nullptr;
+  bool any_call = false;
+  cudaEvent_t order_event = nullptr;
+  bool scope_open = false;
+  bool nccl_was_enabled = true;  // NCCL's state before the capture scope enabled it
+  // An abort asked for from any thread: `abort()`, or the store client's watching thread when
+  // a member is gone (NOTE [rank watch]). The owning thread acts on it in `poll_health`.
+  std::shared_ptr<RankWatch> rank_watch;
+  std::uint64_t watch_id = 0;
+  std::atomic<bool> abort_requested{false};
+  std::atomic<bool> aborted_by_user{false};  // `Group::abort()`: not a failure to act on
+  std::mutex abort_mu;
+  std::string abort_reason;                // guarded by abort_mu; the first request's
+  Status abort_status = Status::kAborted;  // guarded by abort_mu; the first request's
+  // Collective calls made so far (NOTE [fingerprints]): every rank counts the same calls.
+  std::uint32_t calls = 0;
+  // The calls captured in the open capture scope, compared across ranks when it closes.
+  std::vector<CallTag> captured;
+  std::optional<Watchdog> watchdog;  // NOTE [watchdog]; stopped first in ~Impl
+
+  explicit Impl(Bootstrap b) : boot(std::move(b)) {}
+  ~Impl();
+
+  /// What the operations' checks need (ops/call.hpp).
+  [[nodiscard]] GroupShape shape() const noexcept {
+    return GroupShape{boot.world_size(), boot.rank(), device};
+  }
+
+  // ---- group_setup.cpp: building the chain --------------------------------------------------
+  Peers meet_peers(bool want_nccl, std::string* nccl_why);
+  void add_custom(Pinned pinned, const GroupConfig& config);
+  void add_nccl(const Peers& peers, const std::string& nccl_why);
+  void add_composites();
+  void load_tune_table(const Peers& peers);
+  void watch_members();
+  void start_watchdog();
+
+  // ---- group.cpp: the path of every call ----------------------------------------------------
+  /// A checked call (`checked` is what its operation's checks returned): health, then the plan,
+  /// then its run (`run`).
+  Status call(Status checked, Call& c, Stream stream) noexcept;
+  /// Plans `req` once and runs the plan, after the stream's warm-up and ordering.
+  Status run(Request& req, Stream stream) noexcept;
+  /// The path `req` would take, in words (pure).
+  [[nodiscard]] std::string describe(const Request& req) const {
+    return BackendChain::describe(chain.plan(req));
+  }
+  Status fail(Status s, std::string message) noexcept;
+  Status poll_health() noexcept;
+  Status order(Stream stream) noexcept;
+  [[nodiscard]] bool capturing(Stream stream) const noexcept;
+  Status warm_up(Stream stream) noexcept;
+  Status compare_captured() noexcept;
+  void request_abort(std::string reason, Status status = Status::kAborted) noexcept;
+  std::optional<Watchdog::Failure> watched_failure() noexcept;
+};
+
+}  // namespace tpcomm

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+// The LM head's exchange where the custom exchange does not serve it: the all-gather, then the
+// copy of this rank's rows (`make_gather_copy_backend` in ops/exchange.hpp).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/check.hpp"
+#include "kernels/kernels.hpp"
+#include "ops/exchange.hpp"
+
+namespace tpcomm {
+namespace {
+
+class GatherCopy final : public Backend {
+ public:
+  GatherCopy(BackendChain& chain, const GroupShape& g) noexcept : chain_(chain), g_(g) {}
+
+  std::string_view name() const noexcept override { return "all_gather+copy"; }
+
+  Plan plan(const Request& r) const noexcept override {
+    if (r.op != Op::kLmHeadExchange) return Plan::no("only the LM-head exchange");
+    ExchangePlan exchange;
+    const Plan inner = chain_.plan(gather(r, r.in.data, &exchange));
+    if (!inner.ok()) return Plan::no(inner.refusal);
+    return Plan::yes({this}, inner.step);
+  }
+
+  std::string describe(const Plan& plan) const override {
+    return "all_gather:" + BackendChain::describe(Plan::yes(plan.inner)) + "+copy";
+  }
+
+  std::string last_error() const override { return error_; }
+
+  Status run(const Request& r, const Plan& plan, Stream stream) noexcept override {
+    const auto s = reinterpret_cast<cudaStream_t>(stream);
+    const TensorView& shards = r.in;
+    void* gathered = nullptr;
+    if (cudaMallocAsync(&gathered, static_cast<std::size_t>(g_.world * shards.nbytes()), s) !=
+        cudaSuccess)
+      return failed(Status::kCudaError, "allocating the gathered shards failed");
+    ExchangePlan exchange;
+    const Backend* served = nullptr;
+    Status status =
+        chain_.run(gather(r, gathered, &exchange), Plan::yes(plan.inner), stream, &served);
+    if (status != Status::kOk)
+      error_ = served != nullptr ? served->last_error() : std::string();
+    else
+      status = copy_rows(r, static_cast<const char*>(gathered), stream);
+    if (cudaFreeAsync(gathered, s) != cudaSuccess && status == Status::kOk)
+      status = failed(Status::kCudaError, "freeing the gathered shards failed");
+    return status;
+  }
+
+ private:
+  /// The all-gather of the shards into `gathered` ([world, T, S]), with the call's tag.
+  Request gather(const Request& r, void* gathered, ExchangePlan* exchange) const noexcept {
+    const TensorView flat = r.in.flattened();
+    Request req{Op::kAllGather, flat,
+                TensorView::flat(gathered, flat.dtype, g_.world * flat.numel(), g_.device)};
+    req.capturing = r.capturing;
+    req.tag = r.tag;
+    if (g_.world >= 2 && g_.world <= kMaxRanks) {
+      *exchange = plan_all_gather(flat.nbytes(), g_.world, g_.rank);
+      req.plan = exchange;
+    }
+    return req;
+  }
+
+  /// This rank's rows of every shard into their columns: one launch per `kMaxRanks` shards.
+  Status copy_rows(const Request& r, const char* gathered, Stream stream) noexcept {
+    const TensorView& shards = r.in;
+    const std::int64_t cols = shards.shape[1];
+    const std::int64_t vocab = r.out.shape[1];
+    const std::int64_t rows = r.out.shape[0];
+    const auto elem = static_cast<std::int64_t>(dtype_size(shards.dtype));
+    std::int64_t first = 0;
+    for (int q = 0; q < g_.rank; ++q) first += r.layout->rows_of(q);
+    for (int base = 0; base < g_.world && rows > 0; base += kMaxRanks) {
+      kernels::RegionCopyParams copy{};
+      copy.output = r.out.data;
+      copy.regions = std::min(kMaxRanks, g_.world - base);
+      for (int i = 0; i < copy.regions; ++i) {
+        const std::int64_t shard = base + i;
+        copy.sources[i] = gathered + shard * shards.nbytes();
+        copy.from[i] = {
+            first * cols * elem, cols * elem, shard * cols * elem,
+            vocab * elem,        rows,        lm_head_columns(shard, cols, vocab) * elem};
+      }
+      if (Status c = kernels::launch_region_copy(copy, stream); c != Status::kOk)
+        return failed(c, "copying the local rows failed");
+    }
+    return Status::kOk;
+  }
+
+  Status failed(Status s, const char* what) noexcept {
+    error_ = detail::concat("lm_head_exchange: ", what);
+    return s;
+  }
+
+  BackendChain& chain_;
+  GroupShape g_;
+  std::string error_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_gather_copy_backend(BackendChain& chain, const GroupShape& g) {
+  return std::make_unique<GatherCopy>(chain, g);
+}
+
+}  // namespace tpcomm
