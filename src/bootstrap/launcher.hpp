@@ -81,7 +81,7 @@ struct LaunchResult {
 /// gets SIGKILL, so that nothing a rank started in the background outlives the job; if the
 /// launcher process itself dies, a keeper process it forked kills the groups (what can still
 /// survive: processes that left their rank's group, e.g. through setsid; NOTE [launcher death]
-/// in launcher.cpp). While it runs the process is a child subreaper.
+/// in launcher_processes.hpp). While it runs the process is a child subreaper.
 ///
 /// SIGINT and SIGTERM sent to the launcher while it waits are forwarded to every child (a
 /// second one sends SIGKILL). When a rank fails (an exit code other than 0 and 77, or a

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The TCP store's server: one thread per connection, started and joined by an accept thread.
+#include "bootstrap/tcp_store_server_impl.hpp"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,13 +13,12 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <list>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "bootstrap/deadline.hpp"
 #include "bootstrap/socket.hpp"
@@ -38,8 +39,6 @@ using std::chrono::milliseconds;
 using wire::Opcode;
 using wire::ReplyCode;
 
-// How often a GET/WAIT that waits for its key checks whether its client hung up.
-constexpr milliseconds kHangupPollInterval{100};
 // After rejecting a frame the server stops sending and reads what the client still sends, for
 // at most this long and this many bytes, before it closes: closing with unread input would
 // reset the connection and could destroy the error reply before the client reads it.
@@ -49,9 +48,6 @@ constexpr std::size_t kRejectDrainBytes = std::size_t{1} << 20;
 // reply, by the accept thread, and at most this many are held open for that.
 constexpr milliseconds kBusyLinger{500};
 constexpr std::size_t kMaxBusyLingering = 64;
-// How often a watch connection checks for a lost rank to report and for its client hanging up
-// (NOTE [rank watch]); a lost rank reaches the other ranks within about this long.
-constexpr milliseconds kWatchPoll{20};
 // How long stop() gives the watch connections to send their stop notice.
 constexpr milliseconds kWatchStopGrace{200};
 // A connection still waiting to authenticate after this long may be displaced by a new one.
@@ -91,142 +87,6 @@ void set_nodelay(int fd) noexcept {
 }
 
 }  // namespace
-
-struct TcpStoreServer::Impl {
-  /// Where a connection is with authentication; it leaves kWaiting exactly once (a CAS), and
-  /// whoever moves it out gives back its place in `unauthenticated`.
-  enum class Auth { kWaiting, kDone, kDisplaced };
-  struct Connection {
-    Socket sock;
-    std::string peer;
-    std::thread thread;
-    std::atomic<bool> done{false};
-    std::atomic<Auth> auth{Auth::kWaiting};
-    Deadline accepted = SteadyClock::now();
-  };
-  /// Bytes taken from `max_inflight_bytes` (NOTE [store memory bounds] 2), given back on
-  /// destruction.
-  class Held {
-   public:
-    explicit Held(Impl& m) noexcept : m_(m) {}
-    ~Held() { release(); }
-    Held(const Held&) = delete;
-    Held& operator=(const Held&) = delete;
-    /// Takes `n` more bytes; false (taking nothing) when that would go over the limit.
-    bool take(std::size_t n) noexcept {
-      std::size_t used = m_.inflight.load();
-      do {
-        if (n > m_.config.max_inflight_bytes - used) return false;
-      } while (!m_.inflight.compare_exchange_weak(used, used + n));
-      bytes_ += n;
-      return true;
-    }
-    void release() noexcept {
-      m_.inflight.fetch_sub(bytes_);
-      bytes_ = 0;
-    }
-
-   private:
-    Impl& m_;
-    std::size_t bytes_ = 0;
-  };
-  struct Lingering {
-    Socket sock;
-    Deadline close_at;
-  };
-  enum class WaitResult { kFound, kTimeout, kGone, kOverLimit, kRankLost };
-
-  TcpStoreServerConfig config;
-  wire::Limits limits;
-  Socket listener;
-  int port = 0;
-  Socket wake_read;
-  Socket wake_write;
-  std::thread acceptor;
-
-  std::atomic<bool> stopping{false};
-  std::atomic<std::int64_t> rejected{0};
-  std::atomic<int> waiting{0};
-  std::atomic<int> watchers{0};
-  std::atomic<std::size_t> inflight{0};
-
-  std::mutex stop_mu;
-  bool stopped = false;
-
-  // The key-value data. Every change notifies `data_cv`.
-  std::mutex data_mu;
-  std::condition_variable data_cv;
-  std::unordered_map<std::string, Bytes> data;
-  // NOTE [rank watch]: why the job's first lost rank is gone, and its rank; empty while no rank
-  // is lost. Guarded by `data_mu`, so a waiter checks it with the keys.
-  std::string lost;
-  std::int64_t lost_rank = -1;
-  // The ranks with a watch connection now: one each. Guarded by `data_mu`.
-  std::unordered_set<std::int64_t> watched;
-  std::size_t stored = 0;  // keys and values of `data`, in bytes
-
-  // Connections: threads are started and joined by the accept thread (and by stop() once the
-  // accept thread is gone). A connection's fd stays open until its thread has been joined, so
-  // stop() can shut it down without racing a close and a reuse of the fd number.
-  std::mutex conn_mu;
-  std::list<std::unique_ptr<Connection>> conns;
-  std::mutex count_mu;
-  std::condition_variable count_cv;
-  int active = 0;
-  int unauthenticated = 0;           // connections in Auth::kWaiting
-  std::vector<Lingering> lingering;  // accept thread only
-
-  void wake() noexcept {
-    char b = 1;
-    ssize_t rc = ::write(wake_write.get(), &b, 1);
-    (void)rc;  // a full pipe already holds a wake-up
-  }
-
-  void accept_loop() noexcept;
-  void accept_one();
-  /// Answers kBusy, with `reason`, on a connection over a limit; the accept thread closes it
-  /// later.
-  void refuse_busy(Socket sock, const std::string& reason);
-  /// Serves an accepted connection, already counted in `active`, on a thread of its own.
-  void start_connection(Socket sock);
-  void reap_finished();
-  /// Moves `c` out of Auth::kWaiting to `to`; false when it already left it.
-  bool leave_waiting(Connection& c, Auth to) noexcept;
-  /// Closes the oldest connection still waiting to authenticate, if it has waited
-  /// `kDisplaceAfter`; false when there is none such.
-  bool displace_oldest_unauthenticated();
-  void serve(Connection& c);
-  /// Reads `n` payload bytes, appending them to `out`, in pieces counted in `held` as they
-  /// arrive (NOTE [store memory bounds] 1, 2). When a piece finds no room, sets `over_limit`,
-  /// clears `out`, gives back `held` and reads the rest without keeping it.
-  IoResult read_payload(int fd, std::size_t n, Deadline deadline, Held& held, Bytes& out,
-                        bool& over_limit);
-  void reject(Connection& c, ReplyCode code, const std::string& reason);
-  bool handle(Connection& c, const wire::RequestHeader& h, const std::string& key, Bytes& value);
-  /// Waits for `key`; with `out`, copies its value there, counted in `held`.
-  WaitResult wait_for_key(int fd, const std::string& key, std::int64_t timeout_ms, Bytes* out,
-                          Held& held);
-  /// Why storing `value_bytes` under `key` (replacing what `it` points at, unless it is the
-  /// end) would go over `max_keys` or `max_stored_bytes` (kOverLimit), else nullopt. Called
-  /// with `data_mu` held.
-  [[nodiscard]] std::optional<wire::Rejection> over_stored_limits(
-      std::string_view op, const std::string& key,
-      std::unordered_map<std::string, Bytes>::const_iterator it, std::size_t value_bytes) const;
-  /// SET: stores `value` under `key` and wakes waiters; returns why it cannot, else nullopt.
-  std::optional<wire::Rejection> set(const std::string& key, Bytes&& value);
-  /// ADD: adds `delta` to the counter at `key` (created as 0), puts the new value in `result`
-  /// and wakes waiters. Returns why it cannot (the key holds something else or the sum would
-  /// overflow: kInvalidArgument; a new key would go over a limit: kOverLimit), else nullopt.
-  std::optional<wire::Rejection> add(const std::string& key, std::int64_t delta,
-                                     std::int64_t& result);
-  /// Serves the watch connection of job rank `rank` until the rank leaves, normally or not, or
-  /// the server stops (NOTE [rank watch]). Returns false: the connection then closes.
-  bool watch(Connection& c, std::int64_t rank);
-  /// Records the job's first lost rank; wakes every waiter.
-  void mark_lost(std::int64_t rank, const std::string& reason);
-  bool send_reply(int fd, const wire::ReplyHeader& h, std::span<const std::byte> payload);
-  void stop() noexcept;
-};
 
 void TcpStoreServer::Impl::accept_loop() noexcept {
   while (!stopping.load()) {
@@ -455,279 +315,6 @@ void TcpStoreServer::Impl::reject(Connection& c, ReplyCode code, const std::stri
     ssize_t n = ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
     if (n > 0) drained += static_cast<std::size_t>(n);
-  }
-}
-
-TcpStoreServer::Impl::WaitResult TcpStoreServer::Impl::wait_for_key(int fd, const std::string& key,
-                                                                    std::int64_t timeout_ms,
-                                                                    Bytes* out, Held& held) {
-  const Deadline deadline = deadline_after(milliseconds{timeout_ms});
-  waiting.fetch_add(1);
-  struct Leave {
-    std::atomic<int>& n;
-    ~Leave() { n.fetch_sub(1); }
-  } leave{waiting};
-  std::unique_lock lock(data_mu);
-  Deadline next_poll = SteadyClock::now() + kHangupPollInterval;
-  for (;;) {
-    if (auto it = data.find(key); it != data.end()) {
-      if (out == nullptr) return WaitResult::kFound;
-      if (!held.take(it->second.size())) return WaitResult::kOverLimit;
-      *out = it->second;
-      return WaitResult::kFound;
-    }
-    if (stopping.load()) return WaitResult::kGone;
-    if (!lost.empty()) return WaitResult::kRankLost;
-    const auto now = SteadyClock::now();
-    if (now >= deadline) return WaitResult::kTimeout;
-    if (now >= next_poll) {
-      // A client that died while waiting must not pin this thread until the timeout.
-      lock.unlock();
-      const bool gone = net::peer_hung_up(fd);
-      lock.lock();
-      if (gone) return WaitResult::kGone;
-      next_poll = now + kHangupPollInterval;
-      continue;
-    }
-    data_cv.wait_until(lock, std::min(deadline, next_poll));
-  }
-}
-
-std::optional<wire::Rejection> TcpStoreServer::Impl::over_stored_limits(
-    std::string_view op, const std::string& key,
-    std::unordered_map<std::string, Bytes>::const_iterator it, std::size_t value_bytes) const {
-  const bool is_new = it == data.end();
-  if (is_new && data.size() >= config.max_keys) {
-    return wire::Rejection{ReplyCode::kOverLimit,
-                           concat(op, " of a new key: the store holds its max_keys of ",
-                                  config.max_keys, " keys; key '", key, "'")};
-  }
-  const std::size_t freed = is_new ? 0 : key.size() + it->second.size();
-  const std::size_t needed = key.size() + value_bytes;
-  if (needed > config.max_stored_bytes - (stored - freed)) {
-    return wire::Rejection{
-        ReplyCode::kOverLimit,
-        concat(op, " of ", needed, " bytes (key and value) would take the store over its ",
-               "max_stored_bytes of ", config.max_stored_bytes, " (it holds ", stored, "); key '",
-               key, "'")};
-  }
-  return std::nullopt;
-}
-
-std::optional<wire::Rejection> TcpStoreServer::Impl::set(const std::string& key, Bytes&& value) {
-  {
-    std::lock_guard lock(data_mu);
-    auto it = data.find(key);
-    if (auto why = over_stored_limits("SET", key, it, value.size())) return why;
-    if (it == data.end()) {
-      stored += key.size() + value.size();
-      data.emplace(key, std::move(value));
-    } else {
-      stored = stored - it->second.size() + value.size();
-      it->second = std::move(value);
-    }
-  }
-  data_cv.notify_all();
-  return std::nullopt;
-}
-
-std::optional<wire::Rejection> TcpStoreServer::Impl::add(const std::string& key, std::int64_t delta,
-                                                         std::int64_t& result) {
-  std::string error;
-  {
-    std::lock_guard lock(data_mu);
-    auto it = data.find(key);
-    const bool inserted = it == data.end();
-    if (inserted) {
-      if (auto why = over_stored_limits("ADD", key, it, sizeof(std::int64_t))) return why;
-      it = data.try_emplace(key).first;
-      stored += key.size();
-    }
-    std::optional<std::int64_t> current =
-        inserted ? std::optional<std::int64_t>(0) : wire::decode_counter(it->second);
-    if (!current) {
-      error = concat("ADD on key '", key, "', which holds a value of ", it->second.size(),
-                     " bytes, not a counter (8 bytes)");
-    } else if (std::int64_t sum = 0; __builtin_add_overflow(*current, delta, &sum)) {
-      error = concat("ADD of ", delta, " to key '", key, "', which holds ", *current,
-                     ", overflows a 64-bit counter (the counter is unchanged)");
-    } else {
-      result = sum;
-      auto bytes = wire::encode_counter(result);
-      stored = stored - it->second.size() + bytes.size();
-      it->second.assign(bytes.begin(), bytes.end());
-    }
-  }
-  if (!error.empty()) return wire::Rejection{ReplyCode::kInvalidArgument, error};
-  data_cv.notify_all();
-  return std::nullopt;
-}
-
-bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
-                                  const std::string& key, Bytes& value) {
-  const int fd = c.sock.get();
-  wire::ReplyHeader reply;
-  Bytes payload;
-  Held held(*this);
-  // An error reply's reason, cut to what a client accepts (it may quote a long key).
-  auto fail = [&](ReplyCode code, const std::string& reason) {
-    if (code == ReplyCode::kOverLimit) {
-      rejected.fetch_add(1);
-      TPCOMM_LOG_WARN("store: refused a request from ", c.peer, ": ", reason);
-    }
-    reply.code = code;
-    const std::size_t n = std::min(reason.size(), wire::kMaxReasonBytes);
-    payload.resize(n);
-    std::memcpy(payload.data(), reason.data(), n);
-  };
-  switch (h.opcode) {
-    case Opcode::kSet: {
-      if (auto why = set(key, std::move(value))) fail(why->code, why->reason);
-      break;
-    }
-    case Opcode::kGet:
-    case Opcode::kWait: {
-      Bytes* out = h.opcode == Opcode::kGet ? &payload : nullptr;
-      switch (wait_for_key(fd, key, h.arg, out, held)) {
-        case WaitResult::kFound:
-          break;
-        case WaitResult::kTimeout:
-          reply.code = ReplyCode::kTimeout;
-          break;
-        case WaitResult::kGone:
-          return false;
-        case WaitResult::kOverLimit:
-          fail(ReplyCode::kOverLimit,
-               concat("GET '", key, "': its value would take the bytes the store holds in flight ",
-                      "over its max_inflight_bytes of ", config.max_inflight_bytes,
-                      "; try again later"));
-          break;
-        case WaitResult::kRankLost: {
-          std::string reason;
-          {
-            std::lock_guard lock(data_mu);
-            reason = lost;
-          }
-          fail(ReplyCode::kRankLost, reason);
-          break;
-        }
-      }
-      break;
-    }
-    case Opcode::kAdd: {
-      if (auto why = add(key, h.arg, reply.result)) fail(why->code, why->reason);
-      break;
-    }
-    case Opcode::kCheck: {
-      std::lock_guard lock(data_mu);
-      reply.result = data.contains(key) ? 1 : 0;
-      break;
-    }
-    case Opcode::kErase: {
-      std::lock_guard lock(data_mu);
-      if (auto it = data.find(key); it != data.end()) {
-        stored -= key.size() + it->second.size();
-        data.erase(it);
-        reply.result = 1;
-      }
-      break;
-    }
-    case Opcode::kWatch:
-      return watch(c, h.arg);
-    case Opcode::kHello:
-      break;
-  }
-  reply.value_len = payload.size();
-  return send_reply(fd, reply, payload);
-}
-
-void TcpStoreServer::Impl::mark_lost(std::int64_t rank, const std::string& reason) {
-  {
-    std::lock_guard lock(data_mu);
-    if (!lost.empty()) return;
-    lost = reason;
-    lost_rank = rank;
-  }
-  TPCOMM_LOG_WARN("store: ", reason, "; waits for keys fail from now on");
-  data_cv.notify_all();
-}
-
-bool TcpStoreServer::Impl::watch(Connection& c, std::int64_t rank) {
-  const int fd = c.sock.get();
-  if (rank < 0) {
-    reject(c, ReplyCode::kProtocolError, "WATCH -1 (leaving) on a connection that watches no rank");
-    return false;
-  }
-  // A watch that is not a rank of the job, or of a rank watched already, is refused: closing it
-  // then loses nothing (NOTE [rank watch]).
-  if (config.world_size > 0 && rank >= config.world_size) {
-    reject(c, ReplyCode::kProtocolError,
-           concat("WATCH ", rank, ": the job has ", config.world_size, " ranks"));
-    return false;
-  }
-  bool first = false;
-  {
-    std::lock_guard lock(data_mu);
-    first = watched.insert(rank).second;
-  }
-  if (!first) {
-    reject(c, ReplyCode::kProtocolError,
-           concat("WATCH ", rank, ": rank ", rank, " has a watch connection already"));
-    return false;
-  }
-  watchers.fetch_add(1);
-  struct Leave {
-    Impl& m;
-    std::int64_t rank;
-    ~Leave() {
-      m.watchers.fetch_sub(1);
-      std::lock_guard lock(m.data_mu);
-      m.watched.erase(rank);
-    }
-  } leave{*this, rank};
-  if (!send_reply(fd, wire::ReplyHeader{}, {})) return false;
-  TPCOMM_LOG_DEBUG("store: ", c.peer, " watches as rank ", rank);
-  bool told = false;
-  for (;;) {
-    std::string notice;
-    std::int64_t notice_rank = -1;
-    if (!told) {
-      std::lock_guard lock(data_mu);
-      if (!lost.empty() && lost_rank != rank) {
-        notice = lost;
-        notice_rank = lost_rank;
-        told = true;
-      }
-    }
-    if (!notice.empty()) {
-      // A failed send means the client is gone too: the next poll sees it.
-      send_reply(
-          fd,
-          wire::ReplyHeader{
-              .code = ReplyCode::kRankLost, .value_len = notice.size(), .result = notice_rank},
-          wire::as_bytes(notice));
-    }
-    if (stopping.load()) {
-      send_reply(fd, wire::ReplyHeader{.result = -1}, {});  // a normal end, not a lost host
-      return false;
-    }
-    IoResult w = net::wait_readable(fd, deadline_after(kWatchPoll));
-    if (w.status == Io::kTimeout) continue;
-    wire::RequestBytes hb;
-    IoResult r =
-        w.status == Io::kOk ? net::recv_all(fd, hb, deadline_after(config.frame_timeout)) : w;
-    if (stopping.load()) return false;
-    if (r.status != Io::kOk) {
-      mark_lost(rank, concat("rank ", rank, " left: its connection to the store closed"));
-      return false;
-    }
-    const wire::RequestHeader h = wire::decode_request(hb);
-    if (!wire::check_request(h, limits) && h.opcode == Opcode::kWatch && h.arg == -1) {
-      TPCOMM_LOG_DEBUG("store: rank ", rank, " left normally");
-      return false;
-    }
-    reject(c, ReplyCode::kProtocolError, "a watch connection sends nothing but WATCH -1");
-    return false;
   }
 }
 

@@ -181,4 +181,13 @@ class TuneTable {
 /// `default_tune_path(key)`.
 [[nodiscard]] std::string tune_path(const Options& options, const TuneKey& key);
 
+namespace detail {
+
+/// Parses a table's text (`TuneTable::to_text`'s format) into its parts: an error message
+/// ("line N: ..."), empty when the text is a table.
+std::string parse_table_text(std::string_view text, TuneKey* key, std::vector<TuneEntry>* entries,
+                             std::vector<TuneEntry>* fused, std::vector<ExchangeEntry>* exchange);
+
+}  // namespace detail
+
 }  // namespace tpcomm

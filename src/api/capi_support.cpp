@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+// The C API's shared conversions and checks (src/api/capi_support.hpp).
+#include "api/capi_support.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <mutex>
+#include <unordered_set>
+
+#include "tpcomm/options.hpp"
+
+namespace tpcomm::capi {
+
+static_assert(TPCOMM_INTERNAL == static_cast<int>(Status::kInternal));
+static_assert(TPCOMM_MISMATCH == static_cast<int>(Status::kMismatch));
+static_assert(TPCOMM_FAILURE_CALLBACK == static_cast<int>(FailureMode::kCallback));
+static_assert(TPCOMM_FAILURE_TEARDOWN == static_cast<int>(FailureMode::kTeardown));
+static_assert(TPCOMM_F8E5M2 == static_cast<int>(DType::kF8E5M2));
+static_assert(TPCOMM_AVG == static_cast<int>(ReduceOp::kAvg));
+static_assert(TPCOMM_MAX_DIMS == TensorView::kMaxDims);
+
+namespace {
+
+/// The bootstrap, group and capture handles alive now. A call on a handle that was destroyed
+/// (or never made) is refused with kInvalidArgument instead of reading freed memory, until the
+/// address is reused by a new handle (tpcomm.h says so).
+class Handles {
+ public:
+  void add(const void* h) {
+    std::lock_guard lock(mu_);
+    live_.insert(h);
+  }
+  /// False when `h` was not alive.
+  bool remove(const void* h) {
+    std::lock_guard lock(mu_);
+    return live_.erase(h) == 1;
+  }
+  bool alive(const void* h) {
+    std::lock_guard lock(mu_);
+    return live_.count(h) == 1;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_set<const void*> live_;
+};
+
+Handles& handles() {
+  static Handles* h = new Handles;  // never destroyed: handles may outlive static destruction
+  return *h;
+}
+
+}  // namespace
+
+void add_handle(const void* h) { handles().add(h); }
+bool remove_handle(const void* h) { return handles().remove(h); }
+
+const char* unusable(const void* h) {
+  if (h == nullptr) return " is NULL";
+  if (!handles().alive(h)) return " was destroyed (or never created)";
+  return nullptr;
+}
+
+tpcomm_status fail(Status s, std::string message, std::string* handle_error) {
+  if (handle_error != nullptr) *handle_error = message;
+  t_last_error = std::move(message);
+  return static_cast<tpcomm_status>(s);
+}
+
+TensorView view_of(const tpcomm_tensor* t, const char* what) {
+  TPCOMM_C_REQUIRE(t != nullptr, what, " is NULL");
+  TPCOMM_C_REQUIRE(t->dtype >= 0 && t->dtype <= TPCOMM_F8E5M2, what, ": dtype ", t->dtype,
+                   " is not a tpcomm_dtype (0..", int{TPCOMM_F8E5M2}, ")");
+  TPCOMM_C_REQUIRE(t->ndim >= 0 && t->ndim <= TPCOMM_MAX_DIMS, what, ": ndim ", t->ndim,
+                   " is outside 0..", TPCOMM_MAX_DIMS);
+  TensorView v;
+  v.data = t->data;
+  v.dtype = static_cast<DType>(t->dtype);
+  v.ndim = t->ndim;
+  v.device = t->device;
+  std::int64_t stride = 1;
+  for (int d = t->ndim - 1; d >= 0; --d) {
+    const auto i = static_cast<std::size_t>(d);
+    TPCOMM_C_REQUIRE(t->shape[i] >= 0, what, ": shape[", d, "] is ", t->shape[i]);
+    v.shape[i] = t->shape[i];
+    v.strides[i] = stride;
+    TPCOMM_C_REQUIRE(!__builtin_mul_overflow(stride, t->shape[i], &stride) &&
+                         stride <= std::numeric_limits<std::int64_t>::max() / 8,
+                     what, ": the shape's element count overflows");
+  }
+  TPCOMM_C_REQUIRE(v.numel() == 0 || t->data != nullptr, what, ": data is NULL for ", v.numel(),
+                   " elements");
+  return v;
+}
+
+TensorView optional_view(const tpcomm_tensor* t, const char* what) {
+  return t == nullptr ? TensorView{} : view_of(t, what);
+}
+
+Fp8Scales fp8_of(const tpcomm_tensor* scale, const tpcomm_tensor* row_scales,
+                 const tpcomm_tensor* group_scales) {
+  return {optional_view(scale, "fp8_scale"), optional_view(row_scales, "fp8_row_scales"),
+          optional_view(group_scales, "fp8_group_scales")};
+}
+
+NormWeight weight_of(int weight) {
+  TPCOMM_C_REQUIRE(weight == TPCOMM_WEIGHT_GAMMA || weight == TPCOMM_WEIGHT_ONE_PLUS_GAMMA,
+                   "weight ", weight, " is not a tpcomm_norm_weight (0 or 1)");
+  return static_cast<NormWeight>(weight);
+}
+
+ReduceOp reduce_op_of(int op) {
+  TPCOMM_C_REQUIRE(op >= 0 && op <= TPCOMM_AVG, "op ", op, " is not a tpcomm_reduce_op (0..",
+                   int{TPCOMM_AVG}, ")");
+  return static_cast<ReduceOp>(op);
+}
+
+std::string key_of(const tpcomm_bootstrap_s* b, const char* key) {
+  TPCOMM_C_REQUIRE(key != nullptr && *key != '\0', "key is NULL or empty");
+  return detail::concat(b->boot.prefix(), "/user/", key);
+}
+
+Milliseconds timeout_of(const tpcomm_bootstrap_s* b, std::int64_t timeout_ms) {
+  if (timeout_ms <= 0) return b->boot.timeout();
+  return Milliseconds{std::min(timeout_ms, Options::kMaxTimeoutMs)};
+}
+
+}  // namespace tpcomm::capi

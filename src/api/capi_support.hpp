@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the C API's functions share (src/api/capi*.cpp): the handles behind the opaque pointers,
+// the registry of live handles, and the conversions and checks at the boundary, where every
+// exception becomes a status and a message.
+#pragma once
+
+#include <exception>
+#include <new>
+#include <string>
+
+#include "core/check.hpp"
+#include "tpcomm/bootstrap.hpp"
+#include "tpcomm/group.hpp"
+#include "tpcomm/norm.hpp"
+#include "tpcomm/status.hpp"
+#include "tpcomm/tensor.hpp"
+#include "tpcomm/tpcomm.h"
+
+struct tpcomm_bootstrap_s {
+  tpcomm::Bootstrap boot;
+  std::string last_error;
+};
+
+struct tpcomm_group_s {
+  tpcomm::Group group;
+  std::string last_error;
+};
+
+struct tpcomm_capture_s {
+  tpcomm_group_s* owner;
+  tpcomm::Group::CaptureScope scope;
+};
+
+namespace tpcomm::capi {
+
+/// The message of the last failure on this thread (`tpcomm_last_error`).
+inline thread_local std::string t_last_error;
+
+/// Registers a new handle as alive.
+void add_handle(const void* h);
+/// Forgets a handle; false when it was not alive.
+bool remove_handle(const void* h);
+
+/// Null or not alive: the message for `what` ("boot", "group").
+const char* unusable(const void* h);
+
+/// Records a failure on this thread and, when given, on the handle.
+tpcomm_status fail(Status s, std::string message, std::string* handle_error = nullptr);
+
+/// Runs `body` (returning Status), turning every exception into a status and a message that
+/// starts with `fn`.
+template <class Body>
+tpcomm_status guarded(const char* fn, std::string* handle_error, Body&& body) noexcept {
+  try {
+    return static_cast<tpcomm_status>(body());
+  } catch (const Error& e) {
+    return fail(e.status(), detail::concat(fn, ": ", e.what()), handle_error);
+  } catch (const std::bad_alloc&) {
+    return fail(Status::kSystemError, detail::concat(fn, ": out of host memory"), handle_error);
+  } catch (const std::exception& e) {
+    return fail(Status::kInternal, detail::concat(fn, ": ", e.what()), handle_error);
+  } catch (...) {
+    return fail(Status::kInternal, detail::concat(fn, ": unknown exception"), handle_error);
+  }
+}
+
+#define TPCOMM_C_REQUIRE(cond, ...) \
+  TPCOMM_CHECK(cond, ::tpcomm::Status::kInvalidArgument, __VA_ARGS__)
+
+/// The view of a C tensor; throws kInvalidArgument naming `what` for a bad one.
+TensorView view_of(const tpcomm_tensor* t, const char* what);
+/// The view of an optional C tensor (an empty view for NULL).
+TensorView optional_view(const tpcomm_tensor* t, const char* what);
+Fp8Scales fp8_of(const tpcomm_tensor* scale, const tpcomm_tensor* row_scales,
+                 const tpcomm_tensor* group_scales);
+NormWeight weight_of(int weight);
+ReduceOp reduce_op_of(int op);
+/// The store key of a user's `key`, in the bootstrap's namespace.
+std::string key_of(const tpcomm_bootstrap_s* b, const char* key);
+/// `timeout_ms` (at most `Options::kMaxTimeoutMs`), or the bootstrap's when it is <= 0.
+Milliseconds timeout_of(const tpcomm_bootstrap_s* b, std::int64_t timeout_ms);
+inline Stream stream_of(void* stream) { return static_cast<Stream>(stream); }
+
+/// A group call: checks the handle, runs `call` (returning Status) and records a failure with
+/// the group's message.
+template <class Call>
+tpcomm_status group_call(const char* fn, tpcomm_group_s* g, Call&& call) noexcept {
+  if (const char* why = unusable(g))
+    return fail(Status::kInvalidArgument, detail::concat(fn, ": group", why));
+  bool threw = true;
+  const tpcomm_status s = guarded(fn, &g->last_error, [&] {
+    const Status r = call(g->group);
+    threw = false;
+    return r;
+  });
+  if (s != TPCOMM_OK && !threw) {
+    // A status returned by the group (not thrown): its message is the group's.
+    return fail(static_cast<Status>(s), detail::concat(fn, ": ", g->group.last_error()),
+                &g->last_error);
+  }
+  return s;
+}
+
+}  // namespace tpcomm::capi

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tools/bench_runner.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/cuda_check.hpp"
+#include "tpcomm/norm.hpp"
+
+namespace tpcomm::tools {
+
+using kernels::Collective;
+
+Shape shape_of(Collective op, std::int64_t count, int world) {
+  switch (op) {
+    case Collective::kAllGather:
+      return {count / world, count};
+    case Collective::kReduceScatter:
+      return {count, count / world};
+    case Collective::kAllReduce:
+    case Collective::kAllToAll:
+    case Collective::kBroadcast:
+      break;
+  }
+  return {count, count};
+}
+
+Runner::Runner(Bootstrap& boot, int device, const BenchOptions& o, const BenchAlgo& algo,
+               std::int64_t exchange_bytes)
+    : o_(o), algo_(algo) {
+  Options opt = Options::from_env();
+  // The `auto` row keeps what TPCOMM_ALGO says; every other group row pins its own.
+  if (algo.kind == BenchAlgo::Kind::kGroup && algo.name != "auto") opt.algo = algo.name;
+  if (algo.kind == BenchAlgo::Kind::kLmHeadAllGather) opt.lm_head_a2a = Switch::kOff;
+  world_ = boot.world_size();
+  if (algo.kind == BenchAlgo::Kind::kMemcpy) {
+    // nothing to build
+  } else if (algo.kind == BenchAlgo::Kind::kNcclDirect) {
+    direct_ = std::make_unique<NcclComm>(boot, device, opt);
+  } else {
+    group_ = std::make_unique<Group>(boot, device, opt);
+    if (exchange_op(o))
+      group_->prepare_exchange(
+          std::max<std::int64_t>(std::int64_t{4} << 20, (exchange_bytes + world_ - 1) / world_));
+  }
+  if (o.add_rmsnorm) allocate_fused();
+}
+
+Runner::~Runner() {
+  for (void* p : {residual_, gamma_, norm_, sum_}) cudaFree(p);
+}
+Status Runner::run(const void* in, void* out, const Shape& s, Stream stream) {
+  const DType t = o_.dtype;
+  if (algo_.kind == BenchAlgo::Kind::kMemcpy) {
+    // The bytes this rank receives: its output for the LM head, else its input.
+    const auto bytes = static_cast<std::size_t>(o_.lm_head ? s.out : s.in) * dtype_size(t);
+    return cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice,
+                           reinterpret_cast<cudaStream_t>(stream)) == cudaSuccess
+               ? Status::kOk
+               : Status::kCudaError;
+  }
+  if (direct_) {
+    NcclComm& c = *direct_;
+    switch (o_.op) {
+      case Collective::kAllReduce:
+        return c.all_reduce(in, out, s.in, t, o_.redop, stream);
+      case Collective::kAllGather:
+        return c.all_gather(in, out, s.in, t, stream);
+      case Collective::kReduceScatter:
+        return c.reduce_scatter(in, out, s.out, t, o_.redop, stream);
+      case Collective::kAllToAll:
+        return c.all_to_all(in, out, s.in / world_, t, stream);
+      case Collective::kBroadcast:
+        return c.broadcast(in, out, s.in, t, o_.root, stream);
+    }
+    return Status::kInternal;
+  }
+  Group& g = *group_;
+  if (o_.add_rmsnorm) return run_fused(in, out, s, stream);
+  if (o_.lm_head) {
+    const LmHead h = lm_head(s);
+    return g.lm_head_exchange(
+        TensorView::contiguous(const_cast<void*>(in), t, {h.total, h.cols}, g.device()),
+        TensorView::contiguous(out, t, {h.rows, o_.vocab}, g.device()), LmHeadLayout::equal(h.rows),
+        stream);
+  }
+  auto iv = TensorView::flat(const_cast<void*>(in), t, s.in, g.device());
+  auto ov = TensorView::flat(out, t, s.out, g.device());
+  switch (o_.op) {
+    case Collective::kAllReduce:
+      return g.all_reduce(iv, ov, stream, o_.redop);
+    case Collective::kAllGather:
+      return g.all_gather(iv, ov, stream);
+    case Collective::kReduceScatter:
+      return g.reduce_scatter(iv, ov, stream, o_.redop);
+    case Collective::kAllToAll:
+      return g.all_to_all(iv, ov, stream);
+    case Collective::kBroadcast:
+      return g.broadcast(iv, ov, o_.root, stream);
+  }
+  return Status::kInternal;
+}
+
+std::string Runner::served_by(const Shape& s) const {
+  if (algo_.kind == BenchAlgo::Kind::kMemcpy) return "cudaMemcpyAsync";
+  if (direct_) return "nccl(direct)";
+  if (o_.add_rmsnorm) {
+    const auto x = rows(reinterpret_cast<void*>(256), s.in);
+    if (algo_.kind == BenchAlgo::Kind::kGroup)
+      return group_->backend_for_add_rmsnorm(x, x, o_.graph);
+    const std::string reduce = group_->backend_for_all_reduce(x, x, o_.graph);
+    return algo_.kind == BenchAlgo::Kind::kUnfused ? reduce + "+add_rmsnorm" : reduce;
+  }
+  if (o_.lm_head) {
+    const LmHead h = lm_head(s);
+    const auto p = reinterpret_cast<void*>(256);
+    return group_->backend_for_lm_head_exchange(
+        TensorView::contiguous(p, o_.dtype, {h.total, h.cols}, group_->device()),
+        TensorView::contiguous(reinterpret_cast<char*>(p) + (std::int64_t{1} << 40), o_.dtype,
+                               {h.rows, o_.vocab}, group_->device()),
+        LmHeadLayout::equal(h.rows));
+  }
+  if (o_.op == Collective::kAllGather || o_.op == Collective::kAllToAll) {
+    const auto in =
+        TensorView::flat(reinterpret_cast<void*>(256), o_.dtype, s.in, group_->device());
+    const auto out = TensorView::flat(reinterpret_cast<char*>(256) + (std::int64_t{1} << 40),
+                                      o_.dtype, s.out, group_->device());
+    return o_.op == Collective::kAllGather ? group_->backend_for_all_gather(in, out)
+                                           : group_->backend_for_all_to_all(in, out);
+  }
+  if (o_.op != Collective::kAllReduce) return group_->world_size() == 1 ? "local" : "nccl";
+  auto v = TensorView::flat(reinterpret_cast<void*>(256), o_.dtype, s.in, group_->device());
+  return group_->backend_for_all_reduce(v, v, o_.graph);
+}
+
+std::string Runner::last_error() const {
+  if (group_) return group_->last_error();
+  return direct_ ? direct_->last_error() : std::string();
+}
+
+TensorView Runner::rows(void* p, std::int64_t count) const {
+  return TensorView::contiguous(p, o_.dtype, {count / o_.hidden, o_.hidden}, group_->device());
+}
+
+void Runner::allocate_fused() {
+  const std::int64_t bytes = fused_count(o_.max_bytes, o_.dtype, o_.hidden) *
+                                 static_cast<std::int64_t>(dtype_size(o_.dtype)) +
+                             256;
+  for (void** p : {&residual_, &norm_, &sum_}) {
+    TPCOMM_CUDA_CHECK(cudaMalloc(p, static_cast<std::size_t>(bytes)));
+    TPCOMM_CUDA_CHECK(cudaMemset(*p, 0, static_cast<std::size_t>(bytes)));
+  }
+  const auto gamma_bytes = static_cast<std::size_t>(o_.hidden) * dtype_size(o_.dtype);
+  TPCOMM_CUDA_CHECK(cudaMalloc(&gamma_, gamma_bytes));
+  TPCOMM_CUDA_CHECK(cudaMemset(gamma_, 0, gamma_bytes));
+}
+
+Status Runner::run_fused(const void* in, void* out, const Shape& s, Stream stream) {
+  Group& g = *group_;
+  const TensorView x = rows(const_cast<void*>(in), s.in);
+  const TensorView residual_out = rows(out, s.in);
+  const TensorView residual = rows(residual_, s.in);
+  const TensorView gamma = TensorView::flat(gamma_, o_.dtype, o_.hidden, g.device());
+  switch (algo_.kind) {
+    case BenchAlgo::Kind::kUnfused: {
+      const TensorView sum = rows(sum_, s.in);
+      TPCOMM_TRY(g.all_reduce(x, sum, stream));
+      return add_rmsnorm(sum, residual, gamma, kEps, sum, residual_out, stream);
+    }
+    case BenchAlgo::Kind::kAllReduceOnly:
+      return g.all_reduce(x, residual_out, stream);
+    default:
+      return g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, rows(norm_, s.in), residual_out,
+                                      stream);
+  }
+}
+
+}  // namespace tpcomm::tools

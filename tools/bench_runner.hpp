@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// One row of `tpcomm bench`: the collective it measures, on the path the row names (a group with
+// its algorithm, NCCL called directly, the unfused pair, a device copy).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backends/nccl_comm.hpp"
+#include "tools/bench_args.hpp"
+#include "tpcomm/bootstrap.hpp"
+#include "tpcomm/group.hpp"
+
+namespace tpcomm::tools {
+
+/// Element counts of the two buffers of one collective of `count` reported elements.
+struct Shape {
+  std::int64_t in;
+  std::int64_t out;
+};
+
+Shape shape_of(kernels::Collective op, std::int64_t count, int world);
+
+/// Runs one collective on whichever path the row asks for.
+class Runner {
+ public:
+  /// `exchange_bytes`: the largest input of an exchange in the sweep, which the group's
+  /// exchange staging is prepared for.
+  Runner(Bootstrap& boot, int device, const BenchOptions& o, const BenchAlgo& algo,
+         std::int64_t exchange_bytes);
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  Group* group() { return group_.get(); }
+
+  /// Whether the output can be checked (a plain copy computes no collective).
+  bool checkable() const { return algo_.kind != BenchAlgo::Kind::kMemcpy; }
+
+  /// One operation of the row, `in` to `out`, of shape `s`.
+  Status run(const void* in, void* out, const Shape& s, Stream stream);
+
+  /// The path the row's operation of shape `s` takes, in words.
+  std::string served_by(const Shape& s) const;
+
+  /// Prepares `stream` before the row's first operation (NOTE [first launch] in
+  /// backends/custom_ar.cpp): the bench's own kernels (fill, check) are the library's, warmed
+  /// with the group's.
+  Status warm_up(Stream stream) { return group_ ? group_->warm_up(stream) : Status::kOk; }
+
+  std::string last_error() const;
+
+  /// The LM head's shapes for a shape of the sweep: [total, cols] shards, [rows, vocab] out.
+  struct LmHead {
+    std::int64_t rows, total, cols;
+  };
+  LmHead lm_head(const Shape& s) const {
+    const std::int64_t rows = s.out / o_.vocab;
+    return {rows, rows * world_, s.in / (rows * world_)};
+  }
+
+ private:
+  static constexpr float kEps = 1e-6f;
+
+  /// `[count / hidden, hidden]` of the bench's dtype at `p`.
+  TensorView rows(void* p, std::int64_t count) const;
+  /// The fused operation's other tensors, for the largest size: a residual of zeros (so that
+  /// residual_out is the all-reduce, which the check verifies), gamma, norm_out, and the sum of
+  /// the unfused pair.
+  void allocate_fused();
+  /// One fused operation on this row's path; `out` is residual_out.
+  Status run_fused(const void* in, void* out, const Shape& s, Stream stream);
+
+  void* residual_ = nullptr;
+  void* gamma_ = nullptr;
+  void* norm_ = nullptr;
+  void* sum_ = nullptr;
+
+  const BenchOptions& o_;
+  BenchAlgo algo_;
+  std::unique_ptr<Group> group_;
+  std::unique_ptr<NcclComm> direct_;
+  int world_ = 1;
+};
+
+}  // namespace tpcomm::tools
