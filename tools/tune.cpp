@@ -7,7 +7,6 @@
 #include "tools/commands.hpp"
 #include "tools/ranks.hpp"
 #include "tpcomm/group.hpp"
-#include "tune/table.hpp"
 
 namespace tpcomm::tools {
 namespace {
@@ -32,15 +31,15 @@ int run_tune(const TuneOptions& t) {
     Group g(boot, device, options);
     g.tune();
     if (boot.rank() != 0) return 0;
-    const TuneTable* table = g.tune_table();
-    if (table == nullptr) {
+    const std::string table = g.tune_table_text();
+    if (table.empty()) {
       std::printf(
           "tpcomm tune: the custom all-reduce is not available in this group (see the log); "
           "nothing to tune\n");
       return 1;
     }
-    std::printf("%s", table->to_text().c_str());
-    std::printf("# stored in %s\n", tune_path(options, table->key()).c_str());
+    std::printf("%s", table.c_str());
+    std::printf("# stored in %s\n", g.tune_file().c_str());
     return 0;
   });
 }

@@ -19,8 +19,6 @@
 
 namespace tpcomm {
 
-class TuneTable;
-
 /// Which communicators a group may build. `Options` say what the user allows; this says what
 /// the group is for (SGLang gives MoE groups NCCL only, for example).
 struct GroupConfig {
@@ -257,8 +255,12 @@ class Group {
   /// private stream), takes rank 0's timings as the decision, installs the table on every rank
   /// and, on rank 0, stores it in the tune file. Collective. No-op without the custom backend.
   void tune();
-  /// The table in use, or nullptr when the built-in defaults decide.
-  [[nodiscard]] const TuneTable* tune_table() const noexcept;
+  /// The table in use as the text of its file (what `tpcomm tune` prints), or empty when the
+  /// built-in defaults decide.
+  [[nodiscard]] std::string tune_table_text() const;
+  /// Where `tune` stores this group's table, and where a group like it looks for one
+  /// (`TPCOMM_TUNE_FILE`, or the cache directory; README).
+  [[nodiscard]] std::string tune_file() const;
 
  private:
   struct Impl;

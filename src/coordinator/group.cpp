@@ -198,7 +198,10 @@ int Group::world_size() const noexcept { return impl_->boot.world_size(); }
 int Group::device() const noexcept { return impl_->device; }
 const Options& Group::options() const noexcept { return impl_->options; }
 const std::string& Group::last_error() const noexcept { return impl_->last_error; }
-const TuneTable* Group::tune_table() const noexcept { return impl_->table; }
+std::string Group::tune_table_text() const {
+  return impl_->table != nullptr ? impl_->table->to_text() : std::string();
+}
+std::string Group::tune_file() const { return tune_path(impl_->options, impl_->tune_key); }
 
 Status Group::health() noexcept { return impl_->poll_health(); }
 
