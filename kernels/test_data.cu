@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/kernels.hpp"
+#include "kernels/test_data.hpp"
 
 namespace tpcomm::kernels {
 namespace {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "kernels/test_data.hpp"
 #include "tpcomm/types.hpp"
 
 namespace tpcomm::tools {

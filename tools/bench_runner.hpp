@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backends/nccl_comm.hpp"
+#include "core/check.hpp"
 #include "tools/bench_args.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/group.hpp"
@@ -45,9 +46,11 @@ class Runner {
   std::string served_by(const Shape& s) const;
 
   /// Prepares `stream` before the row's first operation (NOTE [first launch] in
-  /// backends/custom_ar.cpp): the bench's own kernels (fill, check) are the library's, warmed
-  /// with the group's.
-  Status warm_up(Stream stream) { return group_ ? group_->warm_up(stream) : Status::kOk; }
+  /// backends/custom_ar.cpp): the bench's own kernels (fill, check) once, then the group's.
+  Status warm_up(Stream stream) {
+    TPCOMM_TRY(kernels::warm_up_test_data(stream));
+    return group_ ? group_->warm_up(stream) : Status::kOk;
+  }
 
   std::string last_error() const;
 

@@ -17,6 +17,7 @@
 
 #include "core/cuda_check.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/test_data.hpp"
 #include "tools/commands.hpp"
 #include "tools/json_file.hpp"
 #include "tools/ranks.hpp"

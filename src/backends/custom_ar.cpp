@@ -33,8 +33,8 @@ namespace tpcomm {
 
 /// Launches every kernel a group of `world` ranks may run once on `stream`, each with nothing to
 /// do (NOTE [first launch]): every algorithm of the registry for every dtype and epilogue it
-/// serves, the local add + RMSNorm, the Lamport refill, the exchange kernels, and the test-data
-/// kernels of `tpcomm bench` and the tests.
+/// serves, the local add + RMSNorm, the Lamport refill and the exchange kernels. (Test data is the
+/// tests' and the program's own: they warm it up themselves, kernels/test_data.hpp.)
 Status launch_every_kernel(int world, Stream stream) noexcept {
   kernels::AllReduceParams empty{};  // count 0: the kernels return at once
   empty.world_size = world;
@@ -58,8 +58,7 @@ Status launch_every_kernel(int world, Stream stream) noexcept {
     }
   }
   TPCOMM_TRY(kernels::fill_lamport_empty(nullptr, 0, stream));
-  TPCOMM_TRY(kernels::warm_up_exchange(world, stream));
-  return kernels::warm_up_test_data(stream);
+  return kernels::warm_up_exchange(world, stream);
 }
 
 std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int device,

@@ -15,6 +15,7 @@
 
 #include "core/check.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/test_data.hpp"
 #include "support/all_reduce_cases.hpp"
 #include "support/ranks.hpp"
 #include "tpcomm/group.hpp"

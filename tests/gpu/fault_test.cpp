@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "kernels/test_data.hpp"
 #include "support/all_reduce_cases.hpp"
 #include "support/ranks.hpp"
 #include "tpcomm/group.hpp"

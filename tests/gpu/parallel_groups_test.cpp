@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/kernels.hpp"
+#include "kernels/test_data.hpp"
 #include "support/ranks.hpp"
 #include "tpcomm/parallel_groups.hpp"
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "kernels/test_data.hpp"
 #include "support/ranks.hpp"
 #include "tpcomm/group.hpp"
 

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/test_data.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/types.hpp"
 
@@ -59,10 +60,17 @@ class DeviceBuffer {
   std::size_t bytes_;
 };
 
-/// A stream that is destroyed with the scope.
+/// A stream that is destroyed with the scope. The test-data kernels are launched on it once when
+/// it is made, as callers launch their own kernels before a stream's first collective (NOTE
+/// [first launch] in backends/custom_ar.cpp): a test that launches them between collectives
+/// needs no warm-up of its own.
 class StreamHolder {
  public:
-  StreamHolder() { cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking); }
+  StreamHolder() {
+    cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking);
+    (void)kernels::warm_up_test_data(stream());
+    cudaStreamSynchronize(s_);
+  }
   ~StreamHolder() { cudaStreamDestroy(s_); }
   StreamHolder(const StreamHolder&) = delete;
   StreamHolder& operator=(const StreamHolder&) = delete;
