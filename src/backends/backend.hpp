@@ -62,10 +62,10 @@ struct Request {
   /// The stream is being captured into a CUDA graph.
   bool capturing = false;
   /// kAllReduceAddRmsNorm: the epilogue's arguments (`in` is x, `out` is residual_out), and the
-  /// residual (empty without one) and the norm's output, which the unfused path needs.
+  /// residual (an empty view without one) and the norm's output, which the unfused path needs.
   const kernels::FusionParams* fusion = nullptr;
-  TensorView residual{};
-  TensorView norm_out{};
+  const TensorView* residual = nullptr;
+  const TensorView* norm_out = nullptr;
   /// kAllToAll with per-peer counts: `counts[s * world + d]` elements go from rank s to rank d
   /// (the same matrix on every rank); nullptr for the equal split.
   const std::int64_t* counts = nullptr;

@@ -90,7 +90,7 @@ std::string Group::backend_for_add_rmsnorm(const TensorView& x, const TensorView
   Request req{Op::kAllReduceAddRmsNorm, x, x};
   req.capturing = capturing;
   req.fusion = &f;
-  req.norm_out = norm_out;
+  req.norm_out = &norm_out;
   return impl_->describe(req);
 }
 

@@ -5,6 +5,7 @@
 // plans it once and runs the plan (docs/DESIGN.md).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "backends/backend.hpp"
@@ -20,7 +21,7 @@ struct GroupShape {
   int device = 0;
 };
 
-/// A checked call. Not copyable: `request` points into it (`exchange`, `norm`, `shape`).
+/// A checked call. Not copyable: `request` points into it (`exchange`, `norm`).
 struct Call {
   Call() = default;
   Call(const Call&) = delete;
@@ -28,9 +29,10 @@ struct Call {
 
   Request request;
   /// The exchanges' regions (`request.plan` points here where the custom kernels may serve).
-  ExchangePlan exchange;
-  /// The fused norm's arguments (`request.fusion` points at `norm.fusion`).
-  AddRmsNormCall norm;
+  /// Made only by the operations that need them: a call is made on every collective.
+  std::optional<ExchangePlan> exchange;
+  /// The fused norm's arguments (`request.fusion` points at `norm->fusion`).
+  std::optional<AddRmsNormCall> norm;
   /// Why the checks refused the call.
   std::string message;
   /// Checked, and nothing to do on any rank (no elements anywhere): no collective is run.

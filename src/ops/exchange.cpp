@@ -58,7 +58,7 @@ Status make_all_gather(const GroupShape& g, const TensorView& in, const TensorVi
   req.tag.fingerprint = fingerprint(Op::kAllGather, in.dtype, in.numel());
   if (plannable(g)) {
     call->exchange = plan_all_gather(in.nbytes(), g.world, g.rank);
-    req.plan = &call->exchange;
+    req.plan = &*call->exchange;
   }
   return Status::kOk;
 }
@@ -76,7 +76,7 @@ Status make_all_to_all(const GroupShape& g, const TensorView& in, const TensorVi
   req.tag.fingerprint = fingerprint(Op::kAllToAll, in.dtype, in.numel());
   if (plannable(g)) {
     call->exchange = plan_all_to_all(in.nbytes(), g.world, g.rank);
-    req.plan = &call->exchange;
+    req.plan = &*call->exchange;
   }
   return Status::kOk;
 }
@@ -118,7 +118,7 @@ Status make_all_to_all(const GroupShape& g, const TensorView& in, const TensorVi
   req.tag.fingerprint = fingerprint(Op::kAllToAll, in.dtype, moved, shape_hash(counts));
   if (plannable(g)) {
     call->exchange = plan_all_to_all(counts, dtype_size(in.dtype), world, g.rank);
-    req.plan = &call->exchange;
+    req.plan = &*call->exchange;
   }
   return Status::kOk;
 }
@@ -140,7 +140,7 @@ Status make_lm_head_exchange(const GroupShape& g, const TensorView& shard_logits
   if (plannable(g)) {
     call->exchange = plan_lm_head(layout, shard_logits.shape[1], out.shape[1],
                                   dtype_size(shard_logits.dtype), g.world, g.rank);
-    req.plan = &call->exchange;
+    req.plan = &*call->exchange;
   }
   return Status::kOk;
 }

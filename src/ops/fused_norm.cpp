@@ -136,7 +136,7 @@ Status make_all_reduce_add_rmsnorm(const GroupShape& g, const TensorView& x,
                                    const TensorView& norm_out, const TensorView& residual_out,
                                    const Fp8Scales& fp8, NormWeight weight, Call* call) noexcept {
   constexpr const char* kOp = "all_reduce_add_rmsnorm";
-  AddRmsNormCall& c = call->norm;
+  AddRmsNormCall& c = call->norm.emplace();
   if (Status s = check_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, fp8, weight,
                                    kOp, &c, &call->message);
       s != Status::kOk)
@@ -147,8 +147,8 @@ Status make_all_reduce_add_rmsnorm(const GroupShape& g, const TensorView& x,
   Request& req = call->request;
   req = Request{Op::kAllReduceAddRmsNorm, x, residual_out};
   req.fusion = &c.fusion;
-  req.residual = residual;
-  req.norm_out = norm_out;
+  req.residual = &c.residual;
+  req.norm_out = &c.norm_out;
   req.tag.fingerprint = fingerprint(
       Op::kAllReduceAddRmsNorm, x.dtype, x.numel(),
       fused_shape(static_cast<int>(c.fusion.kind), norm_form(c.fusion), c.fusion.hidden));

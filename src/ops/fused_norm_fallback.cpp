@@ -69,11 +69,13 @@ class UnfusedNorm final : public Backend {
       return s == Status::kOk ? s : failed(s, "the local add + RMSNorm failed");
     };
     // The sum goes where it destroys nothing the local kernel still needs.
-    if (r.norm_out.dtype == x.dtype && !overlaps(r.norm_out, r.residual)) {
-      TPCOMM_TRY(all_reduce(x, r.norm_out));
-      return local(r.norm_out.data);
+    const TensorView& norm_out = *r.norm_out;
+    const TensorView& residual = *r.residual;
+    if (norm_out.dtype == x.dtype && !overlaps(norm_out, residual)) {
+      TPCOMM_TRY(all_reduce(x, norm_out));
+      return local(norm_out.data);
     }
-    if (!overlaps(residual_out, r.residual)) {
+    if (!overlaps(residual_out, residual)) {
       TPCOMM_TRY(all_reduce(x, residual_out));
       return local(residual_out.data);
     }
