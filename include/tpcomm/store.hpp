@@ -123,8 +123,10 @@ struct TcpStoreServerConfig {
   /// Most payload bytes the server holds in flight over all connections: keys and values of
   /// requests being read (counted as they arrive, never as announced) and values of GET
   /// replies being sent. A request that would go over it is read to its end, discarded and
-  /// answered "over limit"; a GET whose value would go over it is answered "over limit"; the
-  /// connection stays open and the client sees `Error(kUnavailable)` naming this limit. One
+  /// answered "over limit, try again"; a GET whose value would go over it is answered the same;
+  /// the connection stays open and the client (`TcpStore`) sends the request again, after a
+  /// growing pause of up to 50 ms, until its operation's timeout, and only then throws
+  /// `Error(kUnavailable)` naming this limit. One
   /// request is in flight per connection, so a connection holds at most `max_key_bytes +
   /// max_value_bytes`. Must be at least that much.
   std::size_t max_inflight_bytes = std::size_t{256} << 20;
@@ -190,9 +192,10 @@ class TcpStoreServer {
 /// Keys and values longer than `server.max_key_bytes` / `server.max_value_bytes` are refused
 /// locally with `Error(kInvalidArgument)`. A GET or WAIT that the server times out throws
 /// `Error(kTimeout)` naming the key; the connection stays usable. A request that would take
-/// the server over one of its limits (`max_keys`, `max_stored_bytes`, `max_inflight_bytes`)
-/// throws `Error(kUnavailable)` naming the limit, changes nothing, and leaves the connection
-/// usable. A lost connection, a reply
+/// the server over one of its limits (`max_keys`, `max_stored_bytes`) throws
+/// `Error(kUnavailable)` naming the limit, changes nothing, and leaves the connection usable;
+/// one over `max_inflight_bytes` waits its turn (it is sent again until the operation's
+/// timeout) and only then throws so. A lost connection, a reply
 /// that never comes, or an error reply after which the server closes the connection (wrong
 /// token, malformed frame) makes this and every later operation throw: the client does not
 /// reconnect, because an operation whose reply was lost may or may not have been applied.

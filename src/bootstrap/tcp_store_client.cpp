@@ -102,21 +102,29 @@ struct TcpStore::Impl {
     auto waited = [&] {
       return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - started);
     };
-    IoResult r = net::send_all(sock.get(), frame, io_deadline);
-    if (r.status != Io::kOk) fail_io(what, r, waited());
-    wire::ReplyBytes rb;
-    r = net::recv_all(sock.get(), rb, io_deadline);
-    if (r.status != Io::kOk) fail_io(what, r, waited());
-    Reply reply{wire::decode_reply(rb), {}};
-    if (auto why = wire::check_reply(reply.header, limits.max_value_bytes)) {
-      broken = *why;
-      TPCOMM_THROW(Status::kProtocolError, what, ": malformed reply from ", address, ": ", *why);
+    // A request over the bytes the server holds in flight was not applied: it is sent again,
+    // after a growing pause, until the deadline (other requests give their bytes back).
+    for (milliseconds pause{1};; pause = std::min(pause * 2, milliseconds{50})) {
+      IoResult r = net::send_all(sock.get(), frame, io_deadline);
+      if (r.status != Io::kOk) fail_io(what, r, waited());
+      wire::ReplyBytes rb;
+      r = net::recv_all(sock.get(), rb, io_deadline);
+      if (r.status != Io::kOk) fail_io(what, r, waited());
+      Reply reply{wire::decode_reply(rb), {}};
+      if (auto why = wire::check_reply(reply.header, limits.max_value_bytes)) {
+        broken = *why;
+        TPCOMM_THROW(Status::kProtocolError, what, ": malformed reply from ", address, ": ", *why);
+      }
+      reply.value.resize(reply.header.value_len);
+      r = net::recv_all(sock.get(), reply.value, io_deadline);
+      if (r.status != Io::kOk) fail_io(what, r, waited());
+      if (reply.header.code == ReplyCode::kOk) return reply;
+      const bool retry = reply.header.code == ReplyCode::kOverLimit &&
+                         reply.header.result == wire::kRetryLater &&
+                         SteadyClock::now() + pause < io_deadline;
+      if (!retry) fail_reply(what, reply, timeout);
+      std::this_thread::sleep_for(pause);
     }
-    reply.value.resize(reply.header.value_len);
-    r = net::recv_all(sock.get(), reply.value, io_deadline);
-    if (r.status != Io::kOk) fail_io(what, r, waited());
-    if (reply.header.code == ReplyCode::kOk) return reply;
-    fail_reply(what, reply, timeout);
   }
 
   // Throws for an error reply, marking the connection unusable when the server closes it.

@@ -384,7 +384,8 @@ void TcpStoreServer::Impl::serve(Connection& c) {
       if (h.opcode == Opcode::kHello) return reject(c, ReplyCode::kOverLimit, reason);
       rejected.fetch_add(1);
       TPCOMM_LOG_WARN("store: refused a frame from ", c.peer, ": ", reason);
-      const wire::ReplyHeader over{.code = ReplyCode::kOverLimit, .value_len = reason.size()};
+      const wire::ReplyHeader over{
+          .code = ReplyCode::kOverLimit, .value_len = reason.size(), .result = wire::kRetryLater};
       if (!send_reply(fd, over, wire::as_bytes(reason))) return;
       continue;
     }

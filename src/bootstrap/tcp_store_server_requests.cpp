@@ -176,6 +176,7 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
                concat("GET '", key, "': its value would take the bytes the store holds in flight ",
                       "over its max_inflight_bytes of ", config.max_inflight_bytes,
                       "; try again later"));
+          reply.result = wire::kRetryLater;
           break;
         case WaitResult::kRankLost: {
           std::string reason;

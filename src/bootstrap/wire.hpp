@@ -121,9 +121,14 @@ struct ReplyHeader {
   std::uint16_t reserved = 0;
   std::uint64_t value_len = 0;
   /// ADD: the new value; CHECK/ERASE: 1 or 0; HELLO: the server's protocol version; a notice on
-  /// a watch connection: the rank that left (kRankLost), or -1 when the server stops (kOk).
+  /// a watch connection: the rank that left (kRankLost), or -1 when the server stops (kOk);
+  /// kOverLimit: `kRetryLater` when the limit was the bytes in flight, which other requests
+  /// give back (the request was not applied: the client sends it again within its deadline).
   std::int64_t result = 0;
 };
+
+/// `ReplyHeader::result` of a kOverLimit reply that waiting may cure (`max_inflight_bytes`).
+inline constexpr std::int64_t kRetryLater = 1;
 static_assert(std::is_trivially_copyable_v<ReplyHeader>);
 static_assert(sizeof(ReplyHeader) == 24);
 static_assert(offsetof(ReplyHeader, magic) == 0);

@@ -748,6 +748,7 @@ TEST(StoreLimits, BytesInFlightAreCappedOverAllConnections) {
   auto refused = b.read_reply();
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->first.code, wire::ReplyCode::kOverLimit);
+  EXPECT_EQ(refused->first.result, wire::kRetryLater);  // the client may send it again
   EXPECT_NE(refused->second.find("max_inflight_bytes of 2097152"), std::string::npos)
       << refused->second;
   EXPECT_LE(server.inflight_bytes(), 2 * kMiB);
@@ -771,7 +772,40 @@ TEST(StoreLimits, BytesInFlightAreCappedOverAllConnections) {
   EXPECT_EQ(text(c.get("a")).size(), kMiB);
 }
 
-// A client told "over limit" gets an error naming the limit and keeps its connection.
+// A client over the bytes in flight waits its turn: its SET is sent again until another
+// request gives its bytes back, within the SET's timeout (8 ranks sending their IPC handles at
+// once must not fail for no fault of their own).
+TEST(StoreLimits, ARequestOverTheBytesInFlightWaitsItsTurn) {
+  TcpStoreServerConfig sc;
+  sc.max_value_bytes = kMiB;
+  sc.max_key_bytes = 64;
+  sc.max_inflight_bytes = kMiB + 64;
+  TcpStoreServer server(sc);
+  RawClient holder(server.port());
+  holder.hello();
+  holder.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
+  holder.send(bytes_of("h"));
+  holder.send(Bytes(512 << 10));
+  ASSERT_TRUE(eventually([&] { return server.inflight_bytes() >= (512 << 10); }, 5s));
+  TcpStore::Config cc = client_config(server.port());
+  cc.server = sc;
+  TcpStore c(cc);
+  std::thread finish([&] {
+    std::this_thread::sleep_for(300ms);
+    holder.send(Bytes(512 << 10));  // the holder's SET completes and gives its bytes back
+  });
+  const auto start = std::chrono::steady_clock::now();
+  c.set("big", std::string(kMiB, 'x'), 10s);
+  finish.join();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 250ms);
+  EXPECT_EQ(text(c.get("big")).size(), kMiB);
+  const auto stored = holder.read_reply();
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->first.code, wire::ReplyCode::kOk);
+}
+
+// A client still over the bytes in flight when its timeout ends gets an error naming the limit
+// and keeps its connection.
 TEST(StoreLimits, OverLimitIsAnErrorNamingTheLimit) {
   TcpStoreServerConfig sc;
   sc.max_value_bytes = kMiB;
@@ -787,8 +821,10 @@ TEST(StoreLimits, OverLimitIsAnErrorNamingTheLimit) {
   TcpStore::Config cc = client_config(server.port());
   cc.server = sc;
   TcpStore c(cc);
-  expect_error([&] { c.set("big", std::string(kMiB, 'x')); }, Status::kUnavailable,
+  const auto start = std::chrono::steady_clock::now();
+  expect_error([&] { c.set("big", std::string(kMiB, 'x'), 500ms); }, Status::kUnavailable,
                "max_inflight_bytes");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 400ms);  // it waited its turn, in vain
   c.set("small", "1");
   EXPECT_EQ(text(c.get("small")), "1");
 }
