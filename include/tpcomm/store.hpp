@@ -188,7 +188,9 @@ class TcpStoreServer {
 
 /// Client of a TCP store server; optionally hosts the server itself (rank 0).
 ///
-/// One connection, used by one operation at a time (callers from several threads take turns).
+/// One connection, used by one operation at a time (callers from several threads take turns; a
+/// GET or WAIT waits on the server a quarter second at a time, so a request from another thread
+/// waits at most that long behind it).
 /// Keys and values longer than `server.max_key_bytes` / `server.max_value_bytes` are refused
 /// locally with `Error(kInvalidArgument)`. A GET or WAIT that the server times out throws
 /// `Error(kTimeout)` naming the key; the connection stays usable. A request that would take

@@ -32,6 +32,10 @@ using wire::ReplyCode;
 // Beyond a GET/WAIT's own timeout, how long the client waits for the server's reply (the
 // server answers kTimeout at the timeout; this covers the round trip).
 constexpr milliseconds kReplySlack{2000};
+// A GET or WAIT waits on the server in slices of at most this long, the connection free between
+// them: threads that share one client (ranks of one process) take turns with a waiting one
+// instead of queueing behind it until its timeout.
+constexpr milliseconds kWaitSlice{250};
 
 }  // namespace
 
@@ -76,9 +80,11 @@ struct TcpStore::Impl {
 
   // Sends one request and reads its reply; throws for every reply but kOk. `timeout` is the
   // operation's timeout as the caller gave it (for messages); `io_deadline` bounds the I/O.
+  // With `timeout_ok`, a kTimeout reply (a GET or WAIT's key not set in time) is returned, not
+  // thrown.
   Reply call(const std::string& what, Opcode op, std::string_view key,
              std::span<const std::byte> value, std::int64_t arg, Deadline io_deadline,
-             milliseconds timeout) {
+             milliseconds timeout, bool timeout_ok = false) {
     std::unique_lock lock(mu, std::defer_lock);
     if (!lock.try_lock_until(io_deadline)) {
       TPCOMM_THROW(Status::kTimeout, what, ": another operation on the connection to ", address,
@@ -119,11 +125,28 @@ struct TcpStore::Impl {
       r = net::recv_all(sock.get(), reply.value, io_deadline);
       if (r.status != Io::kOk) fail_io(what, r, waited());
       if (reply.header.code == ReplyCode::kOk) return reply;
+      if (timeout_ok && reply.header.code == ReplyCode::kTimeout) return reply;
       const bool retry = reply.header.code == ReplyCode::kOverLimit &&
                          reply.header.result == wire::kRetryLater &&
                          SteadyClock::now() + pause < io_deadline;
       if (!retry) fail_reply(what, reply, timeout);
       std::this_thread::sleep_for(pause);
+    }
+  }
+
+  // A GET (`op` kGet) or WAIT of `key` until `deadline`, in slices of `kWaitSlice` (the
+  // connection free between them); throws kTimeout naming `timeout` when the key is not set by
+  // then.
+  Reply wait_for(const std::string& what, Opcode op, std::string_view key, Deadline deadline,
+                 milliseconds timeout) {
+    for (;;) {
+      const milliseconds slice = std::min(remaining(deadline), kWaitSlice);
+      Reply reply = call(what, op, key, {}, slice.count(), deadline_after(slice) + kReplySlack,
+                         timeout, /*timeout_ok=*/true);
+      if (reply.header.code == ReplyCode::kOk) return reply;
+      if (SteadyClock::now() >= deadline) fail_reply(what, reply, timeout);
+      // Let a thread that waits for the connection take it before the next slice.
+      std::this_thread::yield();
     }
   }
 
@@ -230,13 +253,6 @@ struct TcpStore::Impl {
     watcher.join();
     watch_sock.reset();
   }
-
-  static Deadline wait_deadline(milliseconds timeout) {
-    return deadline_after(std::min(timeout, kLongestWait) + kReplySlack);
-  }
-  static std::int64_t wire_timeout(milliseconds timeout) {
-    return std::clamp(timeout, milliseconds{0}, kLongestWait).count();
-  }
 };
 
 TcpStore::TcpStore(Config config) : impl_(std::make_unique<Impl>()) {
@@ -317,10 +333,7 @@ void TcpStore::set(std::string_view key, std::span<const std::byte> value, Milli
 Bytes TcpStore::get(std::string_view key, Milliseconds timeout) {
   const std::string what = concat("store get '", key, "'");
   impl_->check_key(what, key);
-  return impl_
-      ->call(what, Opcode::kGet, key, {}, Impl::wire_timeout(timeout), Impl::wait_deadline(timeout),
-             timeout)
-      .value;
+  return impl_->wait_for(what, Opcode::kGet, key, deadline_after(timeout), timeout).value;
 }
 
 std::int64_t TcpStore::add(std::string_view key, std::int64_t delta, Milliseconds timeout) {
@@ -335,8 +348,7 @@ void TcpStore::wait(std::span<const std::string> keys, Milliseconds timeout) {
   for (const std::string& key : keys) {
     const std::string what = concat("store wait '", key, "'");
     impl_->check_key(what, key);
-    const milliseconds left = remaining(deadline);
-    impl_->call(what, Opcode::kWait, key, {}, left.count(), deadline + kReplySlack, timeout);
+    impl_->wait_for(what, Opcode::kWait, key, deadline, timeout);
   }
 }
 
