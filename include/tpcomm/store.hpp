@@ -109,8 +109,11 @@ struct TcpStoreServerConfig {
   /// Most connections served at once. A new connection beyond this, or beyond
   /// `max_unauthenticated`, displaces (closes) the oldest connection still waiting to
   /// authenticate if that one has waited a second, and is otherwise refused as busy (clients
-  /// retry busy servers until their timeout).
-  int max_connections = 1024;
+  /// retry busy servers until their timeout). The default holds the launcher's largest world
+  /// (1024 ranks, each with its request and watch connections) and 64 more. The server raises
+  /// the process's soft limit of open files to fit it where the hard limit allows (and logs how
+  /// many connections fit where it does not).
+  int max_connections = 2 * 1024 + 64;
   /// Most connections that have not yet authenticated (sent a valid HELLO) at once; see
   /// `max_connections` for what a new one beyond it gets. Connections that never say HELLO thus
   /// cannot keep a client with the token out. At least 1.

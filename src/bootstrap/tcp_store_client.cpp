@@ -185,7 +185,27 @@ struct TcpStore::Impl {
 
   // Connects a second time and registers it as job rank `rank`'s watch connection; a thread
   // then reads its notices (NOTE [rank watch]).
+  // A server at its connection limit answers "busy": the claim is retried, with a growing
+  // pause, until the deadline, like the first connection.
   void start_watch(const std::string& host, int rank, Deadline deadline) {
+    for (milliseconds pause{10};; pause = std::min(2 * pause, milliseconds{500})) {
+      try {
+        claim_watch(host, rank, deadline);
+        break;
+      } catch (const Error& e) {
+        watch_sock.reset();
+        if (e.status() != Status::kUnavailable || SteadyClock::now() >= deadline) throw;
+        std::this_thread::sleep_for(
+            std::min<SteadyClock::duration>(pause, deadline - SteadyClock::now()));
+        if (SteadyClock::now() >= deadline) throw;
+      }
+    }
+    rank_watch = std::make_shared<RankWatch>();
+    watcher = std::thread([this] { watch_loop(); });
+  }
+
+  // One attempt of `start_watch`: kUnavailable when the server is busy.
+  void claim_watch(const std::string& host, int rank, Deadline deadline) {
     watch_sock = net::connect_tcp(host, port, deadline);
     const Deadline io = std::max(deadline, deadline_after(milliseconds{1000}));
     const auto exchange = [&](const wire::RequestHeader& h, std::span<const std::byte> value) {
@@ -199,6 +219,10 @@ struct TcpStore::Impl {
           "store watch: the connection to the store at ", address, " failed: ", net::describe(r));
       const wire::ReplyHeader reply = wire::decode_reply(rb);
       TPCOMM_CHECK(
+          wire::check_reply(reply, wire::kMaxReasonBytes) || reply.code != ReplyCode::kBusy,
+          Status::kUnavailable, "store watch: the store at ", address,
+          " is busy (at its connection limit)");
+      TPCOMM_CHECK(
           !wire::check_reply(reply, 0) && reply.code == ReplyCode::kOk && reply.value_len == 0,
           Status::kProtocolError, "store watch: the store at ", address,
           " refused the watch connection (", wire::to_string(reply.code), ")");
@@ -206,8 +230,6 @@ struct TcpStore::Impl {
     exchange({.opcode = Opcode::kHello, .value_len = config.token.size()},
              wire::as_bytes(config.token));
     exchange({.opcode = Opcode::kWatch, .arg = rank}, {});
-    rank_watch = std::make_shared<RankWatch>();
-    watcher = std::thread([this] { watch_loop(); });
   }
 
   void watch_loop() noexcept {

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,6 +69,31 @@ constexpr milliseconds kDisplaceAfter{1000};
 // 4. Stored keys and bytes are bounded by `max_keys` and `max_stored_bytes`.
 constexpr std::size_t kPiece = std::size_t{64} << 10;
 constexpr milliseconds kReplyStall{1000};
+
+// Descriptors beside the connections' sockets: the listener, the wake pipe, lingering busy
+// connections, and what the rest of the process holds.
+constexpr rlim_t kSpareFiles = 256;
+
+// Each connection is a socket: a store for 1024 ranks (two connections each) needs more open
+// files than the common soft limit of 1024. Raises the soft limit to fit `connections`, never
+// past the hard limit; says so where it cannot.
+void fit_open_files(int connections) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t want = static_cast<rlim_t>(connections) + kSpareFiles;
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= want) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? want : std::min(want, limit.rlim_max);
+  if (limit.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
+  if (limit.rlim_cur < want) {
+    TPCOMM_LOG_WARN("store: the open-file limit (", limit.rlim_cur, ", hard ", limit.rlim_max,
+                    ") holds about ",
+                    limit.rlim_cur > kSpareFiles ? limit.rlim_cur - kSpareFiles : 0,
+                    " connections of the ", connections,
+                    " configured (two per rank): raise it "
+                    "(ulimit -n) for larger jobs");
+  }
+}
 
 // Constant-time comparison, so the time a rejection takes says nothing about the token.
 bool token_matches(std::span<const std::byte> given, std::string_view expected) noexcept {
@@ -452,6 +478,7 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerConfig config) : impl_(std::make_un
   Impl& m = *impl_;
   m.config = std::move(config);
   m.limits = {m.config.max_key_bytes, m.config.max_value_bytes};
+  fit_open_files(m.config.max_connections);
   m.listener = net::listen_tcp(m.config.bind, m.config.port);
   m.port = net::local_port(m.listener.get());
   int p[2];

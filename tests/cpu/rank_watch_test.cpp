@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -310,6 +312,43 @@ TEST(RankWatch, OneWatchPerRankOfTheJob) {
   ASSERT_TRUE(heard.wait(5s));
   EXPECT_EQ(heard.lost->rank, 1);
   s0->rank_watch()->unsubscribe(id);
+}
+
+// A server at its connection limit answers a watch claim "busy": the claim is retried until a
+// connection frees up, within the client's timeout.
+TEST(RankWatch, ABusyWatchClaimIsRetried) {
+  TcpStoreServerConfig config;
+  config.max_connections = 3;
+  TcpStoreServer server(config);
+  auto s0 = watched(server.port(), 0);  // two connections
+  std::atomic<bool> ready{false};
+  std::shared_ptr<TcpStore> s1;
+  std::thread late([&] {
+    s1 = watched(server.port(), 1, 10s);  // its watch is the fourth connection
+    ready.store(true);
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(ready.load());  // refused as busy, and trying again
+  s0.reset();                  // frees two
+  late.join();
+  ASSERT_NE(s1, nullptr);
+  EXPECT_NE(s1->rank_watch(), nullptr);
+}
+
+// The default limit holds 1024 ranks of two connections each: the server raises the process's
+// soft limit of open files to fit, as far as the hard limit allows.
+TEST(RankWatch, TheServerFitsTheOpenFileLimitToItsConnections) {
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &before), 0);
+  TcpStoreServer server(TcpStoreServerConfig{});
+  rlimit after{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &after), 0);
+  const rlim_t want = 2 * 1024 + 64;
+  if (before.rlim_max == RLIM_INFINITY || before.rlim_max >= want + 256) {
+    EXPECT_GE(after.rlim_cur, want) << "hard limit " << before.rlim_max;
+  } else {
+    EXPECT_EQ(after.rlim_cur, before.rlim_max);
+  }
 }
 
 TEST(RankWatch, WatchFramesAreChecked) {
