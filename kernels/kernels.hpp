@@ -258,6 +258,13 @@ struct ExchangeParams {
   SignalPad* pads[kMaxRanks];
   /// What this rank reads from each rank (itself included).
   CopyRegion from[kMaxRanks];
+  /// The push form only (`launch_exchange_push`): what each rank reads from this one (its
+  /// `from[rank]`); the source side of each region is used.
+  CopyRegion to[kMaxRanks];
+  /// The push form only: every rank's workspace base as mapped here, and its layout, for the
+  /// Lamport receive buffers (NOTE [exchange push] in kernels/exchange_push.cu).
+  char* workspaces[kMaxRanks];
+  WorkspaceLayout layout;
   int rank;
   int world_size;
   /// Run the end barrier (registered inputs must stay untouched until every peer has read).
@@ -283,6 +290,23 @@ static_assert(std::is_trivially_copyable_v<ExchangeParams>);
 Status launch_exchange(const ExchangeParams& params, LaunchShape shape, bool stage,
                        bool programmatic, Stream stream) noexcept;
 
+/// Launches one rank's exchange in the push form on `stream` (NOTE [exchange push] in
+/// kernels/exchange_push.cu): this rank's regions of `to` written into its slot of every peer's
+/// Lamport buffer as lines of 8 bytes and two flag words, its own region copied, then every
+/// region of `from` taken from its own buffer as it arrives. No staging, no barrier. Every rank
+/// launches the same grid. kInvalidArgument for a world size outside 2..8, a bad launch shape, a
+/// region whose rows are not whole 4-byte words, or one that the Lamport slots cannot hold
+/// (`exchange_push_slot_bytes`); kCudaError when the launch fails.
+Status launch_exchange_push(const ExchangeParams& params, LaunchShape shape, bool programmatic,
+                            Stream stream) noexcept;
+
+/// Bytes of a Lamport slot that the push form needs to carry `bytes` bytes (a multiple of 4):
+/// a 16-byte line per 8 bytes.
+constexpr std::int64_t exchange_push_slot_bytes(std::int64_t bytes) noexcept {
+  return (bytes + 7) / 8 * 16;
+}
+static_assert(exchange_push_slot_bytes(4) == 16 && exchange_push_slot_bytes(1024) == 2048);
+
 /// A local copy of up to kMaxRanks regions in one launch: region i of `from` read from
 /// `sources[i]`, written into `output` (the LM-head exchange's fallback after its all-gather).
 struct RegionCopyParams {
@@ -302,8 +326,8 @@ Status launch_region_copy(const RegionCopyParams& params, Stream stream) noexcep
 /// (NOTE [first launch] in backends/custom_ar.cpp).
 Status warm_up_exchange(int world_size, Stream stream) noexcept;
 
-/// Most blocks of `threads` threads of the exchange kernel of `world_size` ranks that one SM
-/// holds at once; 0 for a world size outside 2..8.
+/// Most blocks of `threads` threads of the exchange kernels (both forms) of `world_size` ranks
+/// that one SM holds at once; 0 for a world size outside 2..8.
 int exchange_max_blocks_per_sm(int world_size, int threads) noexcept;
 
 }  // namespace tpcomm::kernels

@@ -191,19 +191,32 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = fused ]; then
 fi
 
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = exchange ]; then
-  # The LM head's exchange against SGLang's path (tpcomm's all-gather, then the reassembly copy)
-  # and a device copy of the same bytes, for DeepSeek-V3/V4's and Llama 3's vocabularies.
+  # The LM head's exchange in both forms against SGLang's path (tpcomm's all-gather, then the
+  # reassembly copy) and a device copy of the same bytes, for DeepSeek-V3/V4's and Llama 3's
+  # vocabularies.
   for vocab in 129280 128256; do
     for r in 2 4 8; do
       step exchange "$bin/tpcomm" bench --virtual-ranks "$r" --op lm_head_exchange --vocab "$vocab" \
-        --tokens 1,36,120 -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 \
-        --algo pull,all_gather,memcpy --json "$out/lm-head-v$vocab-w$r.json"
+        --tokens 1,4,36,120 -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 \
+        --algo auto,pull,push,all_gather,memcpy --json "$out/lm-head-v$vocab-w$r.json"
     done
   done
-  # The plain exchanges over peer memory against the device copy.
+  # The plain exchanges in both forms, 1 KiB to 1 MiB of input per rank, against the device copy
+  # and the all-reduce of the same input bytes per rank (an all-gather's size is its output's).
+  for r in 2 4 8; do
+    step exchange "$bin/tpcomm" bench --virtual-ranks "$r" --op allgather -b $((r * 1024)) \
+      -e $((r << 20)) -f 4 -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 \
+      --algo auto,pull,push,memcpy --json "$out/allgather-w$r.json"
+    step exchange "$bin/tpcomm" bench --virtual-ranks "$r" --op alltoall -b 1K -e 1M -f 4 \
+      -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 --algo auto,pull,push,memcpy \
+      --json "$out/alltoall-w$r.json"
+    step exchange "$bin/tpcomm" bench --virtual-ranks "$r" -b 1K -e 1M -f 4 -d bfloat16 --graph \
+      -n 20 -w 3 --graph-replays 10 --algo auto --json "$out/allreduce-w$r.json"
+  done
+  # The larger sizes the pull form serves, at 8 ranks.
   for op in allgather alltoall; do
-    step exchange "$bin/tpcomm" bench --virtual-ranks 8 --op "$op" -b 1K -e 32M -f 4 -d bfloat16 \
-      --graph -n 20 -w 3 --graph-replays 10 --algo pull,memcpy --json "$out/$op-w8.json"
+    step exchange "$bin/tpcomm" bench --virtual-ranks 8 --op "$op" -b 1M -e 32M -f 4 -d bfloat16 \
+      --graph -n 20 -w 3 --graph-replays 10 --algo pull,memcpy --json "$out/$op-w8-large.json"
   done
 fi
 

@@ -32,6 +32,7 @@ Runner::Runner(Bootstrap& boot, int device, const BenchOptions& o, const BenchAl
   Options opt = Options::from_env();
   // The `auto` row keeps what TPCOMM_ALGO says; every other group row pins its own.
   if (algo.kind == BenchAlgo::Kind::kGroup && algo.name != "auto") opt.algo = algo.name;
+  if (algo.kind == BenchAlgo::Kind::kExchange) opt.exchange_algo = algo.name;
   if (algo.kind == BenchAlgo::Kind::kLmHeadAllGather) opt.lm_head_a2a = Switch::kOff;
   world_ = boot.world_size();
   if (algo.kind == BenchAlgo::Kind::kMemcpy) {

@@ -45,6 +45,7 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_NCCL_PATH` | `nccl_path` | `libnccl.so.2` |
 /// | `TPCOMM_TIMEOUT_MS` | `timeout_ms` | 30000 (at most `kMaxTimeoutMs`, 365 days) |
 /// | `TPCOMM_ALGO` | `algo` | `auto` |
+/// | `TPCOMM_EXCHANGE_ALGO` | `exchange_algo` | `auto` |
 /// | `TPCOMM_TUNE_FILE` | `tune_file` | `$XDG_CACHE_HOME/tpcomm/tune-w<world>-<gpu>.txt` |
 /// | `TPCOMM_CUSTOM_AR_MAX_BYTES` | `custom_ar_max_bytes` | 8 MiB (at most 4 GiB) |
 /// | `TPCOMM_CUSTOM_AR_REGISTER_BYTES` | `custom_ar_register_min_bytes` | 2 MiB (at most 4 GiB) |
@@ -85,6 +86,11 @@ struct Options {
   /// algorithm (`tpcomm info` lists them), used wherever it can serve, the built-in choice
   /// elsewhere. A name that is none of these makes `from_env` (and building a group) throw.
   std::string algo = "auto";
+  /// The exchanges' algorithm (all-gather, all-to-all, the LM-head exchange): "auto" (the tuned
+  /// table, else the built-in choice), or "pull" or "push" (`tpcomm info` lists them), used
+  /// wherever it can serve, the built-in choice elsewhere. `algo` "nccl" overrides it. A name that
+  /// is none of these makes `from_env` (and building a group) throw.
+  std::string exchange_algo = "auto";
   /// Where the tuned table is cached; empty means the default location, which falls back to
   /// `$HOME/.cache/tpcomm/` and then `/tmp/tpcomm-cache/` (see `default_tune_path`).
   std::string tune_file;

@@ -50,8 +50,10 @@ __device__ __forceinline__ void st_volatile(void* p, uint4 v) {
 }
 
 /// Lamport buffer `buffer` of rank `owner`, as mapped here; slot s starts
-/// `s * layout.lamport_slot_bytes` bytes in.
-__device__ __forceinline__ char* lamport_buffer(const AllReduceParams& p, int owner, int buffer) {
+/// `s * layout.lamport_slot_bytes` bytes in. (`Params`: `AllReduceParams` or `ExchangeParams`,
+/// as for every function here that takes them.)
+template <class Params>
+__device__ __forceinline__ char* lamport_buffer(const Params& p, int owner, int buffer) {
   return p.workspaces[owner] + p.layout.lamport_slot(buffer, 0, p.world_size);
 }
 
@@ -86,7 +88,8 @@ struct LamportFrame {
 
 /// Reads the operation number and what the previous operation left. Every thread calls it,
 /// after `begin_launch`.
-__device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) {
+template <class Params>
+__device__ __forceinline__ LamportFrame lamport_frame(const Params& p) {
   __shared__ std::uint32_t seq_shared, failed_shared, dirty_shared[kLamportBuffers];
   SignalPad* self = p.pads[p.rank];
   LamportFrame f;
@@ -116,9 +119,8 @@ __device__ __forceinline__ LamportFrame lamport_frame(const AllReduceParams& p) 
 
 /// Pushes this operation's header into every rank's buffer (block 0, thread 0), before any data
 /// (NOTE [fingerprints]).
-template <int R>
-__device__ __forceinline__ void lamport_push_header(const AllReduceParams& p,
-                                                    const LamportFrame& f) {
+template <int R, class Params>
+__device__ __forceinline__ void lamport_push_header(const Params& p, const LamportFrame& f) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   const std::uint32_t header = lamport_header(p.fingerprint);
 #pragma unroll
@@ -138,7 +140,8 @@ struct LamportHeader {
   bool pending;            // a header to check that has not arrived yet
   bool same = true;        // the header that arrived is `expected`
 
-  __device__ __forceinline__ LamportHeader(const AllReduceParams& p, const LamportFrame& f)
+  template <class Params>
+  __device__ __forceinline__ LamportHeader(const Params& p, const LamportFrame& f)
       : at(&p.pads[p.rank]->lamport_fingerprint[f.buffer][threadIdx.x < R ? threadIdx.x : 0]),
         expected(lamport_header(p.fingerprint)),
         pending(threadIdx.x < R) {}
@@ -163,8 +166,8 @@ struct NoHeader {
 
 /// Refills with the empty mark what the previous operation left in this rank's buffer; the
 /// grid shares the work. Called while the peers' data travels.
-template <int R>
-__device__ __forceinline__ void lamport_refill(const AllReduceParams& p, const LamportFrame& f) {
+template <int R, class Params>
+__device__ __forceinline__ void lamport_refill(const Params& p, const LamportFrame& f) {
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t packs = f.stale / 16;

@@ -133,6 +133,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_NCCL_PATH", o.nccl_path},
       {"TPCOMM_TIMEOUT_MS", std::to_string(o.timeout_ms)},
       {"TPCOMM_ALGO", o.algo},
+      {"TPCOMM_EXCHANGE_ALGO", o.exchange_algo},
       {"TPCOMM_TUNE_FILE", o.tune_file.empty() ? "(default location)" : o.tune_file},
       {"TPCOMM_CUSTOM_AR_MAX_BYTES", format_bytes(o.custom_ar_max_bytes)},
       {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", format_bytes(o.custom_ar_register_min_bytes)},
@@ -410,7 +411,8 @@ void print_algorithms(std::ostream& out) {
   out << "custom all-reduce algorithms (TPCOMM_ALGO, bench --algo)\n";
   for (const AlgoInfo& a : kAlgorithms)
     out << "  " << pad(std::string(a.name), 18) << a.summary << "\n";
-  out << "custom exchange algorithms (all-gather, all-to-all, LM head; bench --algo)\n";
+  out << "custom exchange algorithms (all-gather, all-to-all, LM head; TPCOMM_EXCHANGE_ALGO, "
+         "bench --algo)\n";
   for (const ExchangeInfo& e : kExchangeAlgorithms)
     out << "  " << pad(std::string(e.name), 18) << e.summary << "\n";
 }

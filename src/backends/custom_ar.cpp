@@ -221,12 +221,19 @@ Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
     p.staging[r] = m.exchange_staging[r];
     p.pads[r] = reinterpret_cast<SignalPad*>(m.workspaces[r] + m.layout.signal);
     p.from[r] = plan.from[r];
+    p.to[r] = plan.to[r];
+    p.workspaces[r] = m.workspaces[r];
   }
+  p.layout = m.layout;
   p.half_bytes = m.exchange_half;
   p.rank = m.rank;
   p.world_size = m.world;
   p.timeout_ns = m.timeout_ns;
   p.error = m.error_dev;
+  p.early_launch = early_launch(choice.blocks, 1);
+  // The push form copies the input into the peers' buffers: nothing to stage or register.
+  if (info(choice.algo).lamport)
+    return kernels::launch_exchange_push(p, choice.shape(), m.programmatic, stream);
   bool stage = true;
   // Registered (NOTE [staging]) where the input is large enough that the end barrier costs less
   // than the staging copy, like the all-reduce; the slot is filled when the scope closes. The
@@ -240,7 +247,6 @@ Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
     m.recorded.push_back(stage ? nullptr : in.data);
     ++next_slot_;
   }
-  p.early_launch = early_launch(choice.blocks, 1);
   return kernels::launch_exchange(p, choice.shape(), stage, m.programmatic, stream);
 }
 

@@ -14,8 +14,10 @@ Plan CustomArBackend::plan(const Request& r) const noexcept {
     case Op::kAllGather:
     case Op::kAllToAll: {
       if (r.plan == nullptr) return Plan::no("the exchange has no plan");
-      const ExchangeChoice c = select_exchange(r.plan->largest_input, r.plan->largest_output,
-                                               ar_->caps(), pinned_, *table_);
+      const ExchangePlan& e = *r.plan;
+      const ExchangeChoice c =
+          select_exchange({e.largest_input, e.largest_output, e.push_slot_bytes}, ar_->caps(),
+                          pinned_, pinned_exchange_, *table_);
       if (c.algo == ExchangeAlgo::kNone)
         return Plan::no("input larger than the exchange's staging (Group::prepare_exchange)");
       return Plan::yes({this, Algo::kNone, c.algo, c.shape()});

@@ -16,11 +16,17 @@ namespace tpcomm {
 class CustomArBackend final : public Backend {
  public:
   /// `table` points at the group's current tuned table (null: the built-in choice), which
-  /// `Group::tune` may replace. `lm_head`: the LM-head exchange is served here
+  /// `Group::tune` may replace. `pinned` and `pinned_exchange`: what `TPCOMM_ALGO` and
+  /// `TPCOMM_EXCHANGE_ALGO` say. `lm_head`: the LM-head exchange is served here
   /// (`TPCOMM_LM_HEAD_A2A`).
-  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, Pinned pinned, const TuneTable* const* table,
+  CustomArBackend(std::unique_ptr<CustomAllReduce> ar, Pinned pinned,
+                  PinnedExchange pinned_exchange, const TuneTable* const* table,
                   bool lm_head) noexcept
-      : ar_(std::move(ar)), pinned_(pinned), table_(table), lm_head_(lm_head) {}
+      : ar_(std::move(ar)),
+        pinned_(pinned),
+        pinned_exchange_(pinned_exchange),
+        table_(table),
+        lm_head_(lm_head) {}
 
   [[nodiscard]] CustomAllReduce& impl() noexcept { return *ar_; }
 
@@ -33,6 +39,7 @@ class CustomArBackend final : public Backend {
  private:
   std::unique_ptr<CustomAllReduce> ar_;
   Pinned pinned_;
+  PinnedExchange pinned_exchange_;
   const TuneTable* const* table_;
   bool lm_head_;
 };

@@ -14,15 +14,21 @@
 namespace tpcomm {
 
 /// One rank's exchange (all-gather, all-to-all, the LM-head exchange; NOTE [exchange] in
-/// kernels/exchange.cu): the region it copies from each rank, the bytes of its own input (what
-/// it stages for its peers), and, computed alike on every rank, the largest input of any rank
-/// (which decides whether the staging holds the call) and the most bytes any rank receives
-/// (which sizes the launch). Pure host arithmetic, tested on the CPU.
+/// kernels/exchange.cu): the region it copies from each rank, the region each rank copies from
+/// it (what the push form sends: NOTE [exchange push] in kernels/exchange_push.cu), the bytes of
+/// its own input (what it stages for its peers), and, computed alike on every rank, the largest
+/// input of any rank (which decides whether the staging holds the call), the most bytes any rank
+/// receives (which sizes the launch) and the Lamport slot the push form needs. Pure host
+/// arithmetic, tested on the CPU.
 struct ExchangePlan {
   std::array<kernels::CopyRegion, kMaxRanks> from{};
+  std::array<kernels::CopyRegion, kMaxRanks> to{};
   std::int64_t input_bytes = 0;
   std::int64_t largest_input = 0;
   std::int64_t largest_output = 0;
+  /// Bytes of a Lamport slot that the push form needs for the largest region any rank sends
+  /// another; 0 where some region's rows are not whole 4-byte words (the pull form only).
+  std::int64_t push_slot_bytes = 0;
 };
 
 /// All-gather of `bytes` bytes per rank: rank r's input lands at byte `r * bytes` of the output.

@@ -124,7 +124,9 @@ void Group::Impl::add_custom(Pinned pinned, const GroupConfig& config) {
   if (config.fusion_max_tokens >= 0) custom_options.fusion_max_tokens = config.fusion_max_tokens;
   if (config.fusion_hidden > 0) custom_options.fusion_hidden = config.fusion_hidden;
   if (auto ar = CustomAllReduce::create(boot, device, custom_options, &why)) {
-    auto backend = std::make_unique<CustomArBackend>(std::move(ar), pinned, &table,
+    PinnedExchange pinned_exchange;
+    (void)parse_pinned_exchange(options.exchange_algo, &pinned_exchange);  // checked by Group
+    auto backend = std::make_unique<CustomArBackend>(std::move(ar), pinned, pinned_exchange, &table,
                                                      options.lm_head_a2a != Switch::kOff);
     custom = backend.get();
     chain.add(std::move(backend));
@@ -201,6 +203,7 @@ void require_same_settings(Bootstrap& boot, const Options& o, const GroupConfig&
   auto flag = [](bool b) { return std::string(b ? "1" : "0"); };
   const Setting settings[] = {
       {"TPCOMM_ALGO", o.algo},
+      {"TPCOMM_EXCHANGE_ALGO", o.exchange_algo},
       {"TPCOMM_CUSTOM_AR_MAX_BYTES", std::to_string(o.custom_ar_max_bytes)},
       {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", std::to_string(o.custom_ar_register_min_bytes)},
       {"TPCOMM_LAMPORT_MAX_BYTES", std::to_string(o.lamport_max_bytes)},
@@ -228,6 +231,10 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   TPCOMM_CHECK(parse_pinned(options.algo, &pinned), Status::kInvalidArgument, "algorithm \"",
                options.algo, "\" (TPCOMM_ALGO) is not one of ", pinned_names());
   options.algo = std::string(to_string(pinned));
+  PinnedExchange pinned_exchange;
+  TPCOMM_CHECK(parse_pinned_exchange(options.exchange_algo, &pinned_exchange),
+               Status::kInvalidArgument, "exchange algorithm \"", options.exchange_algo,
+               "\" (TPCOMM_EXCHANGE_ALGO) is not one of auto, ", exchange_names());
   TPCOMM_CHECK(config.fusion_max_tokens >= -1 && config.fusion_max_tokens <= 65536 &&
                    config.fusion_hidden >= 0 && config.fusion_hidden <= 65536,
                Status::kInvalidArgument, "GroupConfig: fusion_max_tokens ",

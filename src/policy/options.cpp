@@ -193,6 +193,12 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
     if (!parse_pinned(*v, &pinned)) bad("TPCOMM_ALGO", *v, "one of " + pinned_names());
     o.algo = std::string(to_string(pinned));
   }
+  if (auto v = getenv("TPCOMM_EXCHANGE_ALGO")) {
+    PinnedExchange pinned;
+    if (!parse_pinned_exchange(*v, &pinned))
+      bad("TPCOMM_EXCHANGE_ALGO", *v, "one of auto, " + exchange_names());
+    o.exchange_algo = std::string(to_string(pinned));
+  }
   if (auto v = getenv("TPCOMM_TUNE_FILE")) o.tune_file = *v;
   if (auto v = getenv("TPCOMM_CUSTOM_AR_MAX_BYTES")) {
     auto b = parse_bytes(*v);

@@ -226,30 +226,40 @@ inline std::string to_string(const Choice& c) {
 // ---- the exchange: all-gather, all-to-all and the LM-head exchange ------------------------
 
 /// A custom exchange algorithm: a row of `kExchangeAlgorithms`, or `kNone` (NCCL serves).
-enum class ExchangeAlgo : std::uint8_t { kNone, kPull };
+enum class ExchangeAlgo : std::uint8_t { kNone, kPull, kPush };
 
 /// One exchange algorithm: what it is called and where the built-in choice takes it.
 struct ExchangeInfo {
   ExchangeAlgo algo;
-  /// As written in `tpcomm bench --algo`.
+  /// As written in `TPCOMM_EXCHANGE_ALGO`, `tpcomm bench --algo` and tuned-table files.
   std::string_view name;
   std::string_view summary;
   /// Most blocks one rank's kernel may launch (one flag row per block in the signal pad).
   int max_blocks;
-  /// By the bytes of the largest rank's input, within the staging buffer (NOTE [exchange] in
-  /// kernels/exchange.cu): a copy at the memory's speed, with no host cost but the launch, so
-  /// unbounded; NCCL serves what the staging buffer cannot hold.
+  /// It pushes into the Lamport receive buffers (NOTE [exchange push] in
+  /// kernels/exchange_push.cu): it serves calls whose regions are whole 4-byte words and fit the
+  /// slots (`ExchangePlan::push_slot_bytes`). Otherwise it reads the staged inputs.
+  bool lamport;
+  /// By the bytes of the largest rank's input. The pull form is a copy at the memory's speed
+  /// after one barrier, so unbounded within the staging buffer (NCCL serves what it cannot hold);
+  /// the push form saves the barrier and the staging copy but sends two bytes for every byte,
+  /// so it leads up to where the pull form's copy at full speed catches up.
   BuiltIn built_in;
 };
 
 /// The exchange algorithms, in the order `tpcomm bench --algo all` runs them. They serve
 /// `Group::all_gather`, `Group::all_to_all` (equal split and per-peer counts) and
 /// `Group::lm_head_exchange`, any dtype.
-inline constexpr std::array<ExchangeInfo, 1> kExchangeAlgorithms{{
+inline constexpr std::array<ExchangeInfo, 2> kExchangeAlgorithms{{
     {ExchangeAlgo::kPull, "pull",
      "barrier, then every rank copies what it receives from each peer's buffer straight to its "
      "place in the output (the LM head's reassembly included)",
-     kMaxBlocks, BuiltIn{1, kUnbounded, kUnbounded, kUnbounded}},
+     kMaxBlocks, false, BuiltIn{2, kUnbounded, kUnbounded, kUnbounded}},
+    {ExchangeAlgo::kPush, "push",
+     "every rank writes each peer's part into that peer's receive buffer in lines that carry "
+     "their own flags; no barrier, no staging copy (regions of whole 4-byte words)",
+     kMaxBlocks, true,
+     BuiltIn{1, std::int64_t{256} << 10, std::int64_t{128} << 10, std::int64_t{64} << 10}},
 }};
 
 /// The row of `a`; `a` must not be `kNone`.
@@ -267,6 +277,35 @@ static_assert(
 /// The algorithm's name, or "none" for `kNone`.
 constexpr std::string_view to_string(ExchangeAlgo a) noexcept {
   return a == ExchangeAlgo::kNone ? std::string_view("none") : info(a).name;
+}
+
+/// What `TPCOMM_EXCHANGE_ALGO` pins: nothing ("auto"), or an exchange algorithm, taken where it
+/// serves the call (the built-in choice serves the rest).
+using PinnedExchange = std::optional<ExchangeAlgo>;
+
+/// The inverse of `to_string(PinnedExchange)`: "auto" or an algorithm's name.
+constexpr bool parse_pinned_exchange(std::string_view s, PinnedExchange* out) noexcept {
+  if (s == "auto") {
+    *out = std::nullopt;
+    return true;
+  }
+  for (const ExchangeInfo& i : kExchangeAlgorithms)
+    if (i.name == s) {
+      *out = i.algo;
+      return true;
+    }
+  return false;
+}
+
+constexpr std::string_view to_string(PinnedExchange p) noexcept {
+  return p ? to_string(*p) : std::string_view("auto");
+}
+
+/// True when exchange algorithm `a` can serve a call whose push form needs `push_slot_bytes` of
+/// a Lamport slot (0: it cannot push) in a group whose slots hold `lamport_slot_bytes`.
+constexpr bool fits(ExchangeAlgo a, std::int64_t push_slot_bytes,
+                    std::int64_t lamport_slot_bytes) noexcept {
+  return !info(a).lamport || (push_slot_bytes > 0 && push_slot_bytes <= lamport_slot_bytes);
 }
 
 /// Every exchange algorithm's name, separated by ", ".

@@ -149,33 +149,46 @@ Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
   return fused_launch(best->algo, rows, hidden, caps.max_blocks, caps.max_cluster_blocks);
 }
 
-ExchangeChoice select_exchange(std::int64_t largest_input, std::int64_t largest_output,
-                               const SelectorCaps& caps, Pinned pinned,
-                               const TuneTable* table) noexcept {
+ExchangeChoice exchange_launch(ExchangeAlgo algo, std::int64_t largest_output,
+                               const SelectorCaps& caps) noexcept {
+  // The push form's lines carry twice the bytes, and its threads wait for them: more blocks.
+  const std::int64_t per_block =
+      info(algo).lamport ? std::int64_t{16} << 10 : std::int64_t{32} << 10;
+  const auto blocks = std::clamp<std::int64_t>((largest_output + per_block - 1) / per_block, 1,
+                                               std::min(caps.max_blocks, info(algo).max_blocks));
+  return {algo, static_cast<int>(blocks), kDefaultThreads};
+}
+
+ExchangeChoice select_exchange(const ExchangeSize& size, const SelectorCaps& caps, Pinned pinned,
+                               PinnedExchange pinned_exchange, const TuneTable* table) noexcept {
   if (!caps.custom_available || caps.world_size < 2 || caps.world_size > kMaxRanks ||
-      caps.max_blocks < 1 || largest_input <= 0 || largest_input > caps.exchange_max_bytes ||
-      largest_input >= (std::int64_t{1} << 32))
+      caps.max_blocks < 1 || size.largest_input <= 0 ||
+      size.largest_input > caps.exchange_max_bytes || size.largest_input >= (std::int64_t{1} << 32))
     return {};
   if (pinned && *pinned == Algo::kNone) return {};
-  if (table != nullptr && table->key().world_size == caps.world_size) {
-    if (auto tuned = table->lookup_exchange(largest_output)) {
+  auto usable = [&](ExchangeAlgo a) {
+    return fits(a, size.push_slot_bytes, caps.lamport_max_bytes);
+  };
+  if (pinned_exchange && usable(*pinned_exchange))
+    return exchange_launch(*pinned_exchange, size.largest_output, caps);
+  if (!pinned_exchange && table != nullptr && table->key().world_size == caps.world_size) {
+    if (auto tuned = table->lookup_exchange(size.largest_output)) {
       if (tuned->algo == ExchangeAlgo::kNone) return {};
-      tuned->blocks =
-          std::clamp(tuned->blocks, 1, std::min(caps.max_blocks, info(tuned->algo).max_blocks));
-      return *tuned;
+      if (usable(tuned->algo)) {
+        tuned->blocks =
+            std::clamp(tuned->blocks, 1, std::min(caps.max_blocks, info(tuned->algo).max_blocks));
+        return *tuned;
+      }
     }
   }
   const ExchangeInfo* best = nullptr;
   for (const ExchangeInfo& e : kExchangeAlgorithms)
-    if (e.built_in.order > 0 && e.built_in.bound(caps.world_size) >= largest_input &&
+    if (e.built_in.order > 0 && usable(e.algo) &&
+        e.built_in.bound(caps.world_size) >= size.largest_input &&
         (best == nullptr || e.built_in.order < best->built_in.order))
       best = &e;
   if (best == nullptr) return {};
-  constexpr std::int64_t kBytesPerBlock = std::int64_t{32} << 10;
-  const auto blocks =
-      std::clamp<std::int64_t>((largest_output + kBytesPerBlock - 1) / kBytesPerBlock, 1,
-                               std::min(caps.max_blocks, best->max_blocks));
-  return {best->algo, static_cast<int>(blocks), kDefaultThreads};
+  return exchange_launch(best->algo, size.largest_output, caps);
 }
 
 }  // namespace tpcomm

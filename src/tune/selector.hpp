@@ -130,21 +130,36 @@ inline constexpr int kDefaultThreads = 512;
                                         const TuneTable* table,
                                         const char** why = nullptr) noexcept;
 
+/// The sizes of an exchange that its choice depends on, the same on every rank (an
+/// `ExchangePlan`'s): the largest rank's input, the most bytes a rank receives, and the Lamport
+/// slot the push form needs (0: it cannot push).
+struct ExchangeSize {
+  std::int64_t largest_input = 0;
+  std::int64_t largest_output = 0;
+  std::int64_t push_slot_bytes = 0;
+};
+
 /// Chooses how the custom backend serves an exchange (all-gather, all-to-all, the LM-head
-/// exchange) whose largest rank's input is `largest_input` bytes and in which no rank receives
-/// more than `largest_output` bytes, or `ExchangeAlgo::kNone` (NCCL then serves it). Pure and
-/// fed only rank-invariant inputs, like `select_all_reduce`:
+/// exchange) of `size`, or `ExchangeAlgo::kNone` (NCCL then serves it). Pure and fed only
+/// rank-invariant inputs, like `select_all_reduce`:
 /// 1. hard requirements, else `kNone`: `caps.custom_available`; 2 <= world size <= 8;
 ///    `caps.max_blocks` >= 1; 0 < `largest_input` <= `caps.exchange_max_bytes` and below 4 GiB;
 /// 2. `pinned` "nccl" gives `kNone` (an all-reduce algorithm pins nothing here);
-/// 3. the tuned table's exchange bucket for `largest_output` (the work of the busiest rank),
-///    where `table` is not null, was tuned for this world size and has exchange buckets that
-///    cover it (`none` there: NCCL);
-/// 4. the lowest `ExchangeInfo::built_in` order whose bound holds `largest_input`, with
-///    `kDefaultThreads` threads and one block per 32 KiB of `largest_output`;
+/// 3. `pinned_exchange` where it `fits`, with `exchange_launch`'s shape;
+/// 4. unpinned, the tuned table's exchange bucket for `largest_output` (the work of the busiest
+///    rank), where `table` is not null, was tuned for this world size, has exchange buckets that
+///    cover it and its algorithm fits (`none` there: NCCL);
+/// 5. the lowest `ExchangeInfo::built_in` order that fits and whose bound holds `largest_input`,
+///    with `exchange_launch`'s shape;
 /// `blocks` always clamped to [1, min(caps.max_blocks, the algorithm's max_blocks)].
-[[nodiscard]] ExchangeChoice select_exchange(std::int64_t largest_input,
-                                             std::int64_t largest_output, const SelectorCaps& caps,
-                                             Pinned pinned, const TuneTable* table) noexcept;
+[[nodiscard]] ExchangeChoice select_exchange(const ExchangeSize& size, const SelectorCaps& caps,
+                                             Pinned pinned, PinnedExchange pinned_exchange,
+                                             const TuneTable* table) noexcept;
+
+/// The built-in launch shape of `algo` for an exchange in which no rank receives more than
+/// `largest_output` bytes: `kDefaultThreads` threads, one block per 32 KiB received (16 KiB in
+/// the push form, whose lines carry twice the bytes).
+[[nodiscard]] ExchangeChoice exchange_launch(ExchangeAlgo algo, std::int64_t largest_output,
+                                             const SelectorCaps& caps) noexcept;
 
 }  // namespace tpcomm

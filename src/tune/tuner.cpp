@@ -110,7 +110,9 @@ std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
 std::vector<ExchangeChoice> exchange_candidates(std::int64_t bytes, const SelectorCaps& caps) {
   std::vector<ExchangeChoice> out;
   const std::int64_t accesses = (bytes + 15) / 16;
+  const std::int64_t piece = std::max<std::int64_t>(16, bytes / std::max(1, caps.world_size));
   for (const ExchangeInfo& e : kExchangeAlgorithms) {
+    if (!fits(e.algo, kernels::exchange_push_slot_bytes(piece), caps.lamport_max_bytes)) continue;
     const int max_blocks = std::min(caps.max_blocks, e.max_blocks);
     for (int threads : kTunerThreads) {
       const std::int64_t useful = std::max<std::int64_t>(1, (accesses + threads - 1) / threads);

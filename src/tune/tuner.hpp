@@ -39,8 +39,8 @@ constexpr std::int64_t tune_fused_hidden(std::int64_t bytes) noexcept {
 std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
                                   const TimeCandidate& time);
 
-/// Microseconds per exchange with `choice` in which every rank receives `bytes` bytes.
-/// Collective, as `TimeCandidate`.
+/// Microseconds per exchange with `choice` in which every rank receives `bytes` bytes: an
+/// equal-split all-to-all of `bytes` per rank. Collective, as `TimeCandidate`.
 using TimeExchange = std::function<double(const ExchangeChoice& choice, std::int64_t bytes)>;
 
 /// Times every `exchange_candidates` per size bucket (bytes received by a rank) of
@@ -50,9 +50,11 @@ using TimeExchange = std::function<double(const ExchangeChoice& choice, std::int
 std::vector<ExchangeEntry> tune_exchange(const SelectorCaps& caps, Bootstrap& boot,
                                          const TimeExchange& time);
 
-/// The exchange's candidates for one bucket, fewest blocks first: every exchange algorithm in
-/// every launch shape of `kTunerThreads` x `kTunerBlocks` up to the algorithm's and the group's
-/// block limits and one step past one 16-byte access per thread.
+/// The exchange's candidates for one bucket, fewest blocks first: every exchange algorithm that
+/// fits the equal-split all-to-all of `bytes` per rank (`fits`: the push form's pieces of
+/// `bytes` / world size in the Lamport slots) in every launch shape of `kTunerThreads` x
+/// `kTunerBlocks` up to the algorithm's and the group's block limits and one step past one
+/// 16-byte access per thread.
 std::vector<ExchangeChoice> exchange_candidates(std::int64_t bytes, const SelectorCaps& caps);
 
 /// The candidates measured for one bucket, fewest blocks first (so ties go to fewer blocks):

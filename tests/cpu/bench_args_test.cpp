@@ -84,7 +84,7 @@ TEST(BenchArgs, AlgorithmLists) {
   EXPECT_EQ(parse({"--op", "allgather", "--algo", "all"}).algos.size(),
             kExchangeAlgorithms.size() + 4);
   EXPECT_EQ(names(parse({"--op", "lm_head_exchange", "--algo", "all"}).algos),
-            (std::vector<std::string>{"auto", "pull", "all_gather", "nccl", "memcpy"}));
+            (std::vector<std::string>{"auto", "pull", "push", "all_gather", "nccl", "memcpy"}));
   EXPECT_EQ(parse({"--algo", "pull"}).algos[0].kind, BenchAlgo::Kind::kExchange);
   EXPECT_FALSE(parse({"--algo", "pull"}).algos[0].pins_custom());
 }

@@ -76,6 +76,49 @@ TEST(ExchangePlan, LmHeadEqualLayoutAndEmptyShards) {
   EXPECT_EQ(lm_head_columns(8, 16160, 129280), 0);
 }
 
+constexpr std::int64_t kCounts[] = {1, 2, 3, 4, 0, 6, 7, 8, 10};
+
+// Every plan, for every pair of ranks: what rank d takes from rank s (d's `from[s]`) is what s
+// sends d (s's `to[d]`), and the push form's slot is the same on every rank.
+TEST(ExchangePlan, EveryRankSendsWhatItsPeersTake) {
+  struct Case {
+    const char* name;
+    int world;
+    ExchangePlan (*plan)(int world, int rank);
+    std::int64_t push_slot;
+  };
+  const Case cases[] = {
+      {"all_gather", 5, [](int w, int r) { return plan_all_gather(100, w, r); }, 208},
+      {"all_gather odd", 3, [](int w, int r) { return plan_all_gather(6, w, r); }, 0},
+      {"all_to_all", 4, [](int w, int r) { return plan_all_to_all(128, w, r); }, 64},
+      {"all_to_allv", 3, [](int w, int r) { return plan_all_to_all(kCounts, 4, w, r); },
+       64},  // the most any rank sends another: 8 elements of 4 bytes, in 4 lines
+      {"all_to_allv 2-byte", 3, [](int w, int r) { return plan_all_to_all(kCounts, 2, w, r); },
+       0},  // one element of 2 bytes is not a word
+      {"lm_head", 4,
+       [](int w, int r) {
+         const std::int64_t rows_of[] = {2, 0, 3, 1};
+         return plan_lm_head(LmHeadLayout::counts(rows_of), 10, 36, 2, w, r);
+       },
+       128},  // rank 2's 3 rows of 20 bytes: 60 bytes, 8 lines
+      {"lm_head odd vocabulary", 4,
+       [](int w, int r) {
+         const std::int64_t rows_of[] = {2, 0, 3, 1};
+         return plan_lm_head(LmHeadLayout::counts(rows_of), 10, 33, 2, w, r);
+       },
+       0},  // the last shard's rows are 6 bytes
+  };
+  for (const Case& c : cases) {
+    for (int d = 0; d < c.world; ++d) {
+      const ExchangePlan taker = c.plan(c.world, d);
+      EXPECT_EQ(taker.push_slot_bytes, c.push_slot) << c.name << " rank " << d;
+      for (int s = 0; s < c.world; ++s)
+        EXPECT_TRUE(same(taker.from[s], c.plan(c.world, s).to[d]))
+            << c.name << ": rank " << d << " from rank " << s;
+    }
+  }
+}
+
 SelectorCaps exchange_caps(int world) {
   SelectorCaps caps;
   caps.world_size = world;
@@ -86,26 +129,30 @@ SelectorCaps exchange_caps(int world) {
   return caps;
 }
 
+/// `select_exchange` of a call that cannot push (rows not whole words).
+ExchangeChoice pull_only(std::int64_t input, std::int64_t output, const SelectorCaps& caps,
+                         Pinned pinned, const TuneTable* table) {
+  return select_exchange({input, output, 0}, caps, pinned, {}, table);
+}
+
 TEST(ExchangeSelector, ServesWhatTheStagingHolds) {
   const SelectorCaps caps = exchange_caps(8);
-  EXPECT_EQ(select_exchange(1, 1, caps, {}, nullptr),
-            (ExchangeChoice{ExchangeAlgo::kPull, 1, 512}));
-  EXPECT_EQ(select_exchange(64 << 10, 64 << 10, caps, {}, nullptr),
+  EXPECT_EQ(pull_only(1, 1, caps, {}, nullptr), (ExchangeChoice{ExchangeAlgo::kPull, 1, 512}));
+  EXPECT_EQ(pull_only(64 << 10, 64 << 10, caps, {}, nullptr),
             (ExchangeChoice{ExchangeAlgo::kPull, 2, 512}));
-  EXPECT_EQ(select_exchange(32 << 20, 32 << 20, caps, {}, nullptr),
+  EXPECT_EQ(pull_only(32 << 20, 32 << 20, caps, {}, nullptr),
             (ExchangeChoice{ExchangeAlgo::kPull, 24, 512}));
-  EXPECT_EQ(select_exchange((32 << 20) + 1, (32 << 20) + 1, caps, {}, nullptr).algo,
-            ExchangeAlgo::kNone);
-  EXPECT_EQ(select_exchange(0, 0, caps, {}, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(pull_only((32 << 20) + 1, (32 << 20) + 1, caps, {}, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(pull_only(0, 0, caps, {}, nullptr).algo, ExchangeAlgo::kNone);
   // "nccl" pins the exchange too; an all-reduce algorithm does not.
-  EXPECT_EQ(select_exchange(1024, 1024, caps, Algo::kNone, nullptr).algo, ExchangeAlgo::kNone);
-  EXPECT_EQ(select_exchange(1024, 1024, caps, Algo::kLamport, nullptr).algo, ExchangeAlgo::kPull);
+  EXPECT_EQ(pull_only(1024, 1024, caps, Algo::kNone, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(pull_only(1024, 1024, caps, Algo::kLamport, nullptr).algo, ExchangeAlgo::kPull);
   SelectorCaps off = caps;
   off.custom_available = false;
-  EXPECT_EQ(select_exchange(1024, 1024, off, {}, nullptr).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(pull_only(1024, 1024, off, {}, nullptr).algo, ExchangeAlgo::kNone);
   SelectorCaps huge = caps;
   huge.exchange_max_bytes = std::int64_t{8} << 30;
-  EXPECT_EQ(select_exchange(std::int64_t{4} << 30, std::int64_t{4} << 30, huge, {}, nullptr).algo,
+  EXPECT_EQ(pull_only(std::int64_t{4} << 30, std::int64_t{4} << 30, huge, {}, nullptr).algo,
             ExchangeAlgo::kNone);
 }
 
@@ -116,19 +163,58 @@ TEST(ExchangeSelector, TunedTableDecidesWithinTheCaps) {
                         {{1 << 20, ExchangeChoice{ExchangeAlgo::kPull, 64, 1024}, 10.0},
                          {2 << 20, ExchangeChoice{}, 12.0}});
   // The tuned shape, with blocks clamped to the group's limit.
-  EXPECT_EQ(select_exchange(1000, 1000, caps, {}, &table),
+  EXPECT_EQ(pull_only(1000, 1000, caps, {}, &table),
             (ExchangeChoice{ExchangeAlgo::kPull, 24, 1024}));
   // `none`: NCCL won that bucket.
-  EXPECT_EQ(select_exchange(2 << 20, 2 << 20, caps, {}, &table).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(pull_only(2 << 20, 2 << 20, caps, {}, &table).algo, ExchangeAlgo::kNone);
   // Past the table, or a table of another world size: the built-in choice.
-  EXPECT_EQ(select_exchange((2 << 20) + 1, (2 << 20) + 1, caps, {}, &table),
-            select_exchange((2 << 20) + 1, (2 << 20) + 1, caps, {}, nullptr));
+  EXPECT_EQ(pull_only((2 << 20) + 1, (2 << 20) + 1, caps, {}, &table),
+            pull_only((2 << 20) + 1, (2 << 20) + 1, caps, {}, nullptr));
   const TuneTable other(TuneKey{"NVIDIA H200", 4, "one-gpu", 12040, 22703, "0.1.0"}, {}, {},
                         table.exchange_entries());
-  EXPECT_EQ(select_exchange(1000, 1000, caps, {}, &other),
-            select_exchange(1000, 1000, caps, {}, nullptr));
+  EXPECT_EQ(pull_only(1000, 1000, caps, {}, &other), pull_only(1000, 1000, caps, {}, nullptr));
   // "nccl" wins over the table.
-  EXPECT_EQ(select_exchange(1000, 1000, caps, Algo::kNone, &table).algo, ExchangeAlgo::kNone);
+  EXPECT_EQ(pull_only(1000, 1000, caps, Algo::kNone, &table).algo, ExchangeAlgo::kNone);
+}
+
+TEST(ExchangeSelector, PushWhereItFitsAndLeads) {
+  SelectorCaps caps = exchange_caps(8);
+  caps.lamport_max_bytes = 512 << 10;
+  auto pick = [&](std::int64_t input, std::int64_t output, std::int64_t slot,
+                  PinnedExchange pinned = {}, const TuneTable* table = nullptr) {
+    return select_exchange({input, output, slot}, caps, {}, pinned, table);
+  };
+  // Small: the push form, one block per 16 KiB received.
+  EXPECT_EQ(pick(1024, 8192, 2048), (ExchangeChoice{ExchangeAlgo::kPush, 1, 512}));
+  EXPECT_EQ(pick(64 << 10, 512 << 10, 128 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 24, 512}));
+  // Past its built-in bound at 8 ranks, or not whole words, or past the slots: the pull form.
+  EXPECT_EQ(pick((64 << 10) + 16, 520 << 10, 130 << 10).algo, ExchangeAlgo::kPull);
+  EXPECT_EQ(pick(1024, 8192, 0).algo, ExchangeAlgo::kPull);
+  EXPECT_EQ(pick(1024, 8192, (512 << 10) + 16).algo, ExchangeAlgo::kPull);
+  // No Lamport buffers (a group without the fusion workspace): never the push form.
+  SelectorCaps none = caps;
+  none.lamport_max_bytes = 0;
+  EXPECT_EQ(select_exchange({1024, 8192, 2048}, none, {}, {}, nullptr).algo, ExchangeAlgo::kPull);
+  // Pinned: wherever it fits, past the built-in bounds too; elsewhere the built-in choice.
+  EXPECT_EQ(pick(1 << 20, 1 << 20, 256 << 10, ExchangeAlgo::kPush).algo, ExchangeAlgo::kPush);
+  EXPECT_EQ(pick(1024, 8192, 0, ExchangeAlgo::kPush).algo, ExchangeAlgo::kPull);
+  EXPECT_EQ(pick(1024, 8192, 2048, ExchangeAlgo::kPull).algo, ExchangeAlgo::kPull);
+  // "nccl" wins over a pinned exchange.
+  EXPECT_EQ(
+      select_exchange({1024, 8192, 2048}, caps, Algo::kNone, ExchangeAlgo::kPush, nullptr).algo,
+      ExchangeAlgo::kNone);
+  // A tuned push where the call cannot push: the built-in choice.
+  const TuneKey key{"NVIDIA H200", 8, "one-gpu", 12040, 22703, "0.1.0"};
+  const TuneTable table(key, {}, {}, {{1 << 20, ExchangeChoice{ExchangeAlgo::kPush, 4, 256}, 5.0}});
+  EXPECT_EQ(pick(1024, 8192, 2048, {}, &table), (ExchangeChoice{ExchangeAlgo::kPush, 4, 256}));
+  EXPECT_EQ(pick(1024, 8192, 0, {}, &table), pick(1024, 8192, 0));
+  EXPECT_EQ(to_string(PinnedExchange{}), "auto");
+  PinnedExchange parsed;
+  EXPECT_TRUE(parse_pinned_exchange("push", &parsed));
+  EXPECT_EQ(parsed, ExchangeAlgo::kPush);
+  EXPECT_TRUE(parse_pinned_exchange("auto", &parsed));
+  EXPECT_FALSE(parsed.has_value());
+  EXPECT_FALSE(parse_pinned_exchange("lamport", &parsed));
 }
 
 TEST(ExchangeTuner, CandidatesStayWithinTheLimits) {
@@ -137,9 +223,18 @@ TEST(ExchangeTuner, CandidatesStayWithinTheLimits) {
   const auto small = exchange_candidates(512, caps);
   ASSERT_FALSE(small.empty());
   for (const ExchangeChoice& c : small) {
-    EXPECT_EQ(c.algo, ExchangeAlgo::kPull);
+    EXPECT_EQ(c.algo, ExchangeAlgo::kPull);  // no Lamport buffers in these caps
     EXPECT_LE(c.blocks, 2);  // 32 accesses: one block of any size, and one step past it
   }
+  // With Lamport slots, the push form where the pieces fit them.
+  caps.lamport_max_bytes = 64 << 10;
+  auto has_push = [](const std::vector<ExchangeChoice>& v) {
+    return std::any_of(v.begin(), v.end(),
+                       [](const ExchangeChoice& c) { return c.algo == ExchangeAlgo::kPush; });
+  };
+  EXPECT_TRUE(has_push(exchange_candidates(128 << 10, caps)));   // pieces of 32 KiB
+  EXPECT_FALSE(has_push(exchange_candidates(256 << 10, caps)));  // 64 KiB: 128 KiB of lines
+  caps.lamport_max_bytes = 0;
   const auto large = exchange_candidates(8 << 20, caps);
   int most = 0;
   for (std::size_t i = 0; i < large.size(); ++i) {

@@ -49,6 +49,7 @@ TEST(Options, ReadsEveryKnob) {
                     {"TPCOMM_NCCL_PATH", "/opt/nccl/libnccl.so.2"},
                     {"TPCOMM_TIMEOUT_MS", "1500"},
                     {"TPCOMM_ALGO", "lamport-two-shot"},
+                    {"TPCOMM_EXCHANGE_ALGO", "push"},
                     {"TPCOMM_TUNE_FILE", "/tmp/t.txt"},
                     {"TPCOMM_CUSTOM_AR_MAX_BYTES", "16M"},
                     {"TPCOMM_CUSTOM_AR_REGISTER_BYTES", "0"},
@@ -64,6 +65,7 @@ TEST(Options, ReadsEveryKnob) {
   EXPECT_EQ(o.nccl_path, "/opt/nccl/libnccl.so.2");
   EXPECT_EQ(o.timeout_ms, 1500);
   EXPECT_EQ(o.algo, "lamport_two_shot");  // canonical spelling
+  EXPECT_EQ(o.exchange_algo, "push");
   EXPECT_EQ(o.tune_file, "/tmp/t.txt");
   EXPECT_EQ(o.custom_ar_max_bytes, 16 << 20);
   EXPECT_EQ(o.custom_ar_register_min_bytes, 0);
@@ -83,6 +85,7 @@ TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
            {"TPCOMM_TIMEOUT_MS", "-5"},
            {"TPCOMM_TIMEOUT_MS", "10s"},
            {"TPCOMM_ALGO", "fastest"},
+           {"TPCOMM_EXCHANGE_ALGO", "lamport"},
            {"TPCOMM_CUSTOM_AR_MAX_BYTES", "8X"},
            {"TPCOMM_LAMPORT_MAX_BYTES", "100"},
            {"TPCOMM_DISABLE_NCCL", "maybe"},

@@ -66,10 +66,27 @@ bool equals(const unsigned char* got, std::uint64_t seed, int rank, std::int64_t
   return std::memcmp(got, &v, esize) == 0;
 }
 
-Options exchange_options() {
+/// Options that pin the exchange algorithm `exchange` ("auto", "pull" or "push").
+Options exchange_options(const char* exchange = "auto") {
   Options o = testing::options_for("auto");
   o.timeout_ms = 10000;
+  o.exchange_algo = exchange;
   return o;
+}
+
+/// Checks `path` (what `backend_for_*` names) for a group that pins `exchange`: `prefix` +
+/// "custom_ar:" + the algorithm + `suffix`, where a pinned push may also be the pull form (a call
+/// the push form cannot carry). Counts the calls the push form took in `*pushed`.
+void expect_path(const std::string& path, const std::string& exchange, const std::string& prefix,
+                 const std::string& suffix, const std::string& what, int* pushed) {
+  const std::string push = prefix + "custom_ar:push" + suffix;
+  const std::string pull = prefix + "custom_ar:pull" + suffix;
+  if (exchange == "push") {
+    EXPECT_TRUE(path == push || path == pull) << what << ": " << path;
+  } else {
+    EXPECT_EQ(path, prefix + "custom_ar:" + exchange + suffix) << what;
+  }
+  if (path == push) ++*pushed;
 }
 
 /// Rows per rank: all `rows`, or uneven ones with rank 1 holding none (world > 2).
@@ -116,9 +133,11 @@ std::int64_t lm_head_wrong(const std::vector<unsigned char>& out, const LmCase& 
 }
 
 /// Runs every case on `world` virtual ranks: fresh inputs, poisoned output, one eager call,
-/// the bitwise check. `expect` is the path `backend_for_lm_head_exchange` must name.
+/// the bitwise check. `options` pin the exchange algorithm; the path `backend_for_lm_head_exchange`
+/// names is `prefix` + that algorithm + `suffix` (`expect_path`). A pinned push must take at least
+/// one case.
 void run_lm_head_cases(int world, const std::vector<LmCase>& cases, const Options& options,
-                       const std::string& expect) {
+                       const std::string& prefix, const std::string& suffix) {
   std::int64_t in_bytes = 0;
   std::int64_t out_bytes = 0;
   for (const LmCase& c : cases) {
@@ -130,7 +149,9 @@ void run_lm_head_cases(int world, const std::vector<LmCase>& cases, const Option
   }
   std::vector<std::uint64_t> seeds;
   for (std::size_t i = 0; i < cases.size(); ++i) seeds.push_back(fresh_seed());
+  int pushed = 0;  // by rank 0
   run_ranks(world, [&](int rank, Bootstrap& boot) {
+    int mine_pushed = 0;
     Group g(boot, 0, options);
     g.prepare_exchange((in_bytes + world - 1) / world);
     StreamHolder stream;
@@ -156,7 +177,8 @@ void run_lm_head_cases(int world, const std::vector<LmCase>& cases, const Option
       const std::string what =
           detail::concat("world ", world, " vocab ", c.vocab, " rows ", c.rows,
                          c.equal ? " equal " : " uneven ", to_string(c.dtype), " rank ", rank);
-      EXPECT_EQ(g.backend_for_lm_head_exchange(shards, result, layout), expect) << what;
+      expect_path(g.backend_for_lm_head_exchange(shards, result, layout), options.exchange_algo,
+                  prefix, suffix, what, &mine_pushed);
       ASSERT_EQ(g.lm_head_exchange(shards, result, layout, stream.stream()), Status::kOk)
           << what << ": " << g.last_error();
       ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
@@ -164,8 +186,12 @@ void run_lm_head_cases(int world, const std::vector<LmCase>& cases, const Option
       const auto got = testing::to_host(out.get(), static_cast<std::size_t>(out_size));
       EXPECT_EQ(lm_head_wrong(got, c, rows, world, rank, seeds[k]), 0) << what;
     }
+    if (rank == 0) pushed = mine_pushed;
     boot.barrier();
   });
+  if (options.exchange_algo == "push") {
+    EXPECT_GT(pushed, 0) << "the push form took no case";
+  }
 }
 
 std::vector<LmCase> lm_head_grid(std::initializer_list<DType> dtypes) {
@@ -183,13 +209,12 @@ TEST(LmHeadExchange, CustomOnVirtualRanks) {
     const auto dtypes = world == 4
                             ? std::initializer_list<DType>{DType::kBF16, DType::kF16, DType::kF32}
                             : std::initializer_list<DType>{DType::kBF16};
-    run_lm_head_cases(world, lm_head_grid(dtypes), exchange_options(), "custom_ar:pull");
+    for (const char* exchange : {"pull", "push"})
+      run_lm_head_cases(world, lm_head_grid(dtypes), exchange_options(exchange), "", "");
   }
 }
 
 TEST(LmHeadExchange, FallbackAllGatherAndCopy) {
-  Options o = exchange_options();
-  o.lm_head_a2a = Switch::kOff;
   for (int world : {2, 3, 8}) {
     SCOPED_TRACE(world);
     std::vector<LmCase> cases;
@@ -197,22 +222,29 @@ TEST(LmHeadExchange, FallbackAllGatherAndCopy) {
       for (std::int64_t rows : {1, 36})
         for (bool equal : {true, false})
           cases.push_back({vocab, rows, equal, world == 3 ? DType::kF32 : DType::kBF16});
-    run_lm_head_cases(world, cases, o, "all_gather:custom_ar:pull+copy");
+    for (const char* exchange : {"pull", "push"}) {
+      Options o = exchange_options(exchange);
+      o.lm_head_a2a = Switch::kOff;
+      run_lm_head_cases(world, cases, o, "all_gather:", "+copy");
+    }
   }
 }
 
-// Captured once (custom and fallback, equal and per-rank rows), replayed with new inputs.
+// Captured once (custom in both forms and fallback, equal and per-rank rows), replayed with new
+// inputs. The push form at one token a rank (uneven: up to 7 rows), where its pieces fit.
 TEST(LmHeadExchange, GraphReplayWithNewInputs) {
   const int world = 4;
-  for (bool fallback : {false, true}) {
+  for (const char* exchange : {"pull", "push", "fallback"}) {
+    const bool fallback = std::string(exchange) == "fallback";
+    const bool push = std::string(exchange) == "push";
     for (bool equal : {true, false}) {
-      SCOPED_TRACE(detail::concat(fallback ? "fallback" : "custom", equal ? " equal" : " uneven"));
-      const LmCase c{129280, 36, equal, DType::kBF16};
+      SCOPED_TRACE(detail::concat(exchange, equal ? " equal" : " uneven"));
+      const LmCase c{129280, push ? 1 : 36, equal, DType::kBF16};
       const auto rows = rows_per_rank(world, c.rows, c.equal);
       const std::int64_t total = std::accumulate(rows.begin(), rows.end(), std::int64_t{0});
       const std::int64_t cols = shard_cols(c.vocab, world);
       std::vector<std::uint64_t> seeds{fresh_seed(), fresh_seed(), fresh_seed()};
-      Options o = exchange_options();
+      Options o = exchange_options(fallback ? "auto" : exchange);
       if (fallback) o.lm_head_a2a = Switch::kOff;
       run_ranks(world, [&](int rank, Bootstrap& boot) {
         Group g(boot, 0, o);
@@ -226,6 +258,10 @@ TEST(LmHeadExchange, GraphReplayWithNewInputs) {
         const auto result = TensorView::contiguous(out.get(), c.dtype, {mine, c.vocab}, 0);
         const LmHeadLayout layout =
             c.equal ? LmHeadLayout::equal(c.rows) : LmHeadLayout::counts(rows);
+        if (!fallback) {
+          EXPECT_EQ(g.backend_for_lm_head_exchange(shards, result, layout),
+                    std::string("custom_ar:") + exchange);
+        }
         cudaGraph_t graph = nullptr;
         {
           auto scope = g.capture(stream.stream());
@@ -263,126 +299,143 @@ TEST(LmHeadExchange, GraphReplayWithNewInputs) {
   }
 }
 
-// All-gather and all-to-all (equal split and per-peer counts) over peer memory: odd sizes,
-// every access width (misaligned views, one-byte elements), in place, eager and captured.
+// All-gather and all-to-all (equal split and per-peer counts) over peer memory, in both forms:
+// odd sizes, every access width (misaligned views, one-byte elements; for the push form 8, 4, 2
+// and 1 bytes over whole words), in place, eager and captured.
 TEST(Exchange, AllGatherAndAllToAll) {
   for (int world : {2, 3, 5, 8}) {
-    SCOPED_TRACE(world);
-    struct Shape {
-      DType dtype;
-      std::int64_t count;  // per rank (all-gather) or per chunk (all-to-all)
-      std::int64_t offset;
-    };
-    const std::vector<Shape> shapes{{DType::kBF16, 1, 0},     {DType::kBF16, 4099, 1},
-                                    {DType::kF32, 65536, 0},  {DType::kU8, 777, 3},
-                                    {DType::kF16, 300001, 2}, {DType::kI64, 1000, 0},
-                                    {DType::kU8, 1 << 20, 0}};
-    std::vector<std::uint64_t> seeds;
-    for (std::size_t i = 0; i < 3 * shapes.size() * 2; ++i) seeds.push_back(fresh_seed());
-    run_ranks(world, [&](int rank, Bootstrap& boot) {
-      Group g(boot, 0, exchange_options());
-      StreamHolder stream;
-      const cudaStream_t s = stream.get();
-      const std::size_t most = static_cast<std::size_t>(world) * (4 << 20) + 64;
-      DeviceBuffer in(most);
-      DeviceBuffer out(most);
-      std::size_t next_seed = 0;
-      for (bool captured : {false, true}) {
-        for (const Shape& sh : shapes) {
-          const std::size_t esize = dtype_size(sh.dtype);
-          const std::int64_t n = sh.count;
-          // Per-peer counts: rank s sends (s + 2 d + n) % 5 + n / 2 elements to rank d.
-          std::vector<std::int64_t> counts(static_cast<std::size_t>(world * world));
-          for (int a = 0; a < world; ++a)
-            for (int d = 0; d < world; ++d)
-              counts[static_cast<std::size_t>(a * world + d)] = (a + 2 * d + n) % 5 + n / 2;
-          auto sent_by = [&](int a) {
-            std::int64_t t = 0;
-            for (int d = 0; d < world; ++d) t += counts[static_cast<std::size_t>(a * world + d)];
-            return t;
-          };
-          for (int op = 0; op < 3; ++op) {  // all-gather, all-to-all, all-to-all with counts
-            const std::uint64_t seed = seeds[next_seed++ % seeds.size()];
-            const std::string what =
-                detail::concat(op == 0   ? "all_gather "
-                               : op == 1 ? "all_to_all "
-                                         : "all_to_allv ",
-                               to_string(sh.dtype), " x", n, " +", sh.offset,
-                               captured ? " captured" : " eager", " rank ", rank);
-            const std::int64_t in_count = op == 0 ? n : op == 1 ? n * world : sent_by(rank);
-            std::int64_t out_count = op == 0 || op == 1 ? n * world : 0;
-            if (op == 2)
-              for (int a = 0; a < world; ++a)
-                out_count += counts[static_cast<std::size_t>(a * world + rank)];
-            // In place for the all-gather of the captured pass: the input is this rank's block.
-            const bool in_place = op == 0 && captured && sh.offset == 0;
-            char* out_ptr = out.bytes_ptr() + sh.offset * esize;
-            char* in_ptr = in_place ? out_ptr + static_cast<std::size_t>(rank * n) * esize
-                                    : in.bytes_ptr() + sh.offset * esize;
-            const auto host = input_of(seed, rank, in_count, esize);
-            ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(most), stream.stream()),
-                      Status::kOk);
-            ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-            ASSERT_EQ(upload(in_ptr, host, s), cudaSuccess);
-            const auto iv = TensorView::flat(in_ptr, sh.dtype, in_count, 0);
-            const auto ov = TensorView::flat(out_ptr, sh.dtype, out_count, 0);
-            auto call = [&] {
-              if (op == 0) return g.all_gather(iv, ov, stream.stream());
-              if (op == 1) return g.all_to_all(iv, ov, stream.stream());
-              return g.all_to_all(iv, ov, counts, stream.stream());
+    for (const char* exchange : {"pull", "push"}) {
+      SCOPED_TRACE(detail::concat(world, " ", exchange));
+      struct Shape {
+        DType dtype;
+        std::int64_t count;  // per rank (all-gather) or per chunk (all-to-all)
+        std::int64_t offset;
+      };
+      const std::vector<Shape> shapes{{DType::kBF16, 1, 0},     {DType::kBF16, 4099, 1},
+                                      {DType::kF32, 65536, 0},  {DType::kU8, 777, 3},
+                                      {DType::kF16, 300001, 2}, {DType::kI64, 1000, 0},
+                                      {DType::kU8, 1 << 20, 0}, {DType::kBF16, 4098, 1},
+                                      {DType::kU8, 4000, 3},    {DType::kF32, 1001, 1}};
+      std::vector<std::uint64_t> seeds;
+      for (std::size_t i = 0; i < 3 * shapes.size() * 2; ++i) seeds.push_back(fresh_seed());
+      int pushed = 0;  // by rank 0
+      run_ranks(world, [&](int rank, Bootstrap& boot) {
+        int mine_pushed = 0;
+        Group g(boot, 0, exchange_options(exchange));
+        StreamHolder stream;
+        const cudaStream_t s = stream.get();
+        const std::size_t most = static_cast<std::size_t>(world) * (4 << 20) + 64;
+        DeviceBuffer in(most);
+        DeviceBuffer out(most);
+        std::size_t next_seed = 0;
+        for (bool captured : {false, true}) {
+          for (const Shape& sh : shapes) {
+            const std::size_t esize = dtype_size(sh.dtype);
+            const std::int64_t n = sh.count;
+            // Per-peer counts: rank s sends (s + 2 d + n) % 5 + n / 2 elements to rank d.
+            std::vector<std::int64_t> counts(static_cast<std::size_t>(world * world));
+            for (int a = 0; a < world; ++a)
+              for (int d = 0; d < world; ++d)
+                counts[static_cast<std::size_t>(a * world + d)] = (a + 2 * d + n) % 5 + n / 2;
+            auto sent_by = [&](int a) {
+              std::int64_t t = 0;
+              for (int d = 0; d < world; ++d) t += counts[static_cast<std::size_t>(a * world + d)];
+              return t;
             };
-            if (captured) {
-              cudaGraph_t graph = nullptr;
-              {
-                auto scope = g.capture(stream.stream());
-                ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-                EXPECT_EQ(call(), Status::kOk) << what << ": " << g.last_error();
-                ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-                ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+            for (int op = 0; op < 3; ++op) {  // all-gather, all-to-all, all-to-all with counts
+              const std::uint64_t seed = seeds[next_seed++ % seeds.size()];
+              const std::string what =
+                  detail::concat(op == 0   ? "all_gather "
+                                 : op == 1 ? "all_to_all "
+                                           : "all_to_allv ",
+                                 to_string(sh.dtype), " x", n, " +", sh.offset,
+                                 captured ? " captured" : " eager", " rank ", rank);
+              const std::int64_t in_count = op == 0 ? n : op == 1 ? n * world : sent_by(rank);
+              std::int64_t out_count = op == 0 || op == 1 ? n * world : 0;
+              if (op == 2)
+                for (int a = 0; a < world; ++a)
+                  out_count += counts[static_cast<std::size_t>(a * world + rank)];
+              // In place for the all-gather of the captured pass: the input is this rank's block.
+              const bool in_place = op == 0 && captured && sh.offset == 0;
+              char* out_ptr = out.bytes_ptr() + sh.offset * esize;
+              char* in_ptr = in_place ? out_ptr + static_cast<std::size_t>(rank * n) * esize
+                                      : in.bytes_ptr() + sh.offset * esize;
+              const auto host = input_of(seed, rank, in_count, esize);
+              ASSERT_EQ(
+                  kernels::poison(out.get(), static_cast<std::int64_t>(most), stream.stream()),
+                  Status::kOk);
+              ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+              ASSERT_EQ(upload(in_ptr, host, s), cudaSuccess);
+              const auto iv = TensorView::flat(in_ptr, sh.dtype, in_count, 0);
+              const auto ov = TensorView::flat(out_ptr, sh.dtype, out_count, 0);
+              if (op < 2)  // (no query for per-peer counts)
+                expect_path(
+                    op == 0 ? g.backend_for_all_gather(iv, ov) : g.backend_for_all_to_all(iv, ov),
+                    exchange, "", "", what, &mine_pushed);
+              auto call = [&] {
+                if (op == 0) return g.all_gather(iv, ov, stream.stream());
+                if (op == 1) return g.all_to_all(iv, ov, stream.stream());
+                return g.all_to_all(iv, ov, counts, stream.stream());
+              };
+              if (captured) {
+                cudaGraph_t graph = nullptr;
+                {
+                  auto scope = g.capture(stream.stream());
+                  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
+                            cudaSuccess);
+                  EXPECT_EQ(call(), Status::kOk) << what << ": " << g.last_error();
+                  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+                  ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+                }
+                cudaGraphExec_t exec = nullptr;
+                ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+                ASSERT_EQ(cudaGraphUpload(exec, s), cudaSuccess);
+                ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+                boot.barrier();  // NOTE [graphs of virtual ranks]
+                ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+                ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+                cudaGraphExecDestroy(exec);
+                cudaGraphDestroy(graph);
+              } else {
+                ASSERT_EQ(call(), Status::kOk) << what << ": " << g.last_error();
+                ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
               }
-              cudaGraphExec_t exec = nullptr;
-              ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-              ASSERT_EQ(cudaGraphUpload(exec, s), cudaSuccess);
-              ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-              boot.barrier();  // NOTE [graphs of virtual ranks]
-              ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-              ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-              cudaGraphExecDestroy(exec);
-              cudaGraphDestroy(graph);
-            } else {
-              ASSERT_EQ(call(), Status::kOk) << what << ": " << g.last_error();
-              ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+              ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+              const auto got =
+                  testing::to_host(out_ptr, static_cast<std::size_t>(out_count) * esize);
+              std::int64_t wrong = 0;
+              std::int64_t at = 0;
+              for (int src = 0; src < world; ++src) {
+                // Where rank src's part for this rank starts in src's input, and how long it is.
+                std::int64_t from = 0;
+                std::int64_t len = n;
+                if (op == 1) from = rank * n;
+                if (op == 2) {
+                  for (int d = 0; d < rank; ++d)
+                    from += counts[static_cast<std::size_t>(src * world + d)];
+                  len = counts[static_cast<std::size_t>(src * world + rank)];
+                }
+                for (std::int64_t i = 0; i < len; ++i, ++at) {
+                  if (equals(got.data() + static_cast<std::size_t>(at) * esize, seed, src, from + i,
+                             esize))
+                    continue;
+                  if (wrong++ < 3)
+                    ADD_FAILURE() << what << ": element " << at << " (from rank " << src
+                                  << ", its element " << from + i << ") is wrong";
+                }
+              }
+              EXPECT_EQ(wrong, 0) << what;
+              boot.barrier();  // every rank has read its output before it is poisoned again
             }
-            ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
-            const auto got = testing::to_host(out_ptr, static_cast<std::size_t>(out_count) * esize);
-            std::int64_t wrong = 0;
-            std::int64_t at = 0;
-            for (int src = 0; src < world; ++src) {
-              // Where rank src's part for this rank starts in src's input, and how long it is.
-              std::int64_t from = 0;
-              std::int64_t len = n;
-              if (op == 1) from = rank * n;
-              if (op == 2) {
-                for (int d = 0; d < rank; ++d)
-                  from += counts[static_cast<std::size_t>(src * world + d)];
-                len = counts[static_cast<std::size_t>(src * world + rank)];
-              }
-              for (std::int64_t i = 0; i < len; ++i, ++at) {
-                if (equals(got.data() + static_cast<std::size_t>(at) * esize, seed, src, from + i,
-                           esize))
-                  continue;
-                if (wrong++ < 3)
-                  ADD_FAILURE() << what << ": element " << at << " (from rank " << src
-                                << ", its element " << from + i << ") is wrong";
-              }
-            }
-            EXPECT_EQ(wrong, 0) << what;
-            boot.barrier();  // every rank has read its output before it is poisoned again
           }
         }
+        if (rank == 0) pushed = mine_pushed;
+        boot.barrier();
+      });
+      if (std::string(exchange) == "push") {
+        EXPECT_GT(pushed, 0) << "the push form took no case";
       }
-      boot.barrier();
-    });
+    }
   }
 }
 
@@ -436,32 +489,37 @@ TEST(LmHeadExchange, WorldSizeOneLocallyAndThroughNccl) {
   }
 }
 
-// A rank that never arrives: the others time out naming it, within the deadline.
+// A rank that never arrives: the others time out naming it, within the deadline, in either form
+// (the push form's 8 x 2 KiB pieces fit its slots).
 TEST(LmHeadExchange, MissingRankTimesOut) {
   const int world = 4;
-  run_ranks(world, [&](int rank, Bootstrap& boot) {
-    Options o = exchange_options();
-    o.timeout_ms = 500;
-    Group g(boot, 0, o);
-    StreamHolder stream;
-    DeviceBuffer in(4 * 8 * 1024 * 2);
-    DeviceBuffer out(8 * 4096 * 2);
-    const auto shards = TensorView::contiguous(in.get(), DType::kBF16, {32, 1024}, 0);
-    const auto result = TensorView::contiguous(out.get(), DType::kBF16, {8, 4096}, 0);
-    ASSERT_EQ(g.warm_up(stream.stream()), Status::kOk) << g.last_error();
-    if (rank != 0) {
-      ASSERT_EQ(g.lm_head_exchange(shards, result, LmHeadLayout::equal(8), stream.stream()),
-                Status::kOk);
-      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-      EXPECT_EQ(g.health(), Status::kTimeout);
-      EXPECT_NE(g.last_error().find("timed out waiting for rank 0"), std::string::npos)
-          << g.last_error();
-      // The group is unusable from then on, with the same report.
-      EXPECT_EQ(g.lm_head_exchange(shards, result, LmHeadLayout::equal(8), stream.stream()),
-                Status::kTimeout);
-    }
-    boot.barrier();
-  });
+  for (const char* exchange : {"pull", "push"})
+    run_ranks(world, [&](int rank, Bootstrap& boot) {
+      SCOPED_TRACE(exchange);
+      Options o = exchange_options(exchange);
+      o.timeout_ms = 500;
+      Group g(boot, 0, o);
+      StreamHolder stream;
+      DeviceBuffer in(4 * 8 * 1024 * 2);
+      DeviceBuffer out(8 * 4096 * 2);
+      const auto shards = TensorView::contiguous(in.get(), DType::kBF16, {32, 1024}, 0);
+      const auto result = TensorView::contiguous(out.get(), DType::kBF16, {8, 4096}, 0);
+      ASSERT_EQ(g.warm_up(stream.stream()), Status::kOk) << g.last_error();
+      EXPECT_EQ(g.backend_for_lm_head_exchange(shards, result, LmHeadLayout::equal(8)),
+                std::string("custom_ar:") + exchange);
+      if (rank != 0) {
+        ASSERT_EQ(g.lm_head_exchange(shards, result, LmHeadLayout::equal(8), stream.stream()),
+                  Status::kOk);
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+        EXPECT_EQ(g.health(), Status::kTimeout);
+        EXPECT_NE(g.last_error().find("timed out waiting for rank 0"), std::string::npos)
+            << g.last_error();
+        // The group is unusable from then on, with the same report.
+        EXPECT_EQ(g.lm_head_exchange(shards, result, LmHeadLayout::equal(8), stream.stream()),
+                  Status::kTimeout);
+      }
+      boot.barrier();
+    });
 }
 
 TEST(LmHeadExchange, BadArguments) {

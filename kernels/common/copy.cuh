@@ -1,0 +1,147 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copying regions (`CopyRegion`) in accesses of one width, and poisoning them: what the exchange
+// kernels share (NOTE [exchange] in kernels/exchange.cu).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/kernels.hpp"
+
+namespace tpcomm::kernels {
+
+template <int V>
+struct Access;
+template <>
+struct Access<16> {
+  using type = uint4;
+};
+template <>
+struct Access<8> {
+  using type = uint2;
+};
+template <>
+struct Access<4> {
+  using type = std::uint32_t;
+};
+template <>
+struct Access<2> {
+  using type = std::uint16_t;
+};
+template <>
+struct Access<1> {
+  using type = std::uint8_t;
+};
+
+/// Copies region `c` of `src` into `out` with `V`-byte accesses, four in flight per thread.
+template <int V>
+__device__ __forceinline__ void copy_region(const char* src, char* out, const CopyRegion& c,
+                                            std::uint64_t first, std::uint64_t stride) {
+  using A = typename Access<V>::type;
+  const auto per_row = static_cast<std::uint32_t>(c.row_bytes / V);
+  if (per_row == 0 || c.rows == 0) return;
+  const std::uint64_t n = static_cast<std::uint64_t>(c.rows) * per_row;  // < 2^32 (launcher)
+  src += c.src_offset;
+  out += c.dst_offset;
+  constexpr int kUnroll = 4;
+  for (std::uint64_t i = first; i < n; i += kUnroll * stride) {
+    A v[kUnroll];
+    std::int64_t at[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::uint64_t k = i + u * stride;
+      if (k < n) {
+        const std::uint32_t row = static_cast<std::uint32_t>(k) / per_row;
+        const std::uint32_t col = static_cast<std::uint32_t>(k) - row * per_row;
+        v[u] = *reinterpret_cast<const A*>(src + row * c.src_pitch + std::int64_t{col} * V);
+        at[u] = row * c.dst_pitch + std::int64_t{col} * V;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (i + u * stride < n) *reinterpret_cast<A*>(out + at[u]) = v[u];
+  }
+}
+
+/// Fills region `c` of `out` with all-one bytes (NOTE [poisoned outputs] in
+/// kernels/common/poison.cuh), the whole of it from this block alone.
+template <int V>
+__device__ __forceinline__ void poison_region(char* out, const CopyRegion& c) {
+  using A = typename Access<V>::type;
+  const auto per_row = static_cast<std::uint32_t>(c.row_bytes / V);
+  if (per_row == 0 || c.rows == 0) return;
+  const std::uint64_t n = static_cast<std::uint64_t>(c.rows) * per_row;
+  A ones;
+  memset(&ones, 0xFF, sizeof(ones));
+  for (std::uint64_t k = threadIdx.x; k < n; k += blockDim.x) {
+    const std::uint32_t row = static_cast<std::uint32_t>(k) / per_row;
+    const std::uint32_t col = static_cast<std::uint32_t>(k) - row * per_row;
+    *reinterpret_cast<A*>(out + c.dst_offset + row * c.dst_pitch + std::int64_t{col} * V) = ones;
+  }
+}
+
+/// What a block of the exchange that gives up leaves: every region of its output poisoned.
+template <int R, int V>
+__device__ __forceinline__ void poison_exchange(const ExchangeParams& p) {
+#pragma unroll
+  for (int s = 0; s < R; ++s) poison_region<V>(static_cast<char*>(p.output), p.from[s]);
+}
+
+/// `f.template operator()<V>()` for an access width of 16, 8, 4, 2 or 1 bytes.
+template <class F>
+inline const void* dispatch_access(int bytes, F&& f) {
+  switch (bytes) {
+    case 16:
+      return f.template operator()<16>();
+    case 8:
+      return f.template operator()<8>();
+    case 4:
+      return f.template operator()<4>();
+    case 2:
+      return f.template operator()<2>();
+    case 1:
+      return f.template operator()<1>();
+    default:
+      return nullptr;
+  }
+}
+
+/// The widest access (16 down to 1 bytes) that divides every value of `values`.
+inline int widest_access(std::initializer_list<std::int64_t> values) {
+  int access = 16;
+  for (std::int64_t v : values)
+    while (v % access != 0) access /= 2;
+  return access;
+}
+
+inline std::int64_t address(const void* p) {
+  return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p));
+}
+
+/// The widest access that every one of `regions` regions of `from`, `output` and `sources`
+/// (when given) allow; 0 when a region is malformed or needs 2^32 accesses or more.
+inline int access_for(const CopyRegion* from, int regions, const void* output,
+                      const char* const* sources) {
+  int access = widest_access({address(output)});
+  for (int r = 0; r < regions; ++r) {
+    const CopyRegion& c = from[r];
+    if (c.rows < 0 || c.row_bytes < 0) return 0;
+    if (c.rows == 0 || c.row_bytes == 0) continue;
+    access = std::min(
+        access, widest_access({c.src_offset, c.src_pitch, c.dst_offset, c.dst_pitch, c.row_bytes}));
+    if (sources != nullptr) access = std::min(access, widest_access({address(sources[r])}));
+  }
+  for (int r = 0; r < regions; ++r) {
+    const CopyRegion& c = from[r];
+    if (c.rows > 0 && c.rows * (c.row_bytes / access) >= (std::int64_t{1} << 32)) return 0;
+  }
+  return access;
+}
+
+/// The push form's share of `warm_up_exchange` and `exchange_max_blocks_per_sm`
+/// (kernels/exchange_push.cu).
+Status warm_up_exchange_push(int world_size, Stream stream) noexcept;
+int exchange_push_max_blocks_per_sm(int world_size, int threads) noexcept;
+
+}  // namespace tpcomm::kernels

@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: Apache-2.0
+// The exchange (push): every rank writes what each peer takes from it straight into its slot of
+// that peer's Lamport buffer, in lines that carry their own arrival flags, and takes what it
+// receives from its own buffer as it arrives: no staging copy and no barrier. The exchange's form
+// for small messages; all-gather, all-to-all and the LM-head exchange share it as they share the
+// pull form (kernels/exchange.cu).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/check.hpp"
+#include "kernels/common/copy.cuh"
+#include "kernels/common/dispatch.cuh"
+#include "kernels/common/lamport.cuh"
+#include "kernels/kernels.hpp"
+
+namespace tpcomm::kernels {
+
+// NOTE [exchange push]
+// The Lamport all-reduce's data is its own flag (NOTE [lamport] in ipc/layout.hpp), which works
+// for 16-bit floats only: an exchange moves any bits. So the push form sends lines of 16 bytes,
+// two 4-byte words of data each beside a flag word, {word 2i, flag, word 2i + 1, flag} (the
+// layout of NCCL's LL protocol). The flag is the call's Lamport header (`lamport_header`: 30 bits
+// of the fingerprint's hash, neither 16-bit half the empty mark): a line has arrived once neither
+// flag word is the empty pattern, and belongs to this call when both equal the header; any other
+// value is a peer in another call (kMismatch). A 16-byte store may reach the peer as two 8-byte
+// halves, each with its flag: both must have arrived.
+//
+// The buffers, their rotation and their refill are the Lamport all-reduce's, numbered by the same
+// `lamport_seq`, so the two interleave on a stream: rank s writes its region for rank d into slot
+// s of d's buffer of the operation, flattened row-major into 4-byte words (every rank agrees on
+// the lines whatever its own pointers' alignment), and d records the most bytes any slot
+// received, which its next Lamport operation refills with empty marks. The headers are pushed
+// and checked as in the all-reduce, so an exchange on one rank and a Lamport all-reduce on
+// another fail with kMismatch on both.
+//
+// Regions whose rows are not whole 4-byte words, or that a slot cannot hold at twice their bytes,
+// take the pull form, chosen alike on every rank from the shapes (`ExchangePlan::push_slot_bytes`).
+// Each rank reads its input and writes its output in the widest access `A` (8, 4, 2 or 1 bytes)
+// that its own addresses allow. The lines of every peer's region are spread over every thread of
+// the grid, one region after another, so that at small sizes each thread has a line or two; a
+// thread issues the loads of up to four of its lines (two with narrower accesses) before it
+// waits for any.
+
+namespace {
+
+constexpr std::uint32_t kEmptyWord = kLamportEmpty * 0x10001u;
+
+/// Byte offset of 4-byte word `k` of region `c` (`per_row` words a row), on the source side or
+/// the destination side.
+__device__ __forceinline__ std::int64_t word_offset(const CopyRegion& c, bool source,
+                                                    std::uint32_t per_row, std::uint32_t k) {
+  const std::uint32_t row = k / per_row;
+  const std::uint32_t col = k - row * per_row;
+  return (source ? c.src_offset + row * c.src_pitch : c.dst_offset + row * c.dst_pitch) +
+         std::int64_t{col} * 4;
+}
+
+template <int A>
+__device__ __forceinline__ std::uint32_t load_word(const char* p) {
+  if constexpr (A >= 4) {
+    return *reinterpret_cast<const std::uint32_t*>(p);
+  } else if constexpr (A == 2) {
+    const auto* q = reinterpret_cast<const std::uint16_t*>(p);
+    return q[0] | std::uint32_t{q[1]} << 16;
+  } else {
+    const auto* q = reinterpret_cast<const std::uint8_t*>(p);
+    return q[0] | std::uint32_t{q[1]} << 8 | std::uint32_t{q[2]} << 16 | std::uint32_t{q[3]} << 24;
+  }
+}
+
+template <int A>
+__device__ __forceinline__ void store_word(char* p, std::uint32_t w) {
+  if constexpr (A >= 4) {
+    *reinterpret_cast<std::uint32_t*>(p) = w;
+  } else if constexpr (A == 2) {
+    auto* q = reinterpret_cast<std::uint16_t*>(p);
+    q[0] = static_cast<std::uint16_t>(w);
+    q[1] = static_cast<std::uint16_t>(w >> 16);
+  } else {
+    auto* q = reinterpret_cast<std::uint8_t*>(p);
+    for (int b = 0; b < 4; ++b) q[b] = static_cast<std::uint8_t>(w >> (8 * b));
+  }
+}
+
+/// The lines of one region: its words, and how many a row holds.
+struct Lines {
+  std::uint32_t per_row;
+  std::uint32_t words;
+  std::uint32_t count;
+
+  __device__ __forceinline__ explicit Lines(const CopyRegion& c)
+      : per_row(static_cast<std::uint32_t>(c.row_bytes / 4)),
+        words(static_cast<std::uint32_t>(c.rows) * per_row),
+        count((words + 1) / 2) {}
+};
+
+/// Line `i` (words 2i and 2i + 1, the second 0 past the end) of region `c` of `base`. With
+/// A = 8 the rows are whole lines, and a line is one load.
+template <int A>
+__device__ __forceinline__ uint2 load_line(const char* base, const CopyRegion& c, const Lines& l,
+                                           std::uint32_t i) {
+  const std::uint32_t k = 2 * i;
+  if constexpr (A == 8) {
+    return *reinterpret_cast<const uint2*>(base + word_offset(c, true, l.per_row, k));
+  } else {
+    uint2 v;
+    v.x = load_word<A>(base + word_offset(c, true, l.per_row, k));
+    v.y = k + 1 < l.words ? load_word<A>(base + word_offset(c, true, l.per_row, k + 1)) : 0u;
+    return v;
+  }
+}
+
+template <int A>
+__device__ __forceinline__ void store_line(char* base, const CopyRegion& c, const Lines& l,
+                                           std::uint32_t i, uint2 v) {
+  const std::uint32_t k = 2 * i;
+  if constexpr (A == 8) {
+    *reinterpret_cast<uint2*>(base + word_offset(c, false, l.per_row, k)) = v;
+  } else {
+    store_word<A>(base + word_offset(c, false, l.per_row, k), v.x);
+    if (k + 1 < l.words) store_word<A>(base + word_offset(c, false, l.per_row, k + 1), v.y);
+  }
+}
+
+/// The first line of a region that this thread (`first` of `stride` threads) takes when `before`
+/// lines of earlier regions went round the grid first.
+__device__ __forceinline__ std::uint64_t first_line(std::uint64_t first, std::uint64_t stride,
+                                                    std::uint64_t before) {
+  return (first + stride - before % stride) % stride;
+}
+
+__device__ __forceinline__ bool line_arrived(uint4 x) {
+  return x.y != kEmptyWord && x.w != kEmptyWord;
+}
+
+/// Writes this rank's region for every peer into its slot of that peer's buffer.
+template <int R, int A>
+__device__ __forceinline__ void push_lines(const ExchangeParams& p, const LamportFrame& f,
+                                           std::uint32_t flag, std::uint64_t first,
+                                           std::uint64_t stride) {
+  const char* in = static_cast<const char*>(p.input);
+  const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * p.layout.lamport_slot_bytes;
+  std::uint64_t before = 0;
+#pragma unroll
+  for (int k = 1; k < R; ++k) {
+    const int d = p.rank + k < R ? p.rank + k : p.rank + k - R;
+    const CopyRegion& c = p.to[d];
+    const Lines l(c);
+    char* slot = lamport_buffer(p, d, f.buffer) + own_slot;
+    for (std::uint64_t i = first_line(first, stride, before); i < l.count; i += stride) {
+      const uint2 v = load_line<A>(in, c, l, static_cast<std::uint32_t>(i));
+      st_volatile(slot + i * 16, make_uint4(v.x, flag, v.y, flag));
+    }
+    before += l.count;
+  }
+}
+
+/// Takes every peer's region from this rank's buffer into the output as its lines arrive. False
+/// when a wait gave up or a line carried another call's flag (reported).
+template <int R, int A>
+__device__ __forceinline__ bool take_lines(const ExchangeParams& p, const LamportFrame& f,
+                                           std::uint32_t flag, LamportHeader<R>& header,
+                                           std::uint64_t first, std::uint64_t stride) {
+  // Narrower accesses work out two addresses a line: fewer lines in flight keep them in
+  // registers (four spilled at 4 ranks and more).
+  constexpr int kUnroll = A == 8 ? 4 : 2;
+  char* out = static_cast<char*>(p.output);
+  const char* mine = lamport_buffer(p, p.rank, f.buffer);
+  std::uint64_t before = 0;
+#pragma unroll
+  for (int k = 1; k < R; ++k) {
+    const int s = p.rank >= k ? p.rank - k : p.rank - k + R;
+    const CopyRegion& c = p.from[s];
+    const Lines l(c);
+    const char* slot = mine + static_cast<std::int64_t>(s) * p.layout.lamport_slot_bytes;
+    for (std::uint64_t i0 = first_line(first, stride, before); i0 < l.count;
+         i0 += kUnroll * stride) {
+      uint4 x[kUnroll];
+      const std::uint32_t h = header.load();
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const std::uint64_t i = i0 + u * stride;
+        if (i < l.count) x[u] = ld_volatile(slot + i * 16);
+      }
+      header.see(h);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const std::uint64_t i = i0 + u * stride;
+        if (i >= l.count) break;
+        uint4 v = x[u];
+        if (!line_arrived(v) && !wait_until<ErrorWord::kLamportCount>(
+                                    [&] {
+                                      const std::uint32_t seen = header.load();
+                                      v = ld_volatile(slot + i * 16);
+                                      header.see(seen);
+                                      return line_arrived(v);
+                                    },
+                                    f.wait, s))
+          return false;
+        if (v.y != flag || v.w != flag) {
+          report<ErrorWord::kLamportCount>(f.wait, ErrorWord::kMismatch, s);
+          return false;
+        }
+        store_line<A>(out, c, l, static_cast<std::uint32_t>(i), make_uint2(v.x, v.z));
+      }
+    }
+    before += l.count;
+  }
+  return true;
+}
+
+template <int R, int A>
+__global__ void __launch_bounds__(1024, 1) exchange_push_kernel(ExchangeParams p) {
+  begin_launch();
+  if (p.world_size == 0) return;  // a warm-up launch (NOTE [first launch])
+  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  const LamportFrame f = lamport_frame(p);
+  const std::uint32_t flag = lamport_header(p.fingerprint);
+  // A failed rank gives up at once (NOTE [bounded waits]): it pushes nothing and waits for nothing.
+  if (!f.failed) {
+    lamport_push_header<R>(p, f);
+    push_lines<R, A>(p, f, flag, first, stride);
+    copy_region<A>(static_cast<const char*>(p.input), static_cast<char*>(p.output), p.from[p.rank],
+                   first, stride);
+    lamport_refill<R>(p, f);
+  }
+  LamportHeader<R> header(p, f);  // NOTE [fingerprints]
+  bool ok = !f.failed && take_lines<R, A>(p, f, flag, header, first, stride);
+  if (ok && p.early_launch) allow_next_launch();  // NOTE [programmatic launch]
+  ok = ok && lamport_check_header<R>(f, header);
+  if (!__syncthreads_and(ok)) return poison_exchange<R, A>(p);
+  SignalPad* self = p.pads[p.rank];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    std::int64_t used = 0;  // the most bytes a peer wrote into a slot here: the next refill's
+    for (int s = 0; s < R; ++s)
+      if (s != p.rank)
+        if (const std::int64_t b = exchange_push_slot_bytes(p.from[s].rows * p.from[s].row_bytes);
+            b > used)
+          used = b;
+    self->lamport_dirty[f.buffer] = static_cast<std::uint32_t>(used);
+  }
+  end_launch(self->lamport_seq, f.seq);
+}
+
+/// The push kernel for `world_size` ranks and accesses of `access` bytes (8, 4, 2, 1).
+const void* push_function(int world_size, int access) noexcept {
+  const void* out = nullptr;
+  (void)dispatch_world_size(world_size, [&]<int R>() {
+    switch (access) {
+      case 8:
+        out = reinterpret_cast<const void*>(&exchange_push_kernel<R, 8>);
+        break;
+      case 4:
+        out = reinterpret_cast<const void*>(&exchange_push_kernel<R, 4>);
+        break;
+      case 2:
+        out = reinterpret_cast<const void*>(&exchange_push_kernel<R, 2>);
+        break;
+      case 1:
+        out = reinterpret_cast<const void*>(&exchange_push_kernel<R, 1>);
+        break;
+      default:
+        break;
+    }
+    return Status::kOk;
+  });
+  return out;
+}
+
+/// True when every region of `regions` with bytes is whole 4-byte words a row and fits a slot
+/// of `slot_bytes` in the push form (its own, `skip`, travels no slot).
+bool pushable(const CopyRegion* regions, int world, int skip, std::int64_t slot_bytes) {
+  for (int r = 0; r < world; ++r) {
+    const CopyRegion& c = regions[r];
+    if (c.rows <= 0 || c.row_bytes <= 0) continue;
+    if (c.row_bytes % 4 != 0) return false;
+    if (r != skip && exchange_push_slot_bytes(c.rows * c.row_bytes) > slot_bytes) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status launch_exchange_push(const ExchangeParams& params, LaunchShape shape, bool programmatic,
+                            Stream stream) noexcept {
+  const int world = params.world_size;
+  if (world < 2 || world > kMaxRanks || params.rank < 0 || params.rank >= world ||
+      shape.blocks < 1 || shape.blocks > kMaxBlocks || shape.threads < 32 || shape.threads > 1024 ||
+      shape.threads % 32 != 0 || shape.threads < world)
+    return Status::kInvalidArgument;
+  const std::int64_t slot = params.layout.lamport_slot_bytes;
+  if (!pushable(params.from, world, params.rank, slot) ||
+      !pushable(params.to, world, params.rank, slot))
+    return Status::kInvalidArgument;
+  const int access = std::min({8, access_for(params.from, world, params.output, nullptr),
+                               access_for(params.to, world, params.input, nullptr)});
+  if (access == 0) return Status::kInvalidArgument;
+  return launch_with(push_function(world, access), params, shape, programmatic, stream);
+}
+
+Status warm_up_exchange_push(int world_size, Stream stream) noexcept {
+  ExchangeParams empty{};  // world size 0: the kernel returns at once
+  for (int access : {8, 4, 2, 1}) {
+    const void* function = push_function(world_size, access);
+    if (function == nullptr) return Status::kInvalidArgument;
+    TPCOMM_TRY(launch_with(function, empty, {1, 32}, false, stream));
+  }
+  return Status::kOk;
+}
+
+int exchange_push_max_blocks_per_sm(int world_size, int threads) noexcept {
+  int most = 0;
+  for (int access : {8, 4, 2, 1}) {
+    const void* function = push_function(world_size, access);
+    int blocks = 0;
+    if (function == nullptr ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, function, threads, 0) != cudaSuccess)
+      return 0;
+    most = most == 0 ? blocks : std::min(most, blocks);
+  }
+  return most;
+}
+
+}  // namespace tpcomm::kernels
