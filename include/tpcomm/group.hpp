@@ -93,6 +93,13 @@ class Group {
   /// holds, `prepare_exchange`), else by NCCL. In place when `in` is rank()'s block of `out`.
   [[nodiscard]] Status all_gather(const TensorView& in, const TensorView& out,
                                   Stream stream) noexcept;
+  /// On rank `root`, out = the concatenation of every rank's `in` (rank order, as `all_gather`;
+  /// the logits gather of a tensor-parallel LM head); every rank passes the same number of
+  /// elements. Elsewhere `out` is not used (an empty view will do). Any dtype; on the root, in
+  /// place when `in` is its block of `out`. Served like `all_gather` (NCCL: grouped sends to the
+  /// root).
+  [[nodiscard]] Status gather(const TensorView& in, const TensorView& out, int root,
+                              Stream stream) noexcept;
   /// out = rank r's slice of the reduction of `in` (`in` has world_size() times the elements of
   /// `out`).
   [[nodiscard]] Status reduce_scatter(const TensorView& in, const TensorView& out, Stream stream,
@@ -225,6 +232,10 @@ class Group {
                                                    const TensorView& out) const noexcept;
   [[nodiscard]] std::string backend_for_all_to_all(const TensorView& in,
                                                    const TensorView& out) const noexcept;
+
+  /// The backend that would serve this `gather`, named as by `backend_for_all_gather`. Pure.
+  [[nodiscard]] std::string backend_for_gather(const TensorView& in, const TensorView& out,
+                                               int root) const noexcept;
 
   /// The path that would serve this `lm_head_exchange`: "custom_ar:<name>" (the custom
   /// exchange), or "all_gather:<backend>+copy" (the fallback), or "none". Pure.

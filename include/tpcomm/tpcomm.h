@@ -233,6 +233,9 @@ tpcomm_status tpcomm_all_reduce(tpcomm_group group, const tpcomm_tensor* in,
                                 const tpcomm_tensor* out, int op, void* stream);
 tpcomm_status tpcomm_all_gather(tpcomm_group group, const tpcomm_tensor* in,
                                 const tpcomm_tensor* out, void* stream);
+/* `out` is used on rank `root` only, and may be NULL elsewhere. */
+tpcomm_status tpcomm_gather(tpcomm_group group, const tpcomm_tensor* in, const tpcomm_tensor* out,
+                            int root, void* stream);
 tpcomm_status tpcomm_reduce_scatter(tpcomm_group group, const tpcomm_tensor* in,
                                     const tpcomm_tensor* out, int op, void* stream);
 /* Equal split. */

@@ -38,6 +38,7 @@ def test_opcheck_every_op(group):
     x = ints(8, 64)
     torch.library.opcheck(torch.ops.tpcomm.all_reduce, (x, h, "sum"))
     torch.library.opcheck(torch.ops.tpcomm.all_gather, (x, h))
+    torch.library.opcheck(torch.ops.tpcomm.gather, (x, h, 0))
     torch.library.opcheck(torch.ops.tpcomm.reduce_scatter, (x, h, "sum"))
     torch.library.opcheck(torch.ops.tpcomm.all_to_all, (x, h, None))
     torch.library.opcheck(torch.ops.tpcomm.all_to_all, (x.flatten()[:100], h, [100]))
@@ -61,6 +62,8 @@ def test_results_at_world_size_one(group):
     assert torch.equal(group.all_reduce(x), x)
     assert torch.equal(group.all_gather(x), x)
     assert torch.equal(group.all_gather(x, dim=1), x)
+    assert torch.equal(group.gather(x), x)
+    assert torch.equal(group.gather(x, dst=0, dim=0), x)
     assert torch.equal(group.reduce_scatter(x), x)
     assert torch.equal(group.all_to_all_single(x), x)
     shards = ints(3, 40)
@@ -118,6 +121,8 @@ def test_bad_tensors_are_refused_clearly(group):
         torch.ops.tpcomm.all_reduce(torch.zeros(4), h)
     with pytest.raises(ValueError, match="op 'mean' is not one of"):
         torch.ops.tpcomm.all_reduce(torch.zeros(4, device="cuda"), h, "mean")
+    with pytest.raises(ValueError, match="root 1 is not a rank of 1"):
+        torch.ops.tpcomm.gather(torch.zeros(4, device="cuda"), h, 1)
     with pytest.raises(ValueError, match="no group has handle 12345"):
         torch.ops.tpcomm.all_reduce(torch.zeros(4, device="cuda"), 12345)
     # The C API's checks come back as tpcomm errors with its message.

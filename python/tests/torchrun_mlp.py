@@ -72,6 +72,16 @@ def main():
         results.append((f"graph replay {seed}", static_y.clone(), reference(x)))
 
     ok = True
+    # SGLang's logits gather: every rank's block of columns of the eager result, to rank 0 only.
+    y = results[0][1]
+    cols = y.shape[1] // world
+    gathered = group.gather(y[:, rank * cols:(rank + 1) * cols].contiguous(), dst=0, dim=-1)
+    if rank != 0 and gathered is not None:
+        ok = False
+        print(f"rank {rank}: gather returned a tensor off the root", flush=True)
+    if rank == 0 and not torch.equal(gathered, y[:, :cols * world]):
+        ok = False
+        print(f"rank {rank}: gather: the columns differ", flush=True)
     for name, got, want in results:
         got = got.cpu()
         if not torch.equal(got, want):

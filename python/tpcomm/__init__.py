@@ -416,6 +416,11 @@ class Group(_Handle):
     def all_gather(self, inp, out, stream=0):
         self._call(_capi.lib().tpcomm_all_gather(self.handle, _ref(inp), _ref(out), _stream(stream)))
 
+    def gather(self, inp, out, root, stream=0):
+        """Every rank's `inp` concatenated on rank `root` into `out` (None elsewhere will do)."""
+        self._call(_capi.lib().tpcomm_gather(self.handle, _ref(inp), _ref(out),
+                                             _int("root", root), _stream(stream)))
+
     def reduce_scatter(self, inp, out, op="sum", stream=0):
         self._call(_capi.lib().tpcomm_reduce_scatter(self.handle, _ref(inp), _ref(out),
                                                      self._op(op), _stream(stream)))

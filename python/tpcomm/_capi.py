@@ -86,6 +86,7 @@ _SIGNATURES = {
     "tpcomm_all_to_all": [_h, _t, _t, _p],
     "tpcomm_all_to_all_counts": [_h, _t, _t, ctypes.POINTER(_i64), _sz, _p],
     "tpcomm_broadcast": [_h, _t, _t, _i, _p],
+    "tpcomm_gather": [_h, _t, _t, _i, _p],
     "tpcomm_send": [_h, _t, _i, _p],
     "tpcomm_recv": [_h, _t, _i, _p],
     "tpcomm_all_reduce_add_rmsnorm": [_h, _t, _t, _t, ctypes.c_float, _t, _t, _t, _t, _t, _i,

@@ -143,6 +143,32 @@ def _(x, group):
     return x.new_empty(_gathered_shape(x, g.world_size))
 
 
+def _gather_shape(x, g, root):
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < g.world_size:
+        raise ValueError(f"tpcomm::gather: root {root!r} is not a rank of {g.world_size}")
+    if g.rank == root:
+        return _gathered_shape(x, g.world_size)
+    return (0, *x.shape[1:]) if x.dim() > 0 else (0,)
+
+
+@torch.library.custom_op("tpcomm::gather", mutates_args=())
+def gather(x: torch.Tensor, group: int, root: int) -> torch.Tensor:
+    """On rank `root`, every rank's `x` concatenated along dimension 0 in rank order; elsewhere
+    an empty tensor (no rows)."""
+    g = get_group(group)
+    _check(x, "x", "gather", g)
+    out = x.new_empty(_gather_shape(x, g, root))
+    g.gather(_desc(x), _desc(out) if g.rank == root else None, root, _stream(x.device))
+    return out
+
+
+@gather.register_fake
+def _(x, group, root):
+    g = get_group(group)
+    _check(x, "x", "gather", g)
+    return x.new_empty(_gather_shape(x, g, root))
+
+
 def _scattered_shape(x, g, op_name):
     if x.dim() == 0 or x.shape[0] % g.world_size != 0:
         raise ValueError(f"tpcomm::{op_name}: x's first dimension ({tuple(x.shape)}) is not a "
@@ -364,6 +390,20 @@ class TpcommGroup:
             return torch.ops.tpcomm.all_gather(x, self.handle)
         gathered = torch.ops.tpcomm.all_gather(x.movedim(dim, 0).contiguous(), self.handle)
         parts = gathered.reshape(self.world_size, *x.movedim(dim, 0).shape)
+        return torch.cat(parts.movedim(1, dim + 1).unbind(0), dim=dim)
+
+    def gather(self, x, dst=0, dim=-1):
+        """Every rank's `x` concatenated along `dim` (the last by default) on rank `dst`, None on
+        the others, as SGLang's `gather`."""
+        if dim < 0:
+            dim += max(x.dim(), 1)
+        moved = x.movedim(dim, 0).contiguous() if dim != 0 else x
+        gathered = torch.ops.tpcomm.gather(moved, self.handle, dst)
+        if self.rank_in_group != dst:
+            return None
+        if dim == 0:
+            return gathered
+        parts = gathered.reshape(self.world_size, *moved.shape)
         return torch.cat(parts.movedim(1, dim + 1).unbind(0), dim=dim)
 
     def reduce_scatter(self, x, op="sum"):

@@ -157,6 +157,14 @@ tpcomm_status tpcomm_all_gather(tpcomm_group group, const tpcomm_tensor* in,
   });
 }
 
+tpcomm_status tpcomm_gather(tpcomm_group group, const tpcomm_tensor* in, const tpcomm_tensor* out,
+                            int root, void* stream) {
+  return tpcomm::capi::group_call("tpcomm_gather", group, [&](tpcomm::Group& g) {
+    return g.gather(tpcomm::capi::view_of(in, "in"), tpcomm::capi::optional_view(out, "out"), root,
+                    tpcomm::capi::stream_of(stream));
+  });
+}
+
 tpcomm_status tpcomm_reduce_scatter(tpcomm_group group, const tpcomm_tensor* in,
                                     const tpcomm_tensor* out, int op, void* stream) {
   return tpcomm::capi::group_call("tpcomm_reduce_scatter", group, [&](tpcomm::Group& g) {

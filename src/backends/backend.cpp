@@ -25,6 +25,8 @@ std::string_view to_string(Op op) noexcept {
       return "all_reduce_add_rmsnorm";
     case Op::kLmHeadExchange:
       return "lm_head_exchange";
+    case Op::kGather:
+      return "gather";
   }
   return "unknown";
 }

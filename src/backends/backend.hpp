@@ -36,7 +36,9 @@ enum class Op : std::uint8_t {
   kAllReduceAddRmsNorm,
   /// The vocabulary-sharded LM head's exchange (`Request::plan`); only the custom backend serves
   /// it (the group falls back to an all-gather and a local copy otherwise).
-  kLmHeadExchange
+  kLmHeadExchange,
+  /// Every rank's input concatenated on rank `Request::peer` (`out` there; empty elsewhere).
+  kGather,
 };
 
 std::string_view to_string(Op op) noexcept;
@@ -57,7 +59,7 @@ struct Request {
   TensorView in;
   TensorView out;
   ReduceOp reduce = ReduceOp::kSum;
-  /// Root of a broadcast, peer of a send/recv; -1 otherwise.
+  /// Root of a broadcast or a gather, peer of a send/recv; -1 otherwise.
   int peer = -1;
   /// The stream is being captured into a CUDA graph.
   bool capturing = false;
@@ -69,8 +71,8 @@ struct Request {
   /// kAllToAll with per-peer counts: `counts[s * world + d]` elements go from rank s to rank d
   /// (the same matrix on every rank); nullptr for the equal split.
   const std::int64_t* counts = nullptr;
-  /// kAllGather, kAllToAll, kLmHeadExchange: what this rank copies from each rank, when the
-  /// group may serve it with the custom kernels (world size 2..8); nullptr otherwise.
+  /// kAllGather, kAllToAll, kLmHeadExchange, kGather: what this rank copies from each rank, when
+  /// the group may serve it with the custom kernels (world size 2..8); nullptr otherwise.
   const ExchangePlan* plan = nullptr;
   /// kLmHeadExchange: the rows each rank holds.
   const LmHeadLayout* layout = nullptr;

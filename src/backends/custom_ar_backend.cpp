@@ -12,7 +12,8 @@ Plan CustomArBackend::plan(const Request& r) const noexcept {
       if (!lm_head_) return Plan::no("TPCOMM_LM_HEAD_A2A=0");
       [[fallthrough]];
     case Op::kAllGather:
-    case Op::kAllToAll: {
+    case Op::kAllToAll:
+    case Op::kGather: {
       if (r.plan == nullptr) return Plan::no("the exchange has no plan");
       const ExchangePlan& e = *r.plan;
       const ExchangeChoice c =

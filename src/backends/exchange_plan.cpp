@@ -39,6 +39,17 @@ ExchangePlan plan_all_gather(std::int64_t bytes, int world, int rank) noexcept {
   return p;
 }
 
+ExchangePlan plan_gather(std::int64_t bytes, int world, int rank, int root) noexcept {
+  ExchangePlan p;
+  add_regions(p, world, rank, [&](int s, int d) {
+    return d == root ? kernels::CopyRegion{0, bytes, s * bytes, bytes, 1, bytes}
+                     : kernels::CopyRegion{};
+  });
+  p.input_bytes = p.largest_input = bytes;
+  p.largest_output = world * bytes;
+  return p;
+}
+
 ExchangePlan plan_all_to_all(std::int64_t bytes, int world, int rank) noexcept {
   ExchangePlan p;
   const std::int64_t chunk = bytes / world;

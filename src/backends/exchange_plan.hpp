@@ -31,6 +31,10 @@ struct ExchangePlan {
   std::int64_t push_slot_bytes = 0;
 };
 
+/// Gather of `bytes` bytes per rank to rank `root`: rank r's input lands at byte `r * bytes` of
+/// root's output; the other ranks receive nothing.
+[[nodiscard]] ExchangePlan plan_gather(std::int64_t bytes, int world, int rank, int root) noexcept;
+
 /// All-gather of `bytes` bytes per rank: rank r's input lands at byte `r * bytes` of the output.
 /// `world` in 2..kMaxRanks, `rank` in 0..world-1 (as for every plan).
 [[nodiscard]] ExchangePlan plan_all_gather(std::int64_t bytes, int world, int rank) noexcept;

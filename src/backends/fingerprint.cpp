@@ -42,7 +42,7 @@ std::uint32_t shape_hash(std::span<const std::int64_t> values) noexcept {
 
 std::string describe_fingerprint(std::uint64_t fp) {
   const auto op_code = static_cast<int>(fp >> kOpShift);
-  if (fp == 0 || op_code > static_cast<int>(Op::kLmHeadExchange) + 1) {
+  if (fp == 0 || op_code > static_cast<int>(Op::kGather) + 1) {
     char hex[32];
     std::snprintf(hex, sizeof(hex), "0x%016llx", static_cast<unsigned long long>(fp));
     return detail::concat("an operation of unknown fingerprint ", hex);
@@ -63,6 +63,8 @@ std::string describe_fingerprint(std::uint64_t fp) {
     text += detail::concat(" (hidden ", hidden, out, (form & 1) != 0 ? ", no residual" : "",
                            (form & 2) != 0 ? ", f32 gamma" : "",
                            (form & 4) != 0 ? ", 1 + gamma" : "", ")");
+  } else if (op == Op::kGather) {
+    text += detail::concat(" (to rank ", shape, ")");
   } else if (shape != 0) {
     char hex[16];
     std::snprintf(hex, sizeof(hex), "0x%06x", shape);

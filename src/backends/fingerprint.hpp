@@ -32,7 +32,7 @@ namespace tpcomm {
 /// The call a fingerprint stands for, as messages name it: "all_reduce 4096 bfloat16",
 /// "all_reduce_add_rmsnorm 57344 bfloat16 (hidden 7168)", "all_to_all 8192 uint8 (shape
 /// 0x03fa21)", "all_reduce_add_rmsnorm 1024 half (hidden 512, f8e4m3 out per group, no
-/// residual, f32 gamma, 1 + gamma)".
+/// residual, f32 gamma, 1 + gamma)", "gather 4096 bfloat16 (to rank 2)".
 [[nodiscard]] std::string describe_fingerprint(std::uint64_t fingerprint);
 
 }  // namespace tpcomm

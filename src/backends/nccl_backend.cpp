@@ -2,6 +2,7 @@
 #include "backends/nccl_backend.hpp"
 
 #include <span>
+#include <vector>
 
 namespace tpcomm {
 
@@ -37,6 +38,13 @@ Status NcclBackend::run(const Request& r, const Plan&, Stream s) noexcept {
       return comm_->send(r.in.data, static_cast<std::size_t>(r.in.numel()), r.in.dtype, r.peer, s);
     case Op::kRecv:
       return comm_->recv(r.out.data, n, r.out.dtype, r.peer, s);
+    case Op::kGather: {
+      // Grouped sends to the root: an all-to-all whose only receiver is the root.
+      std::vector<std::int64_t> counts(static_cast<std::size_t>(world) * world, 0);
+      for (int src = 0; src < world; ++src)
+        counts[static_cast<std::size_t>(src) * world + r.peer] = r.in.numel();
+      return comm_->all_to_all(r.in.data, r.out.data, counts, r.in.dtype, s);
+    }
     case Op::kAllReduceAddRmsNorm:
     case Op::kLmHeadExchange:
       return Status::kUnsupported;

@@ -45,6 +45,12 @@ Status Group::all_gather(const TensorView& in, const TensorView& out, Stream str
   return impl_->call(make_all_gather(impl_->shape(), in, out, &c), c, stream);
 }
 
+Status Group::gather(const TensorView& in, const TensorView& out, int root,
+                     Stream stream) noexcept {
+  Call c;
+  return impl_->call(make_gather(impl_->shape(), in, out, root, &c), c, stream);
+}
+
 Status Group::all_to_all(const TensorView& in, const TensorView& out, Stream stream) noexcept {
   Call c;
   return impl_->call(make_all_to_all(impl_->shape(), in, out, &c), c, stream);
@@ -98,6 +104,13 @@ std::string Group::backend_for_all_gather(const TensorView& in,
                                           const TensorView& out) const noexcept {
   Call c;
   if (make_all_gather(impl_->shape(), in, out, &c) != Status::kOk) return "none";
+  return impl_->describe(c.request);
+}
+
+std::string Group::backend_for_gather(const TensorView& in, const TensorView& out,
+                                      int root) const noexcept {
+  Call c;
+  if (make_gather(impl_->shape(), in, out, root, &c) != Status::kOk) return "none";
   return impl_->describe(c.request);
 }
 

@@ -63,6 +63,28 @@ Status make_all_gather(const GroupShape& g, const TensorView& in, const TensorVi
   return Status::kOk;
 }
 
+Status make_gather(const GroupShape& g, const TensorView& in, const TensorView& out, int root,
+                   Call* call) noexcept {
+  if (root < 0 || root >= g.world)
+    return refuse(call, detail::concat("gather: root ", root, " is not a rank of ", g.world));
+  // The root's output is checked like the all-gather's; elsewhere it is not used.
+  if (g.rank == root) {
+    TPCOMM_TRY(check_pair(g, in, out, 1, g.world, "gather", call));
+  } else {
+    TPCOMM_TRY(check_view(g, in, "input", "gather", call));
+  }
+  call->empty = in.numel() == 0;  // the same on every rank
+  Request& req = call->request;
+  req = Request{Op::kGather, in, g.rank == root ? out : TensorView{}, ReduceOp::kSum, root};
+  req.tag.fingerprint =
+      fingerprint(Op::kGather, in.dtype, in.numel(), static_cast<std::uint32_t>(root));
+  if (plannable(g)) {
+    call->exchange = plan_gather(in.nbytes(), g.world, g.rank, root);
+    req.plan = &*call->exchange;
+  }
+  return Status::kOk;
+}
+
 Status make_all_to_all(const GroupShape& g, const TensorView& in, const TensorView& out,
                        Call* call) noexcept {
   TPCOMM_TRY(check_pair(g, in, out, 1, 1, "all_to_all", call));

@@ -20,6 +20,11 @@ namespace tpcomm {
 Status make_all_gather(const GroupShape& g, const TensorView& in, const TensorView& out,
                        Call* call) noexcept;
 
+/// `Group::gather`: on `root`, `out` holds world x `in`'s elements, rank r's at r x `in`'s;
+/// elsewhere `out` is not used.
+Status make_gather(const GroupShape& g, const TensorView& in, const TensorView& out, int root,
+                   Call* call) noexcept;
+
 /// `Group::all_to_all`, the equal split: `in` splits into world equal chunks.
 Status make_all_to_all(const GroupShape& g, const TensorView& in, const TensorView& out,
                        Call* call) noexcept;

@@ -28,6 +28,17 @@ TEST(ExchangePlan, AllGatherPlacesEachInputAtItsRank) {
   EXPECT_EQ(p.largest_input, 100);
 }
 
+TEST(ExchangePlan, GatherPlacesEachInputAtItsRankOnTheRootOnly) {
+  const ExchangePlan root = plan_gather(100, 3, 1, 1);
+  for (int s = 0; s < 3; ++s) EXPECT_TRUE(same(root.from[s], {0, 100, s * 100, 100, 1, 100})) << s;
+  const ExchangePlan other = plan_gather(100, 3, 2, 1);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(other.from[s].rows, 0) << s;
+  EXPECT_TRUE(same(other.to[1], {0, 100, 200, 100, 1, 100}));
+  EXPECT_EQ(other.to[0].rows, 0);
+  EXPECT_EQ(other.input_bytes, 100);
+  EXPECT_EQ(other.largest_output, 300);
+}
+
 TEST(ExchangePlan, AllToAllTakesThisRanksChunk) {
   const ExchangePlan p = plan_all_to_all(120, 4, 2);  // chunks of 30 bytes
   for (int s = 0; s < 4; ++s) EXPECT_TRUE(same(p.from[s], {60, 30, s * 30, 30, 1, 30})) << s;
@@ -90,6 +101,7 @@ TEST(ExchangePlan, EveryRankSendsWhatItsPeersTake) {
   const Case cases[] = {
       {"all_gather", 5, [](int w, int r) { return plan_all_gather(100, w, r); }, 208},
       {"all_gather odd", 3, [](int w, int r) { return plan_all_gather(6, w, r); }, 0},
+      {"gather", 4, [](int w, int r) { return plan_gather(100, w, r, 2); }, 208},
       {"all_to_all", 4, [](int w, int r) { return plan_all_to_all(128, w, r); }, 64},
       {"all_to_allv", 3, [](int w, int r) { return plan_all_to_all(kCounts, 4, w, r); },
        64},  // the most any rank sends another: 8 elements of 4 bytes, in 4 lines

@@ -21,6 +21,8 @@ TEST(Fingerprint, EveryPartOfACallChangesIt) {
            fingerprint(Op::kAllReduce, DType::kF16, 4096),
            fingerprint(Op::kAllGather, DType::kBF16, 4096),
            fingerprint(Op::kAllToAll, DType::kBF16, 4096),
+           fingerprint(Op::kGather, DType::kBF16, 4096),
+           fingerprint(Op::kGather, DType::kBF16, 4096, 1),
            fingerprint(Op::kAllReduce, DType::kBF16, 4096, 1),
            fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 0, 4096)),
            fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 0, 1024)),
@@ -61,6 +63,8 @@ TEST(Fingerprint, DescribesTheCall) {
             "f32 gamma, 1 + gamma)");
   EXPECT_EQ(describe_fingerprint(fingerprint(Op::kAllToAll, DType::kBF16, 64, 0x3fa21)),
             "all_to_all 64 bfloat16 (shape 0x03fa21)");
+  EXPECT_EQ(describe_fingerprint(fingerprint(Op::kGather, DType::kBF16, 4096, 2)),
+            "gather 4096 bfloat16 (to rank 2)");
   EXPECT_EQ(describe_fingerprint(0), "an operation of unknown fingerprint 0x0000000000000000");
 }
 

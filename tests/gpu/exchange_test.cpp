@@ -439,6 +439,110 @@ TEST(Exchange, AllGatherAndAllToAll) {
   }
 }
 
+// Gather to every root in both forms: the root's output against the host reference, bitwise;
+// the other ranks pass no output. Odd sizes and misaligned views, in place on the root, eager
+// and captured (replayed with new inputs).
+TEST(Exchange, GatherToEveryRoot) {
+  struct Shape {
+    DType dtype;
+    std::int64_t count;
+    std::int64_t offset;
+  };
+  const Shape shapes[] = {{DType::kBF16, 1, 0},    {DType::kF32, 4096, 0},
+                          {DType::kU8, 777, 3},    {DType::kI64, 1000, 0},
+                          {DType::kBF16, 4098, 1}, {DType::kF16, 300001, 0}};
+  for (int world : {2, 3, 5, 8}) {
+    for (const char* exchange : {"pull", "push"}) {
+      SCOPED_TRACE(detail::concat(world, " ", exchange));
+      int pushed = 0;  // by rank 0
+      run_ranks(world, [&](int rank, Bootstrap& boot) {
+        int mine_pushed = 0;
+        Group g(boot, 0, exchange_options(exchange));
+        StreamHolder stream;
+        const cudaStream_t s = stream.get();
+        const std::size_t most = static_cast<std::size_t>(world) * (1 << 20) + 64;
+        DeviceBuffer in(most);
+        DeviceBuffer out(most);
+        for (int root = 0; root < world; ++root) {
+          for (const Shape& sh : shapes) {
+            for (bool captured : {false, true}) {
+              const std::size_t esize = dtype_size(sh.dtype);
+              const std::int64_t n = sh.count;
+              const std::uint64_t seed = fresh_seed() + static_cast<std::uint64_t>(root);
+              const bool in_place = captured && rank == root && sh.offset == 0;
+              char* out_ptr = out.bytes_ptr() + sh.offset * esize;
+              char* in_ptr = in_place ? out_ptr + static_cast<std::size_t>(rank * n) * esize
+                                      : in.bytes_ptr() + sh.offset * esize;
+              const std::string what =
+                  detail::concat("gather to ", root, " ", to_string(sh.dtype), " x", n, " +",
+                                 sh.offset, captured ? " captured" : " eager", " rank ", rank);
+              ASSERT_EQ(
+                  kernels::poison(out.get(), static_cast<std::int64_t>(most), stream.stream()),
+                  Status::kOk);
+              ASSERT_EQ(upload(in_ptr, input_of(seed, rank, n, esize), s), cudaSuccess);
+              const auto iv = TensorView::flat(in_ptr, sh.dtype, n, 0);
+              const auto ov =
+                  rank == root ? TensorView::flat(out_ptr, sh.dtype, n * world, 0) : TensorView{};
+              if (!captured)
+                expect_path(g.backend_for_gather(iv, ov, root), exchange, "", "", what,
+                            &mine_pushed);
+              if (captured) {
+                cudaGraph_t graph = nullptr;
+                {
+                  auto scope = g.capture(stream.stream());
+                  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
+                            cudaSuccess);
+                  EXPECT_EQ(g.gather(iv, ov, root, stream.stream()), Status::kOk)
+                      << what << ": " << g.last_error();
+                  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+                  ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+                }
+                cudaGraphExec_t exec = nullptr;
+                ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+                ASSERT_EQ(cudaGraphUpload(exec, s), cudaSuccess);
+                ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+                boot.barrier();  // NOTE [graphs of virtual ranks]
+                ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+                ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+                cudaGraphExecDestroy(exec);
+                cudaGraphDestroy(graph);
+              } else {
+                ASSERT_EQ(g.gather(iv, ov, root, stream.stream()), Status::kOk)
+                    << what << ": " << g.last_error();
+                ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+              }
+              ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+              if (rank == root) {
+                const auto got =
+                    testing::to_host(out_ptr, static_cast<std::size_t>(n * world) * esize);
+                std::int64_t wrong = 0;
+                for (int src = 0; src < world; ++src)
+                  for (std::int64_t i = 0; i < n; ++i)
+                    wrong += equals(got.data() + static_cast<std::size_t>(src * n + i) * esize,
+                                    seed, src, i, esize)
+                                 ? 0
+                                 : 1;
+                EXPECT_EQ(wrong, 0) << what;
+              }
+              boot.barrier();  // the root has read its output before it is poisoned again
+            }
+          }
+        }
+        // A root that is not a rank: refused on every rank, naming it.
+        EXPECT_EQ(g.gather(TensorView::flat(in.get(), DType::kF32, 4, 0), TensorView{}, world,
+                           stream.stream()),
+                  Status::kInvalidArgument);
+        EXPECT_NE(g.last_error().find("root"), std::string::npos) << g.last_error();
+        if (rank == 0) pushed = mine_pushed;
+        boot.barrier();
+      });
+      if (std::string(exchange) == "push") {
+        EXPECT_GT(pushed, 0) << "the push form took no case";
+      }
+    }
+  }
+}
+
 // World size 1: the exchange is a copy of the rows into place, through the local backend or,
 // with TPCOMM_ALGO=nccl, through NCCL (which runs at world size 1 on one GPU), whose
 // peer-to-peer buffers `prepare_exchange` sets up with a warm-up all-to-all.
