@@ -140,7 +140,9 @@ class Group {
   /// allocated later (during capture above all): the custom exchange's staging grows to hold
   /// `bytes_per_peer` x world_size() bytes per rank's input (4 MiB per peer holds DeepSeek-V3's
   /// LM head at 120 tokens and 8 ranks), and with NCCL in the chain one all-to-all of that size
-  /// runs on `stream` (and is waited for) so that NCCL builds its peer-to-peer buffers now.
+  /// runs on `stream` (and is waited for) so that NCCL builds its peer-to-peer buffers now. Where
+  /// the LM head takes the all-gather + copy path for every call (no custom exchange, or
+  /// `Options::lm_head_a2a` off), its temporary of world_size() x that is allocated now too.
   /// Collective; not graph-safe. Throws `Error` when a rank cannot allocate (every rank alike)
   /// or the warm-up fails. Call it before capturing graphs that use the exchanges.
   void prepare_exchange(std::int64_t bytes_per_peer = std::int64_t{4} << 20,

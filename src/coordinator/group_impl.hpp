@@ -19,6 +19,7 @@
 #include "bootstrap/rank_watch.hpp"
 #include "coordinator/watchdog.hpp"
 #include "ops/call.hpp"
+#include "ops/exchange.hpp"
 #include "tpcomm/group.hpp"
 #include "tune/table.hpp"
 
@@ -33,6 +34,7 @@ struct Group::Impl {
   BackendChain chain;
   CustomArBackend* custom = nullptr;
   NcclBackend* nccl = nullptr;
+  GatherCopyBackend* gather_copy = nullptr;
   std::optional<TuneTable> table_storage;
   const TuneTable* table = nullptr;
   TuneKey tune_key;

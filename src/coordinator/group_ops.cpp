@@ -137,6 +137,9 @@ void Group::prepare_exchange(std::int64_t bytes_per_peer, Stream stream) {
   const std::int64_t bytes = bytes_per_peer * world_size();
   DeviceGuard guard(m.device);
   if (m.custom != nullptr) m.custom->impl().prepare_exchange(bytes);
+  // The LM head's fallback keeps its temporary where the custom exchange will not serve it.
+  if (bytes > 0 && (m.custom == nullptr || m.options.lm_head_a2a == Switch::kOff))
+    m.gather_copy->prepare(bytes);
   if (m.nccl == nullptr || bytes == 0) return;
   // One all-to-all of that size, so that NCCL sets up its peer-to-peer buffers now.
   struct Buffers {

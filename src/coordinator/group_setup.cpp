@@ -190,7 +190,9 @@ void Group::Impl::load_tune_table(const Peers& peers) {
 
 void Group::Impl::add_composites() {
   chain.add(make_unfused_norm_backend(chain, shape()));
-  chain.add(make_gather_copy_backend(chain, shape()));
+  auto fallback = make_gather_copy_backend(chain, shape());
+  gather_copy = fallback.get();
+  chain.add(std::move(fallback));
 }
 
 namespace {

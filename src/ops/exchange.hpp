@@ -39,10 +39,19 @@ Status make_lm_head_exchange(const GroupShape& g, const TensorView& shard_logits
                              Call* call) noexcept;
 
 /// The LM-head exchange where the custom exchange does not serve it, as an entry of `chain`:
-/// the shards all-gathered through the chain into a stream-ordered temporary ([world, T, S]),
-/// then this rank's rows of each shard copied into its columns (SGLang's path). Every rank runs
-/// the same all-gather, so the ranks' paths agree.
-[[nodiscard]] std::unique_ptr<Backend> make_gather_copy_backend(BackendChain& chain,
-                                                                const GroupShape& g);
+/// the shards all-gathered through the chain into a temporary ([world, T, S]), then this rank's
+/// rows of each shard copied into its columns (SGLang's path). Every rank runs the same
+/// all-gather, so the ranks' paths agree.
+class GatherCopyBackend : public Backend {
+ public:
+  /// Keeps a temporary for the gathered shards of inputs of up to `shard_bytes` bytes, so that
+  /// those calls allocate nothing; larger ones take a stream-ordered allocation of their own.
+  /// Not graph-safe (it allocates and frees); never shrinks. Throws `Error` when the allocation
+  /// fails.
+  virtual void prepare(std::int64_t shard_bytes) = 0;
+};
+
+[[nodiscard]] std::unique_ptr<GatherCopyBackend> make_gather_copy_backend(BackendChain& chain,
+                                                                          const GroupShape& g);
 
 }  // namespace tpcomm

@@ -7,15 +7,29 @@
 #include <string>
 
 #include "core/check.hpp"
+#include "core/cuda_check.hpp"
 #include "kernels/kernels.hpp"
 #include "ops/exchange.hpp"
 
 namespace tpcomm {
 namespace {
 
-class GatherCopy final : public Backend {
+class GatherCopy final : public GatherCopyBackend {
  public:
   GatherCopy(BackendChain& chain, const GroupShape& g) noexcept : chain_(chain), g_(g) {}
+  ~GatherCopy() override { cudaFree(prepared_); }
+  GatherCopy(const GatherCopy&) = delete;
+  GatherCopy& operator=(const GatherCopy&) = delete;
+
+  void prepare(std::int64_t shard_bytes) override {
+    const std::int64_t bytes = g_.world * shard_bytes;
+    if (bytes <= prepared_bytes_) return;
+    void* grown = nullptr;
+    TPCOMM_CUDA_CHECK(cudaMalloc(&grown, static_cast<std::size_t>(bytes)));
+    cudaFree(prepared_);  // waits for the device: no call of the old one is in flight after it
+    prepared_ = grown;
+    prepared_bytes_ = bytes;
+  }
 
   std::string_view name() const noexcept override { return "all_gather+copy"; }
 
@@ -36,9 +50,12 @@ class GatherCopy final : public Backend {
   Status run(const Request& r, const Plan& plan, Stream stream) noexcept override {
     const auto s = reinterpret_cast<cudaStream_t>(stream);
     const TensorView& shards = r.in;
-    void* gathered = nullptr;
-    if (cudaMallocAsync(&gathered, static_cast<std::size_t>(g_.world * shards.nbytes()), s) !=
-        cudaSuccess)
+    const std::int64_t bytes = g_.world * shards.nbytes();
+    // The prepared temporary where it holds them (calls on one group are ordered on its stream),
+    // else one of this call's own.
+    const bool own = bytes > prepared_bytes_;
+    void* gathered = prepared_;
+    if (own && cudaMallocAsync(&gathered, static_cast<std::size_t>(bytes), s) != cudaSuccess)
       return failed(Status::kCudaError, "allocating the gathered shards failed");
     ExchangePlan exchange;
     const Backend* served = nullptr;
@@ -48,7 +65,7 @@ class GatherCopy final : public Backend {
       error_ = served != nullptr ? served->last_error() : std::string();
     else
       status = copy_rows(r, static_cast<const char*>(gathered), stream);
-    if (cudaFreeAsync(gathered, s) != cudaSuccess && status == Status::kOk)
+    if (own && cudaFreeAsync(gathered, s) != cudaSuccess && status == Status::kOk)
       status = failed(Status::kCudaError, "freeing the gathered shards failed");
     return status;
   }
@@ -102,11 +119,14 @@ class GatherCopy final : public Backend {
   BackendChain& chain_;
   GroupShape g_;
   std::string error_;
+  void* prepared_ = nullptr;
+  std::int64_t prepared_bytes_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_gather_copy_backend(BackendChain& chain, const GroupShape& g) {
+std::unique_ptr<GatherCopyBackend> make_gather_copy_backend(BackendChain& chain,
+                                                            const GroupShape& g) {
   return std::make_unique<GatherCopy>(chain, g);
 }
 
