@@ -241,9 +241,10 @@ struct ExchangeInfo {
   /// slots (`ExchangePlan::push_slot_bytes`). Otherwise it reads the staged inputs.
   bool lamport;
   /// By the bytes of the largest rank's input. The pull form is a copy at the memory's speed
-  /// after one barrier, so unbounded within the staging buffer (NCCL serves what it cannot hold);
-  /// the push form saves the barrier and the staging copy but sends two bytes for every byte,
-  /// so it leads up to where the pull form's copy at full speed catches up.
+  /// after one barrier, so unbounded within the staging buffer (NCCL serves what it cannot hold).
+  /// The push form saves the barrier and the staging copy but sends two bytes for every byte;
+  /// where it leads is to be measured against the pull form on the GPU, so until then the
+  /// built-in choice does not take it (`TPCOMM_EXCHANGE_ALGO=push` and the tuner may).
   BuiltIn built_in;
 };
 
@@ -254,12 +255,11 @@ inline constexpr std::array<ExchangeInfo, 2> kExchangeAlgorithms{{
     {ExchangeAlgo::kPull, "pull",
      "barrier, then every rank copies what it receives from each peer's buffer straight to its "
      "place in the output (the LM head's reassembly included)",
-     kMaxBlocks, false, BuiltIn{2, kUnbounded, kUnbounded, kUnbounded}},
+     kMaxBlocks, false, BuiltIn{1, kUnbounded, kUnbounded, kUnbounded}},
     {ExchangeAlgo::kPush, "push",
      "every rank writes each peer's part into that peer's receive buffer in lines that carry "
      "their own flags; no barrier, no staging copy (regions of whole 4-byte words)",
-     kMaxBlocks, true,
-     BuiltIn{1, std::int64_t{256} << 10, std::int64_t{128} << 10, std::int64_t{64} << 10}},
+     kMaxBlocks, true, BuiltIn{}},
 }};
 
 /// The row of `a`; `a` must not be `kNone`.

@@ -189,27 +189,28 @@ TEST(ExchangeSelector, TunedTableDecidesWithinTheCaps) {
   EXPECT_EQ(pull_only(1000, 1000, caps, Algo::kNone, &table).algo, ExchangeAlgo::kNone);
 }
 
-TEST(ExchangeSelector, PushWhereItFitsAndLeads) {
+TEST(ExchangeSelector, PushWherePinnedOrTunedAndItFits) {
   SelectorCaps caps = exchange_caps(8);
   caps.lamport_max_bytes = 512 << 10;
   auto pick = [&](std::int64_t input, std::int64_t output, std::int64_t slot,
                   PinnedExchange pinned = {}, const TuneTable* table = nullptr) {
     return select_exchange({input, output, slot}, caps, {}, pinned, table);
   };
-  // Small: the push form, one block per 16 KiB received.
-  EXPECT_EQ(pick(1024, 8192, 2048), (ExchangeChoice{ExchangeAlgo::kPush, 1, 512}));
-  EXPECT_EQ(pick(64 << 10, 512 << 10, 128 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 24, 512}));
-  // Past its built-in bound at 8 ranks, or not whole words, or past the slots: the pull form.
-  EXPECT_EQ(pick((64 << 10) + 16, 520 << 10, 130 << 10).algo, ExchangeAlgo::kPull);
-  EXPECT_EQ(pick(1024, 8192, 0).algo, ExchangeAlgo::kPull);
-  EXPECT_EQ(pick(1024, 8192, (512 << 10) + 16).algo, ExchangeAlgo::kPull);
-  // No Lamport buffers (a group without the fusion workspace): never the push form.
-  SelectorCaps none = caps;
-  none.lamport_max_bytes = 0;
-  EXPECT_EQ(select_exchange({1024, 8192, 2048}, none, {}, {}, nullptr).algo, ExchangeAlgo::kPull);
-  // Pinned: wherever it fits, past the built-in bounds too; elsewhere the built-in choice.
+  // The built-in choice: the pull form (the push form is not among its rows yet).
+  EXPECT_EQ(pick(1024, 8192, 2048), (ExchangeChoice{ExchangeAlgo::kPull, 1, 512}));
+  // Pinned: wherever it fits, one block per 16 KiB received; elsewhere the built-in choice
+  // (rows not whole words, pieces past the slots, a group without Lamport buffers).
+  EXPECT_EQ(pick(1024, 8192, 2048, ExchangeAlgo::kPush),
+            (ExchangeChoice{ExchangeAlgo::kPush, 1, 512}));
+  EXPECT_EQ(pick(64 << 10, 512 << 10, 128 << 10, ExchangeAlgo::kPush),
+            (ExchangeChoice{ExchangeAlgo::kPush, 24, 512}));
   EXPECT_EQ(pick(1 << 20, 1 << 20, 256 << 10, ExchangeAlgo::kPush).algo, ExchangeAlgo::kPush);
   EXPECT_EQ(pick(1024, 8192, 0, ExchangeAlgo::kPush).algo, ExchangeAlgo::kPull);
+  EXPECT_EQ(pick(1024, 8192, (512 << 10) + 16, ExchangeAlgo::kPush).algo, ExchangeAlgo::kPull);
+  SelectorCaps none = caps;
+  none.lamport_max_bytes = 0;
+  EXPECT_EQ(select_exchange({1024, 8192, 2048}, none, {}, ExchangeAlgo::kPush, nullptr).algo,
+            ExchangeAlgo::kPull);
   EXPECT_EQ(pick(1024, 8192, 2048, ExchangeAlgo::kPull).algo, ExchangeAlgo::kPull);
   // "nccl" wins over a pinned exchange.
   EXPECT_EQ(
