@@ -4,9 +4,11 @@ exceptions with the library's message, the store of a single process, and a boot
 several processes over the real TCP store."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -195,3 +197,57 @@ def test_a_group_without_a_gpu_raises_the_library_error():
             tpcomm.Group(b, 0, fusion_max_tokens=-5)
         with pytest.raises(ValueError, match="fusion_hidden 9223372036854775808 is outside"):
             tpcomm.Group(b, 0, fusion_hidden=1 << 63)
+
+
+INTERRUPTED_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import tpcomm
+    what, port = sys.argv[1], int(sys.argv[2])
+    start = None
+    try:
+        if what == "create":  # rank 1 of 2 waits for a rank 0 that never comes
+            print("ready", flush=True)
+            start = time.monotonic()
+            tpcomm.Bootstrap(rank=1, world_size=2, store_port=port)
+        elif what == "get":
+            b = tpcomm.Bootstrap(rank=0, world_size=1, store_port=port)
+            print("ready", flush=True)
+            start = time.monotonic()
+            b.store_get("never set", timeout_ms=60000)
+        elif what == "barrier":  # rank 0 of 2; rank 1 joins and never calls the barrier
+            b = tpcomm.Bootstrap(rank=0, world_size=2, store_port=port)
+            print("ready", flush=True)
+            start = time.monotonic()
+            b.barrier()
+        else:  # the idle rank 1
+            b = tpcomm.Bootstrap(rank=1, world_size=2, store_port=port)
+            time.sleep(30)
+    except KeyboardInterrupt:
+        print(f"interrupted after {time.monotonic() - start:.3f}", flush=True)
+""")
+
+
+@pytest.mark.parametrize("what", ["get", "barrier", "create"])
+def test_ctrl_c_interrupts_a_blocking_call(what):
+    """Ctrl-C during a blocking store_get, a barrier, or a bootstrap waiting for its peers raises
+    KeyboardInterrupt at once, not at the store's deadline (60 s here)."""
+    env = dict(os.environ, TPCOMM_TIMEOUT_MS="60000")
+    port = str(free_port())
+    run = [sys.executable, "-c", INTERRUPTED_SCRIPT]
+    p = subprocess.Popen(run + [what, port], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env)
+    idle = (subprocess.Popen(run + ["idle", port], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=env) if what == "barrier" else None)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # well inside the blocking call
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=20)
+    finally:
+        p.kill()
+        if idle is not None:
+            idle.kill()
+            idle.wait()
+    waited = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("interrupted")]
+    assert waited, out
+    assert waited[0] < 2.0, out

@@ -10,6 +10,7 @@ import builtins
 import contextlib
 import ctypes
 import json as _json
+import threading
 
 from . import _capi
 
@@ -176,6 +177,48 @@ def _text(name, s):
     return s.encode()
 
 
+def _interruptible(call, owner=None):
+    """The status of `call()`, a C call that may block for a long time (waiting for peers or a
+    key), and the C API's thread-local message when it failed, made so that Ctrl-C interrupts it
+    within about 50 ms: Python runs its signal handlers only between bytecodes, never while a C
+    call is blocked. So from the main thread the call runs on a worker thread while the main
+    thread waits in slices, where KeyboardInterrupt can land; the abandoned call then ends by
+    itself at its own deadline, and `owner`, the handle it uses, is never destroyed (that would
+    free what the call still uses): it is left to the process's exit. Other threads call it
+    directly."""
+
+    def attempt():
+        status = call()
+        message = None if status == 0 else _capi.lib().tpcomm_last_error().decode(errors="replace")
+        return status, message
+
+    if threading.current_thread() is not threading.main_thread():
+        return attempt()
+    done = threading.Event()
+    outcome = []
+
+    def run():
+        try:
+            outcome.append((True, attempt()))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            outcome.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="tpcomm-blocking-call", daemon=True).start()
+    try:
+        while not done.wait(0.05):
+            pass
+    except BaseException:
+        if owner is not None and not done.is_set():
+            owner._abandoned = True
+        raise
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
 def _int(name, v, bits=32):
     """`v` as a C integer of `bits` bits, checked: ctypes would wrap `2**32 + 1` to 1."""
     if isinstance(v, bool) or not isinstance(v, int):
@@ -214,7 +257,9 @@ class _Handle:
             _check(status, last_error(self._handle).decode(errors="replace"))
 
     def close(self):
-        """Releases the handle."""
+        """Releases the handle (not one a call interrupted by Ctrl-C still uses: `_interruptible`)."""
+        if getattr(self, "_abandoned", False):
+            self._handle = None
         if self._handle is not None:
             getattr(_capi.lib(), f"tpcomm_{self._kind}_destroy")(self._handle)
             self._handle = None
@@ -247,15 +292,15 @@ class Bootstrap(_Handle):
         lib = _capi.lib()
         handle = ctypes.c_void_p()
         if rank is None and world_size is None:
-            _check(lib.tpcomm_bootstrap_from_env(ctypes.byref(handle)))
+            _check(*_interruptible(lambda: lib.tpcomm_bootstrap_from_env(ctypes.byref(handle))))
         else:
             if rank is None or world_size is None:
                 raise InvalidArgumentError(2, "give both rank and world_size, or neither")
             host = None if store_host is None else _text("store_host", store_host)
-            _check(lib.tpcomm_bootstrap_create(
-                _int("rank", rank), _int("world_size", world_size), _int("local_rank", local_rank),
-                _int("local_world_size", local_world_size), host, _int("store_port", store_port),
-                ctypes.byref(handle)))
+            args = (_int("rank", rank), _int("world_size", world_size),
+                    _int("local_rank", local_rank), _int("local_world_size", local_world_size),
+                    host, _int("store_port", store_port), ctypes.byref(handle))
+            _check(*_interruptible(lambda: lib.tpcomm_bootstrap_create(*args)))
         self._handle = handle
         info = _capi.CRankInfo()
         _check(lib.tpcomm_bootstrap_rank_info(handle, ctypes.byref(info)))
@@ -271,7 +316,8 @@ class Bootstrap(_Handle):
 
     def barrier(self):
         """Returns when every rank has called it."""
-        self._call(_capi.lib().tpcomm_bootstrap_barrier(self.handle))
+        lib, handle = _capi.lib(), self.handle
+        self._call(_interruptible(lambda: lib.tpcomm_bootstrap_barrier(handle), self)[0])
 
     def store_set(self, key, value, timeout_ms=0):
         """Stores `value` (bytes or str) under `key`."""
@@ -287,7 +333,9 @@ class Bootstrap(_Handle):
         handle, k, timeout_ms = self.handle, _key(key), _int("timeout_ms", timeout_ms, 64)
         size = ctypes.c_size_t(0)
         buf = ctypes.create_string_buffer(256)
-        status = lib.tpcomm_store_get(handle, k, buf, len(buf), ctypes.byref(size), timeout_ms)
+        status, _ = _interruptible(
+            lambda: lib.tpcomm_store_get(handle, k, buf, len(buf), ctypes.byref(size), timeout_ms),
+            self)
         if status == 2 and size.value > len(buf):
             buf = ctypes.create_string_buffer(size.value)
             status = lib.tpcomm_store_get(handle, k, buf, len(buf), ctypes.byref(size),
