@@ -108,8 +108,9 @@ struct TcpStoreServerConfig {
   std::size_t max_value_bytes = std::size_t{64} << 20;
   /// Most connections served at once. A new connection beyond this, or beyond
   /// `max_unauthenticated`, displaces (closes) the oldest connection still waiting to
-  /// authenticate if that one has waited a second, and is otherwise refused as busy (clients
-  /// retry busy servers until their timeout). The default holds the launcher's largest world
+  /// authenticate whose HELLO has not arrived, and is otherwise refused as busy (clients retry
+  /// both until their timeout: a client with the token gets in however fast silent connections
+  /// are opened and closed again). The default holds the launcher's largest world
   /// (1024 ranks, each with its request and watch connections) and 64 more. The server raises
   /// the process's soft limit of open files to fit it where the hard limit allows (and logs how
   /// many connections fit where it does not).
@@ -171,6 +172,9 @@ class TcpStoreServer {
   /// Number of frames rejected so far (malformed, oversized, unauthenticated, stalled, cut off
   /// by the client in the middle, or over a limit), and of replies the client did not read.
   [[nodiscard]] std::int64_t rejected_frames() const noexcept;
+  /// Number of connections closed before they authenticated, to make room for new ones (see
+  /// `TcpStoreServerConfig::max_connections`).
+  [[nodiscard]] std::int64_t displaced_connections() const noexcept;
   /// Number of connections being served now (each holds one server thread).
   [[nodiscard]] int connections() const noexcept;
   /// Number of GET/WAIT requests waiting for their key now.

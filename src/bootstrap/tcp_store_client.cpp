@@ -68,6 +68,13 @@ struct TcpStore::Impl {
                  key.size(), " bytes is longer than the limit of ", limits.max_key_bytes);
   }
 
+  /// True for what ends a handshake (HELLO, the watch's claim) that is tried again: the server
+  /// busy, or the connection lost (a server closes one that has not said HELLO yet to make room
+  /// for a new one). Not a refusal of the token, nor a protocol error.
+  static bool retry_handshake(const Error& e) noexcept {
+    return e.status() == Status::kUnavailable || e.status() == Status::kSystemError;
+  }
+
   [[noreturn]] void fail_io(const std::string& what, const IoResult& r, milliseconds waited) {
     broken = net::describe(r);
     if (r.status == Io::kTimeout) {
@@ -185,8 +192,9 @@ struct TcpStore::Impl {
 
   // Connects a second time and registers it as job rank `rank`'s watch connection; a thread
   // then reads its notices (NOTE [rank watch]).
-  // A server at its connection limit answers "busy": the claim is retried, with a growing
-  // pause, until the deadline, like the first connection.
+  // A server at its connection limit answers "busy", or closes a connection whose HELLO it has
+  // not read yet to make room: the claim is retried, with a growing pause, until the deadline,
+  // like the first connection.
   void start_watch(const std::string& host, int rank, Deadline deadline) {
     for (milliseconds pause{10};; pause = std::min(2 * pause, milliseconds{500})) {
       try {
@@ -194,7 +202,7 @@ struct TcpStore::Impl {
         break;
       } catch (const Error& e) {
         watch_sock.reset();
-        if (e.status() != Status::kUnavailable || SteadyClock::now() >= deadline) throw;
+        if (!retry_handshake(e) || SteadyClock::now() >= deadline) throw;
         std::this_thread::sleep_for(
             std::min<SteadyClock::duration>(pause, deadline - SteadyClock::now()));
         if (SteadyClock::now() >= deadline) throw;
@@ -302,8 +310,9 @@ TcpStore::TcpStore(Config config) : impl_(std::make_unique<Impl>()) {
   }
   m.address = net::join_host_port(connect_host, m.port);
   const Deadline deadline = deadline_after(m.config.timeout);
-  // A server at its connection limit answers "busy" and closes: like a refused connection, that
-  // is retried, with a growing pause, until the deadline; then the last refusal is reported.
+  // A server at its connection limit answers "busy" and closes, or closes a connection whose
+  // HELLO it has not read yet to make room for a new one: like a refused connection, both are
+  // retried, with a growing pause, until the deadline; then the last refusal is reported.
   for (milliseconds pause{10};; pause = std::min(2 * pause, milliseconds{500})) {
     m.sock = net::connect_tcp(connect_host, m.port, deadline);
     // The handshake gets at least a second even when connecting took the whole timeout.
@@ -313,7 +322,7 @@ TcpStore::TcpStore(Config config) : impl_(std::make_unique<Impl>()) {
              m.config.timeout);
       break;
     } catch (const Error& e) {
-      if (e.status() != Status::kUnavailable || SteadyClock::now() >= deadline) throw;
+      if (!Impl::retry_handshake(e) || SteadyClock::now() >= deadline) throw;
       m.broken.clear();
       std::this_thread::sleep_for(
           std::min<SteadyClock::duration>(pause, deadline - SteadyClock::now()));

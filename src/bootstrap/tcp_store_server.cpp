@@ -51,8 +51,6 @@ constexpr milliseconds kBusyLinger{500};
 constexpr std::size_t kMaxBusyLingering = 64;
 // How long stop() gives the watch connections to send their stop notice.
 constexpr milliseconds kWatchStopGrace{200};
-// A connection still waiting to authenticate after this long may be displaced by a new one.
-constexpr milliseconds kDisplaceAfter{1000};
 
 // NOTE [store memory bounds]
 // What clients can make the server hold is bounded:
@@ -155,12 +153,15 @@ void TcpStoreServer::Impl::accept_one() {
   }
   Socket sock(fd);
   set_nodelay(fd);
-  // A connection over either limit displaces the oldest one still waiting to authenticate,
-  // when that one has waited `kDisplaceAfter` (a client sends HELLO as soon as it connects),
-  // else it is refused as busy, which clients retry. So connections that never say HELLO cannot
-  // keep a client with the token out, and a crowd of clients connecting at once is slowed, not
-  // cut off. Only this thread adds to the counts; a displaced connection still counts until its
-  // thread ends, so `active` may exceed `max_connections` by those for a moment.
+  // A connection over either limit displaces the oldest one still waiting to authenticate whose
+  // HELLO has not arrived (`displace_oldest_unauthenticated`), else it is refused as busy; a
+  // client retries both until its timeout. A client sends HELLO as soon as it connects, and its
+  // connection's thread authenticates it as soon as it arrives: to be displaced, a connection
+  // must stay silent while every connection accepted before it is displaced, so connections
+  // that never say HELLO, however fast they are opened and closed again, cannot keep a client
+  // with the token out, and a crowd of clients connecting at once is slowed, not cut off. Only
+  // this thread adds to the counts; a displaced connection still counts until its thread ends,
+  // so `active` may exceed `max_connections` by those for a moment.
   bool waiting_full;
   bool full;
   {
@@ -197,12 +198,14 @@ bool TcpStoreServer::Impl::displace_oldest_unauthenticated() {
   // `conns` is in the order of acceptance: the first one waiting is the oldest.
   for (auto& c : conns) {
     if (c->auth.load() != Auth::kWaiting) continue;
-    if (SteadyClock::now() - c->accepted < kDisplaceAfter) return false;
+    // Bytes waiting to be read: its HELLO is here, and its thread is about to read it.
+    pollfd p{c->sock.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0) continue;
     if (!leave_waiting(*c, Auth::kDisplaced)) continue;
-    rejected.fetch_add(1);
-    TPCOMM_LOG_WARN("store: closed the connection from ", c->peer,
-                    " before it authenticated, to make room for a new one (max_unauthenticated ",
-                    config.max_unauthenticated, ", max_connections ", config.max_connections, ")");
+    ++displaced;
+    TPCOMM_LOG_DEBUG("store: closed the connection from ", c->peer,
+                     " before it authenticated, to make room for a new one (max_unauthenticated ",
+                     config.max_unauthenticated, ", max_connections ", config.max_connections, ")");
     // The fd stays open until the thread is joined (see `conns`): this cannot hit a reused fd.
     ::shutdown(c->sock.get(), SHUT_RDWR);
     return true;
@@ -496,6 +499,10 @@ TcpStoreServer::~TcpStoreServer() { stop(); }
 int TcpStoreServer::port() const noexcept { return impl_->port; }
 
 std::int64_t TcpStoreServer::rejected_frames() const noexcept { return impl_->rejected.load(); }
+
+std::int64_t TcpStoreServer::displaced_connections() const noexcept {
+  return impl_->displaced.load();
+}
 
 int TcpStoreServer::connections() const noexcept {
   std::lock_guard lock(impl_->count_mu);

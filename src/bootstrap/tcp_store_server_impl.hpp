@@ -37,7 +37,6 @@ struct TcpStoreServer::Impl {
     std::thread thread;
     std::atomic<bool> done{false};
     std::atomic<Auth> auth{Auth::kWaiting};
-    Deadline accepted = SteadyClock::now();
   };
   /// Bytes taken from `max_inflight_bytes` (NOTE [store memory bounds] 2), given back on
   /// destruction.
@@ -81,6 +80,7 @@ struct TcpStoreServer::Impl {
 
   std::atomic<bool> stopping{false};
   std::atomic<std::int64_t> rejected{0};
+  std::atomic<std::int64_t> displaced{0};
   std::atomic<int> waiting{0};
   std::atomic<int> watchers{0};
   std::atomic<std::size_t> inflight{0};
@@ -127,8 +127,8 @@ struct TcpStoreServer::Impl {
   void reap_finished();
   /// Moves `c` out of Auth::kWaiting to `to`; false when it already left it.
   bool leave_waiting(Connection& c, Auth to) noexcept;
-  /// Closes the oldest connection still waiting to authenticate, if it has waited
-  /// `kDisplaceAfter`; false when there is none such.
+  /// Closes the oldest connection still waiting to authenticate whose HELLO has not arrived
+  /// (none is waiting to be read); false when there is none such.
   bool displace_oldest_unauthenticated();
   void serve(Connection& c);
   /// Reads `n` payload bytes, appending them to `out`, in pieces counted in `held` as they
