@@ -61,6 +61,16 @@ void warn_open_store(const std::string& address) {
 // `seq`, no rank will read any key of an earlier collective again, and the rank erases its own
 // keys of those. Broadcasts wait only for the root, so their keys go at the next barrier or
 // all-gather.
+//
+// NOTE [bootstrap at scale]
+// Every rank waiting for every rank's key costs world^2 requests of the store: a million for the
+// launcher's 1024 ranks, which a store on a few cores cannot serve within a timeout. So a
+// barrier counts arrivals (one ADD a rank; the last to arrive sets "<seq>/barrier/done", which
+// the others wait for) and an all-gather goes through rank 0 (which waits for every part, reads
+// them and sets them packed in one value, "<seq>/all_gather/all", that the others read): a few
+// requests a rank. Each rank still sets its own key first, so that a wait that times out can
+// name the ranks that never arrived. Seeing the done key or the packed value means every rank
+// has set its key of `seq`, as seeing every key did.
 struct Bootstrap::Impl {
   struct OwnKey {
     std::uint64_t seq;
@@ -138,14 +148,48 @@ struct Bootstrap::Impl {
     }
   }
 
+  // Waits for `key`, set once every rank has set its key of collective `s` (NOTE [bootstrap at
+  // scale]), and returns its value; on timeout names the ranks whose keys are missing, or
+  // `last` when none is (the rank that sets `key`; -1: whichever arrived last).
+  Bytes await_all(std::uint64_t s, std::string_view op, const std::string& key_all, int last,
+                  Deadline deadline, std::optional<Milliseconds> waited = std::nullopt) {
+    try {
+      return store->get(key_all, remaining(deadline));
+    } catch (const Error& e) {
+      if (e.status() != Status::kTimeout) throw;
+      std::vector<int> missing;
+      for (int r = 0; r < world_size; ++r) {
+        const std::string k = key(s, op, r);
+        if (!store->check(std::span(&k, 1))) missing.push_back(r);
+      }
+      if (missing.empty() && last < 0) {
+        TPCOMM_THROW(Status::kTimeout, op, " #", s, " of bootstrap '", prefix, "' timed out after ",
+                     waited.value_or(timeout()).count(), " ms on rank ", rank,
+                     ": every rank arrived, but the last of them did not finish it");
+      }
+      throw_timeout(s, op, missing.empty() ? std::vector<int>{last} : missing, waited);
+    }
+  }
+
   void barrier(Milliseconds timeout) {
     const std::uint64_t s = ++seq;
     if (world_size == 1) return;
     const Deadline deadline = deadline_after(timeout);
     set_own(s, key(s, "barrier", rank), {});
-    wait_all(s, "barrier", deadline, timeout);
+    const std::string count = concat(prefix, "/", s, "/barrier/count");
+    const std::string done = concat(prefix, "/", s, "/barrier/done");
+    if (store->add(count, 1, remaining(deadline)) == world_size) {
+      set_own(s, done, {});
+      own_keys.push_back({s, count});  // the last to arrive erases it with its own keys
+    } else {
+      (void)await_all(s, "barrier", done, -1, deadline, timeout);
+    }
     erase_before(s);
   }
+
+  /// Most bytes rank 0 packs into one value (NOTE [bootstrap at scale]); larger all-gathers
+  /// have every rank read every part.
+  static constexpr std::size_t kMaxPacked = std::size_t{16} << 20;
 
   std::vector<Bytes> all_gather(std::span<const std::byte> data) {
     const std::uint64_t s = ++seq;
@@ -154,13 +198,65 @@ struct Bootstrap::Impl {
     if (world_size == 1) return out;
     const Deadline deadline = deadline_after(timeout());
     set_own(s, key(s, "all_gather", rank), data);
-    wait_all(s, "all_gather", deadline);
-    for (int r = 0; r < world_size; ++r) {
-      if (r != rank)
-        out[static_cast<std::size_t>(r)] = store->get(key(s, "all_gather", r), remaining(deadline));
+    const std::string all = concat(prefix, "/", s, "/all_gather/all");
+    auto read_every_part = [&] {
+      for (int r = 0; r < world_size; ++r) {
+        if (r != rank)
+          out[static_cast<std::size_t>(r)] =
+              store->get(key(s, "all_gather", r), remaining(deadline));
+      }
+    };
+    if (rank == 0) {
+      wait_all(s, "all_gather", deadline);
+      read_every_part();
+      set_own(s, all, pack(out));
+    } else {
+      const Bytes packed = await_all(s, "all_gather", all, 0, deadline);
+      if (!unpack(packed, out)) read_every_part();
     }
     erase_before(s);
     return out;
+  }
+
+  // Every part, each as an 8-byte little-endian length and its bytes, after a 1; or a lone 0
+  // where they come to more than `kMaxPacked` (the parts are then read one by one).
+  static Bytes pack(const std::vector<Bytes>& parts) {
+    std::size_t total = 1;
+    for (const Bytes& p : parts) total += 8 + p.size();
+    if (total > kMaxPacked) return Bytes{std::byte{0}};
+    Bytes out;
+    out.reserve(total);
+    out.push_back(std::byte{1});
+    for (const Bytes& p : parts) {
+      for (int b = 0; b < 8; ++b)
+        out.push_back(static_cast<std::byte>(static_cast<std::uint64_t>(p.size()) >> (8 * b)));
+      out.insert(out.end(), p.begin(), p.end());
+    }
+    return out;
+  }
+
+  // The parts of `pack`'s value into `out` (this rank's own part is already there); false for
+  // the lone 0. A malformed value is a protocol error.
+  bool unpack(const Bytes& packed, std::vector<Bytes>& out) const {
+    TPCOMM_CHECK(!packed.empty() && (packed[0] == std::byte{0} || packed[0] == std::byte{1}),
+                 Status::kProtocolError, "bootstrap '", prefix, "': a malformed all-gather value");
+    if (packed[0] == std::byte{0}) return false;
+    std::size_t at = 1;
+    for (int r = 0; r < world_size; ++r) {
+      TPCOMM_CHECK(packed.size() - at >= 8, Status::kProtocolError, "bootstrap '", prefix,
+                   "': a malformed all-gather value");
+      std::uint64_t n = 0;
+      for (int b = 0; b < 8; ++b) n |= std::to_integer<std::uint64_t>(packed[at + b]) << (8 * b);
+      at += 8;
+      TPCOMM_CHECK(packed.size() - at >= n, Status::kProtocolError, "bootstrap '", prefix,
+                   "': a malformed all-gather value");
+      if (r != rank)
+        out[static_cast<std::size_t>(r)].assign(
+            packed.begin() + static_cast<std::ptrdiff_t>(at),
+            packed.begin() + static_cast<std::ptrdiff_t>(at + n));
+      at += n;
+    }
+    return true;
   }
 
   Bytes broadcast(std::span<const std::byte> data, int root) {

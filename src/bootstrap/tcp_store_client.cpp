@@ -148,8 +148,12 @@ struct TcpStore::Impl {
                  milliseconds timeout) {
     for (;;) {
       const milliseconds slice = std::min(remaining(deadline), kWaitSlice);
-      Reply reply = call(what, op, key, {}, slice.count(), deadline_after(slice) + kReplySlack,
-                         timeout, /*timeout_ok=*/true);
+      // The server answers at the slice's end, but a loaded one (a thousand ranks on a few
+      // cores) may answer later: the reply is awaited until the whole wait's deadline (and the
+      // slack), so that a late one does not break the connection.
+      Reply reply = call(what, op, key, {}, slice.count(),
+                         std::max(deadline_after(slice), deadline) + kReplySlack, timeout,
+                         /*timeout_ok=*/true);
       if (reply.header.code == ReplyCode::kOk) return reply;
       if (SteadyClock::now() >= deadline) fail_reply(what, reply, timeout);
       // Let a thread that waits for the connection take it before the next slice.

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -287,6 +288,39 @@ TEST(Bootstrap, ThreeProcessesOverTcp) {
     }));
   }
   for (pid_t pid : pids) EXPECT_EQ(testing::wait_child(pid, 30s), 0);
+}
+
+// The launcher's largest world, 1024 ranks as processes, starts on one store (two connections
+// a rank: requests and the rank watch), meets at barriers and hears rank 0's broadcast.
+TEST(Bootstrap, TheLaunchersLargestWorldStartsOnOneStore) {
+  constexpr int kRanks = 1024;
+  const int port = net::free_port();
+  std::vector<pid_t> pids;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < kRanks; ++r) {
+    pids.push_back(testing::fork_child([r, port] {
+      LaunchInfo info;
+      info.rank = r;
+      info.world_size = kRanks;
+      info.local_rank = r;
+      info.local_world_size = kRanks;
+      info.store_host = "127.0.0.1";
+      info.store_port = port;
+      info.source = "explicit";
+      Options options;
+      options.timeout_ms = 120000;
+      options.store_token = "job-token";
+      Bootstrap b = Bootstrap::from_launch_info(info, options);
+      b.barrier();
+      if (b.broadcast_value(r == 0 ? 4242 : r, 0) != 4242) throw std::runtime_error("broadcast");
+      b.barrier();
+    }));
+  }
+  int failed = 0;
+  for (pid_t pid : pids) failed += testing::wait_child(pid, 300s) == 0 ? 0 : 1;
+  EXPECT_EQ(failed, 0);
+  std::printf("%d ranks started, met and finished in %.1f s\n", kRanks,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 // A store address from TPCOMM_STORE_BIND that does not resolve names the variable.
