@@ -9,12 +9,12 @@
 
 namespace tpcomm::detail {
 
-/// Builds "file:line: message" for an `Error`.
+/// Builds "file:line: message" (for the debug log).
 std::string where(const char* file, int line, const std::string& message);
 
-[[noreturn]] inline void throw_error(Status s, const char* file, int line, const std::string& msg) {
-  throw Error(s, where(file, line, msg));
-}
+/// Throws `Error(s, msg)`: the message is for users, so it carries no source path; the place
+/// that threw goes to the debug log (`TPCOMM_LOG=debug`).
+[[noreturn]] void throw_error(Status s, const char* file, int line, const std::string& msg);
 
 template <class... Args>
 std::string concat(const Args&... args) {

@@ -6,12 +6,31 @@
 
 #include "core/check.hpp"
 
-/// Throws `Error(kCudaError)` naming the call and CUDA's error when `expr` fails.
-#define TPCOMM_CUDA_CHECK(expr)                                                                  \
-  do {                                                                                           \
-    if (cudaError_t e_ = (expr); e_ != cudaSuccess) [[unlikely]]                                 \
-      TPCOMM_THROW(::tpcomm::Status::kCudaError, #expr, " failed: ", cudaGetErrorName(e_), ": ", \
-                   cudaGetErrorString(e_));                                                      \
+namespace tpcomm::detail {
+
+/// Throws for CUDA error `e` of call `expr`: `kUnavailable` where the machine has no usable GPU
+/// (no driver, one older than the runtime, no device visible), saying so; `kCudaError` else.
+[[noreturn]] inline void throw_cuda(const char* file, int line, const char* expr, cudaError_t e) {
+  const char* no_gpu = e == cudaErrorInsufficientDriver
+                           ? "no usable NVIDIA driver (none is installed, or it is older than the "
+                             "CUDA runtime tpcomm was built with)"
+                       : e == cudaErrorNoDevice ? "no CUDA GPU is visible to this process"
+                                                : nullptr;
+  if (no_gpu != nullptr)
+    throw_error(Status::kUnavailable, file, line,
+                concat(no_gpu, ": ", expr, " failed: ", cudaGetErrorName(e)));
+  throw_error(Status::kCudaError, file, line,
+              concat(expr, " failed: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+}
+
+}  // namespace tpcomm::detail
+
+/// Throws `Error(kCudaError)` naming the call and CUDA's error when `expr` fails
+/// (`kUnavailable` where there is no usable GPU: `detail::throw_cuda`).
+#define TPCOMM_CUDA_CHECK(expr)                                    \
+  do {                                                             \
+    if (cudaError_t e_ = (expr); e_ != cudaSuccess) [[unlikely]]   \
+      ::tpcomm::detail::throw_cuda(__FILE__, __LINE__, #expr, e_); \
   } while (0)
 
 /// Returns `Status::kCudaError` from the caller when `expr` fails (hot path).

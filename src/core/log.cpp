@@ -23,6 +23,11 @@ std::string where(const char* file, int line, const std::string& message) {
   return concat(f, ":", line, ": ", message);
 }
 
+void throw_error(Status s, const char* file, int line, const std::string& msg) {
+  TPCOMM_LOG_DEBUG("throwing ", to_string(s), ": ", where(file, line, msg));
+  throw Error(s, msg);
+}
+
 }  // namespace detail
 
 namespace log {
