@@ -20,6 +20,13 @@ def test_version_matches_the_project():
     v = tpcomm.version()
     assert v.count(".") == 2
     assert all(p.isdigit() for p in v.split("."))
+    assert tpcomm.__version__ == v
+    # One version source: CMakeLists.txt's project(), which pyproject.toml reads too.
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "CMakeLists.txt")) as f:
+        assert f"project(tpcomm VERSION {v} " in f.read()
+    with open(os.path.join(root, "pyproject.toml")) as f:
+        assert 'dynamic = ["version"]' in f.read()
 
 
 def test_info_text_and_json():

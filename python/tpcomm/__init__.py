@@ -117,6 +117,14 @@ def _check(status, message=None):
         raise _ERRORS.get(status, TpcommError)(status, message)
 
 
+def __getattr__(name):
+    # `tpcomm.__version__`, read from the library (the one version, CMakeLists.txt's) when
+    # asked, so that importing the package loads nothing.
+    if name == "__version__":
+        return version()
+    raise AttributeError(f"module 'tpcomm' has no attribute {name!r}")
+
+
 def version():
     """The library's version, "MAJOR.MINOR.PATCH"."""
     v = ctypes.c_char_p()
