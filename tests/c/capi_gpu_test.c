@@ -121,6 +121,19 @@ int main(void) {
     for (int r = 0; r < who.world_size; ++r)
       for (int i = 0; i < kPer; ++i) bad += host[r * kPer + i] != r * 100000 + i;
     CHECK(bad == 0);
+    /* Gather to the last rank: the others pass no output. */
+    const int root = who.world_size - 1;
+    CHECK_CUDA(cudaMemset(gout, 0xFF, out_bytes));
+    CHECK_OK(tpcomm_gather(group, &tgin, who.rank == root ? &tgout : NULL, root, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    if (who.rank == root) {
+      CHECK_CUDA(cudaMemcpy(host, gout, out_bytes, cudaMemcpyDeviceToHost));
+      for (int r = 0; r < who.world_size; ++r)
+        for (int i = 0; i < kPer; ++i) bad += host[r * kPer + i] != r * 100000 + i;
+      CHECK(bad == 0);
+    }
+    CHECK(tpcomm_gather(group, &tgin, &tgout, who.world_size, stream) == TPCOMM_INVALID_ARGUMENT);
+    CHECK(strstr(tpcomm_group_last_error(group), "root") != NULL);
     free(host);
     CHECK_CUDA(cudaFree(gin));
     CHECK_CUDA(cudaFree(gout));
