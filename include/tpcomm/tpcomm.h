@@ -152,6 +152,13 @@ tpcomm_status tpcomm_bootstrap_from_env(tpcomm_bootstrap* out);
 tpcomm_status tpcomm_bootstrap_create(int rank, int world_size, int local_rank,
                                       int local_world_size, const char* store_host, int store_port,
                                       tpcomm_bootstrap* out);
+/* A bootstrap for the sub-group `ranks` (`num_ranks` ranks of `boot`, strictly ascending,
+ * containing this rank), as `tpcomm::Bootstrap::split`: it shares `boot`'s store (no second
+ * port; groups for tensor, attention and expert parallelism come from one job bootstrap) in a key
+ * namespace of its own named by `tag` (non-empty, no '/', the same on every member). Its rank is
+ * this rank's index in `ranks`. Local: no communication. `boot` may be destroyed before it. */
+tpcomm_status tpcomm_bootstrap_split(tpcomm_bootstrap boot, const int* ranks, size_t num_ranks,
+                                     const char* tag, tpcomm_bootstrap* out);
 /* Destroys the handle (NULL is allowed). A group built from it may outlive it. */
 tpcomm_status tpcomm_bootstrap_destroy(tpcomm_bootstrap boot);
 tpcomm_status tpcomm_bootstrap_rank_info(tpcomm_bootstrap boot, tpcomm_rank_info* out);

@@ -179,6 +179,63 @@ def test_bootstrap_of_processes_over_the_tcp_store(world):
         assert f"rank {r} ok" in out
 
 
+SPLIT_SCRIPT = textwrap.dedent("""
+    import sys
+    import tpcomm
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    with tpcomm.Bootstrap(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+                          store_port=port) as job:
+        # Two partitions of the job at once, from the one store: pairs and a parity split.
+        pair = job.split([r for r in range(world) if r // 2 == rank // 2], "pair")
+        parity = job.split([r for r in range(world) if r % 2 == rank % 2], "parity")
+        for sub, name in ((pair, "pair"), (parity, "parity")):
+            sub.store_set(f"{name}/{sub.rank}", str(rank))
+            sub.barrier()
+            got = [int(sub.store_get(f"{name}/{r}")) for r in range(sub.world_size)]
+            members = [r for r in range(world)
+                       if (r // 2 == rank // 2 if name == "pair" else r % 2 == rank % 2)]
+            assert got == members, (name, got, members)
+            assert sub.rank == members.index(rank)
+        try:
+            job.split([r for r in range(world) if r != rank], "without me")
+        except tpcomm.InvalidArgumentError as e:
+            print("refused:", e)
+        pair.close()
+        parity.close()
+        job.barrier()
+    print("rank", rank, "ok")
+""")
+
+
+def test_sub_groups_share_the_job_store():
+    world = 4
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", SPLIT_SCRIPT, str(r), str(world), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        assert p.returncode == 0, f"rank {r}:\n{out}"
+        assert f"rank {r} ok" in out and "refused: tpcomm_bootstrap_split: " in out, out
+
+
+def test_split_checks_its_arguments():
+    with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+        with pytest.raises(TypeError, match="ranks must be a sequence"):
+            b.split(0, "tp")
+        with pytest.raises(TypeError, match="tag must be a str"):
+            b.split([0], 7)
+        with pytest.raises(tpcomm.InvalidArgumentError, match="ranks is NULL or empty"):
+            b.split([], "tp")
+        with b.split([0], "tp") as sub:
+            assert (sub.rank, sub.world_size) == (0, 1)
+            sub.barrier()
+
+
 def test_a_missing_peer_times_out_with_a_message():
     code = ("import sys, tpcomm\n"
             "try:\n"

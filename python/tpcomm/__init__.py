@@ -309,6 +309,10 @@ class Bootstrap(_Handle):
                     _int("local_rank", local_rank), _int("local_world_size", local_world_size),
                     host, _int("store_port", store_port), ctypes.byref(handle))
             _check(*_interruptible(lambda: lib.tpcomm_bootstrap_create(*args)))
+        self._adopt(handle)
+
+    def _adopt(self, handle):
+        lib = _capi.lib()
         self._handle = handle
         info = _capi.CRankInfo()
         _check(lib.tpcomm_bootstrap_rank_info(handle, ctypes.byref(info)))
@@ -319,8 +323,27 @@ class Bootstrap(_Handle):
         self.node_id = info.node_id
 
     def close(self):
-        """Releases the handle (rank 0 stops the store after its peers disconnect)."""
+        """Releases the handle (rank 0 stops the store after its peers disconnect, and after
+        every bootstrap split from it is closed too)."""
         super().close()
+
+    def split(self, ranks, tag):
+        """A bootstrap for the sub-group `ranks` (ranks of this one, ascending, this rank among
+        them) sharing this one's store: no second port, so the tensor-, attention- and
+        expert-parallel groups of one job all come from it. Every member passes the same `tag`
+        (non-empty, no '/'); its rank is this rank's index in `ranks`. Local, no communication."""
+        if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+            raise TypeError(f"ranks must be a sequence of ints, not {type(ranks).__name__}")
+        ranks = [_int("rank", r) for r in ranks]
+        arr = (ctypes.c_int * max(len(ranks), 1))(*ranks)
+        handle = ctypes.c_void_p()
+        lib = _capi.lib()
+        status = lib.tpcomm_bootstrap_split(self.handle, arr, len(ranks), _text("tag", tag),
+                                            ctypes.byref(handle))
+        _check(status, None if status == 0 else lib.tpcomm_last_error().decode(errors="replace"))
+        sub = Bootstrap.__new__(Bootstrap)
+        sub._adopt(handle)
+        return sub
 
     def barrier(self):
         """Returns when every rank has called it."""

@@ -63,6 +63,7 @@ _SIGNATURES = {
     "tpcomm_info": [_i, _s, _sz, ctypes.POINTER(_sz), ctypes.POINTER(_i)],
     "tpcomm_bootstrap_from_env": [ctypes.POINTER(_h)],
     "tpcomm_bootstrap_create": [_i, _i, _i, _i, _s, _i, ctypes.POINTER(_h)],
+    "tpcomm_bootstrap_split": [_h, ctypes.POINTER(_i), _sz, _s, ctypes.POINTER(_h)],
     "tpcomm_bootstrap_destroy": [_h],
     "tpcomm_bootstrap_rank_info": [_h, ctypes.POINTER(CRankInfo)],
     "tpcomm_bootstrap_barrier": [_h],

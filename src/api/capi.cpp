@@ -5,6 +5,7 @@
 #include "tpcomm/tpcomm.h"
 
 #include <cstring>
+#include <span>
 #include <string>
 
 #include "api/capi_support.hpp"
@@ -99,6 +100,20 @@ tpcomm_status tpcomm_bootstrap_create(int rank, int world_size, int local_rank,
     info.source = "explicit";
     *out = new tpcomm_bootstrap_s{
         tpcomm::Bootstrap::from_launch_info(info, tpcomm::Options::from_env()), {}};
+    tpcomm::capi::add_handle(*out);
+    return Status::kOk;
+  });
+}
+
+tpcomm_status tpcomm_bootstrap_split(tpcomm_bootstrap boot, const int* ranks, size_t num_ranks,
+                                     const char* tag, tpcomm_bootstrap* out) {
+  return guarded("tpcomm_bootstrap_split", nullptr, [&] {
+    if (const char* why = tpcomm::capi::unusable(boot)) TPCOMM_C_REQUIRE(false, "boot", why);
+    TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    TPCOMM_C_REQUIRE(ranks != nullptr && num_ranks > 0, "ranks is NULL or empty");
+    TPCOMM_C_REQUIRE(tag != nullptr, "tag is NULL");
+    *out = new tpcomm_bootstrap_s{boot->boot.split(std::span(ranks, num_ranks), tag), {}};
     tpcomm::capi::add_handle(*out);
     return Status::kOk;
   });

@@ -192,7 +192,29 @@ static void test_world_of_one(void) {
   CHECK_FAILS(tpcomm_group_create(boot, 0, &config, &group), TPCOMM_INVALID_ARGUMENT,
               "config: fusion_max_tokens -5 and fusion_hidden 0 must be >= 0");
   CHECK(group == NULL);
+  /* A sub-group: shares the store, its own key namespace, this rank's index in it. */
+  const int mine[] = {0};
+  const int others[] = {1};
+  tpcomm_bootstrap sub = NULL;
+  CHECK_OK(tpcomm_bootstrap_split(boot, mine, 1, "tp", &sub));
+  CHECK_OK(tpcomm_bootstrap_rank_info(sub, &info));
+  CHECK(info.rank == 0 && info.world_size == 1);
+  CHECK_OK(tpcomm_bootstrap_barrier(sub));
+  CHECK_OK(tpcomm_bootstrap_destroy(sub));
+  CHECK_FAILS(tpcomm_bootstrap_split(boot, NULL, 0, "tp", &sub), TPCOMM_INVALID_ARGUMENT,
+              "ranks is NULL or empty");
+  CHECK_FAILS(tpcomm_bootstrap_split(boot, mine, 1, NULL, &sub), TPCOMM_INVALID_ARGUMENT,
+              "tag is NULL");
+  CHECK_FAILS(tpcomm_bootstrap_split(boot, mine, 1, "a/b", &sub), TPCOMM_INVALID_ARGUMENT,
+              "tpcomm_bootstrap_split: ");
+  CHECK_FAILS(tpcomm_bootstrap_split(boot, others, 1, "tp", &sub), TPCOMM_INVALID_ARGUMENT,
+              "tpcomm_bootstrap_split: ");
+  CHECK(sub == NULL);
+  CHECK_OK(tpcomm_bootstrap_split(boot, mine, 1, "tp", &sub));
   CHECK_OK(tpcomm_bootstrap_destroy(boot));
+  /* The sub-group outlives the bootstrap it was split from. */
+  CHECK_OK(tpcomm_bootstrap_barrier(sub));
+  CHECK_OK(tpcomm_bootstrap_destroy(sub));
   /* A destroyed handle, or one never made, is refused rather than read. */
   CHECK_FAILS(tpcomm_bootstrap_destroy(boot), TPCOMM_INVALID_ARGUMENT, "destroyed already");
   CHECK_FAILS(tpcomm_store_add(boot, "counter", 1, &v, 0), TPCOMM_INVALID_ARGUMENT,
