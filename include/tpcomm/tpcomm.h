@@ -152,6 +152,34 @@ tpcomm_status tpcomm_bootstrap_from_env(tpcomm_bootstrap* out);
 tpcomm_status tpcomm_bootstrap_create(int rank, int world_size, int local_rank,
                                       int local_world_size, const char* store_host, int store_port,
                                       tpcomm_bootstrap* out);
+/* A store of the application's own (an engine's `torch.distributed` store, say), as callbacks.
+ * Each returns TPCOMM_OK, TPCOMM_TIMEOUT when a wait ran out, or another tpcomm_status for any
+ * other failure; `timeout_ms` bounds the call. `get` waits up to `timeout_ms` for `key`, sets
+ * `*size` to its value's size and copies the value into `buf` when it fits `capacity` (else it
+ * copies nothing: tpcomm calls again with a large enough buffer); `add` adds `delta` to the
+ * 64-bit counter at `key` (created as 0) and sets `*result` to the new value; `check` sets
+ * `*exists`; `erase` removes `key` and sets `*existed`. They are called from the thread that
+ * calls tpcomm, and from the threads of the groups built on the bootstrap (a failure's
+ * report); a store shared by several processes must make a key set by one visible to all. */
+typedef struct tpcomm_store_ops {
+  void* ctx; /* passed to every callback */
+  int (*set)(void* ctx, const char* key, const void* value, size_t size, int64_t timeout_ms);
+  int (*get)(void* ctx, const char* key, void* buf, size_t capacity, size_t* size,
+             int64_t timeout_ms);
+  int (*add)(void* ctx, const char* key, int64_t delta, int64_t* result, int64_t timeout_ms);
+  int (*check)(void* ctx, const char* key, int* exists, int64_t timeout_ms);
+  int (*erase)(void* ctx, const char* key, int* existed, int64_t timeout_ms);
+} tpcomm_store_ops;
+
+/* A bootstrap over the application's store `ops` (copied; `ops->ctx` and what it points at must
+ * outlive every bootstrap and group made from it): no store of tpcomm's own, no port. Keys go
+ * under "tpcomm/". `local_rank` and `local_world_size` as for `tpcomm_bootstrap_create` (-1:
+ * from host names, a collective). `timeout_ms` bounds every wait (<= 0: TPCOMM_TIMEOUT_MS).
+ * Without tpcomm's own store there is no rank watch: a dead peer is noticed at the group's
+ * deadline (docs/RELIABILITY.md). */
+tpcomm_status tpcomm_bootstrap_from_store(const tpcomm_store_ops* ops, int rank, int world_size,
+                                          int local_rank, int local_world_size, int64_t timeout_ms,
+                                          tpcomm_bootstrap* out);
 /* A bootstrap for the sub-group `ranks` (`num_ranks` ranks of `boot`, strictly ascending,
  * containing this rank), as `tpcomm::Bootstrap::split`: it shares `boot`'s store (no second
  * port; groups for tensor, attention and expert parallelism come from one job bootstrap) in a key

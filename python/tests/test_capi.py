@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -317,3 +318,80 @@ def test_ctrl_c_interrupts_a_blocking_call(what):
     waited = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("interrupted")]
     assert waited, out
     assert waited[0] < 2.0, out
+
+
+class DictStore:
+    """A stand-in for a `torch.distributed.Store` shared by threads: the methods tpcomm uses."""
+
+    def __init__(self):
+        self.data = {}
+        self.lock = threading.Lock()
+
+    def set(self, key, value):
+        with self.lock:
+            self.data[key] = bytes(value)
+
+    def get(self, key):
+        with self.lock:
+            return self.data[key]
+
+    def add(self, key, amount):
+        with self.lock:
+            n = int.from_bytes(self.data.get(key, bytes(8)), "little", signed=True) + amount
+            self.data[key] = n.to_bytes(8, "little", signed=True)
+            return n
+
+    def check(self, keys):
+        with self.lock:
+            return all(k in self.data for k in keys)
+
+    def delete_key(self, key):
+        with self.lock:
+            return self.data.pop(key, None) is not None
+
+
+def test_bootstrap_over_the_applications_store():
+    """Three ranks (threads) over one application store: no store or port of tpcomm's own;
+    locality from host names (a collective), barriers, the store, a sub-group."""
+    store, world = DictStore(), 3
+    results, errors = {}, []
+
+    def rank_main(rank):
+        try:
+            with tpcomm.Bootstrap.from_store(store, rank, world, timeout_ms=20000) as b:
+                assert (b.rank, b.world_size, b.local_world_size) == (rank, world, world)
+                b.store_set(f"from/{rank}", f"rank {rank}")
+                b.barrier()
+                got = [b.store_get(f"from/{r}").decode() for r in range(world)]
+                with b.split([r for r in range(world) if r != 1] if rank != 1 else [1],
+                             "sub") as sub:
+                    sub.barrier()
+                    results[rank] = (got, sub.world_size)
+                b.barrier()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(f"rank {rank}: {e!r}")
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for r in range(world):
+        assert results[r] == ([f"rank {q}" for q in range(world)], 1 if r == 1 else 2)
+    # Its keys live under tpcomm/ in the application's store.
+    assert all(k.startswith("tpcomm/") for k in store.data), sorted(store.data)[:5]
+
+
+def test_bootstrap_over_the_applications_store_times_out_naming_the_missing_rank():
+    with pytest.raises(tpcomm.TimeoutError, match="rank 1 did not arrive"):
+        tpcomm.Bootstrap.from_store(DictStore(), 0, 2, timeout_ms=300)
+    with pytest.raises(TypeError, match=r"the store has no set\(\)"):
+        tpcomm.Bootstrap.from_store(object(), 0, 1)
+
+    class Broken(DictStore):
+        def set(self, key, value):
+            raise RuntimeError("the engine's store is down")
+
+    with pytest.raises(tpcomm.TpcommError, match="the application's store failed"):
+        tpcomm.Bootstrap.from_store(Broken(), 0, 2, timeout_ms=300)

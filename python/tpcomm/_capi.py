@@ -20,6 +20,30 @@ class CTensor(ctypes.Structure):
     ]
 
 
+# The callbacks of `tpcomm_store_ops`.
+STORE_SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,
+                             ctypes.c_size_t, ctypes.c_int64)
+STORE_GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,
+                             ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_int64)
+STORE_ADD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64,
+                             ctypes.POINTER(ctypes.c_int64), ctypes.c_int64)
+STORE_FLAG = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p,
+                              ctypes.POINTER(ctypes.c_int), ctypes.c_int64)
+
+
+class CStoreOps(ctypes.Structure):
+    """`tpcomm_store_ops`."""
+
+    _fields_ = [
+        ("ctx", ctypes.c_void_p),
+        ("set", STORE_SET),
+        ("get", STORE_GET),
+        ("add", STORE_ADD),
+        ("check", STORE_FLAG),
+        ("erase", STORE_FLAG),
+    ]
+
+
 class CRankInfo(ctypes.Structure):
     """`tpcomm_rank_info`."""
 
@@ -63,6 +87,8 @@ _SIGNATURES = {
     "tpcomm_info": [_i, _s, _sz, ctypes.POINTER(_sz), ctypes.POINTER(_i)],
     "tpcomm_bootstrap_from_env": [ctypes.POINTER(_h)],
     "tpcomm_bootstrap_create": [_i, _i, _i, _i, _s, _i, ctypes.POINTER(_h)],
+    "tpcomm_bootstrap_from_store": [ctypes.POINTER(CStoreOps), _i, _i, _i, _i, _i64,
+                                    ctypes.POINTER(_h)],
     "tpcomm_bootstrap_split": [_h, ctypes.POINTER(_i), _sz, _s, ctypes.POINTER(_h)],
     "tpcomm_bootstrap_destroy": [_h],
     "tpcomm_bootstrap_rank_info": [_h, ctypes.POINTER(CRankInfo)],
