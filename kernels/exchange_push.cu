@@ -12,6 +12,7 @@
 #include "kernels/common/copy.cuh"
 #include "kernels/common/dispatch.cuh"
 #include "kernels/common/lamport.cuh"
+#include "kernels/common/lines.hpp"
 #include "kernels/kernels.hpp"
 
 namespace tpcomm::kernels {
@@ -37,7 +38,8 @@ namespace tpcomm::kernels {
 // Regions whose rows are not whole 4-byte words, or that a slot cannot hold at twice their bytes,
 // take the pull form, chosen alike on every rank from the shapes (`ExchangePlan::push_slot_bytes`).
 // Each rank reads its input and writes its output in the widest access `A` (8, 4, 2 or 1 bytes)
-// that its own addresses allow. The lines of every peer's region are spread over every thread of
+// that its own addresses allow (the layout of lines: kernels/common/lines.hpp, which the cpu
+// tier runs on the host too). The lines of every peer's region are spread over every thread of
 // the grid, one region after another, so that at small sizes each thread has a line or two; a
 // thread issues the loads of up to four of its lines (two with narrower accesses) before it
 // waits for any.
@@ -45,90 +47,6 @@ namespace tpcomm::kernels {
 namespace {
 
 constexpr std::uint32_t kEmptyWord = kLamportEmpty * 0x10001u;
-
-/// Byte offset of 4-byte word `k` of region `c` (`per_row` words a row), on the source side or
-/// the destination side.
-__device__ __forceinline__ std::int64_t word_offset(const CopyRegion& c, bool source,
-                                                    std::uint32_t per_row, std::uint32_t k) {
-  const std::uint32_t row = k / per_row;
-  const std::uint32_t col = k - row * per_row;
-  return (source ? c.src_offset + row * c.src_pitch : c.dst_offset + row * c.dst_pitch) +
-         std::int64_t{col} * 4;
-}
-
-template <int A>
-__device__ __forceinline__ std::uint32_t load_word(const char* p) {
-  if constexpr (A >= 4) {
-    return *reinterpret_cast<const std::uint32_t*>(p);
-  } else if constexpr (A == 2) {
-    const auto* q = reinterpret_cast<const std::uint16_t*>(p);
-    return q[0] | std::uint32_t{q[1]} << 16;
-  } else {
-    const auto* q = reinterpret_cast<const std::uint8_t*>(p);
-    return q[0] | std::uint32_t{q[1]} << 8 | std::uint32_t{q[2]} << 16 | std::uint32_t{q[3]} << 24;
-  }
-}
-
-template <int A>
-__device__ __forceinline__ void store_word(char* p, std::uint32_t w) {
-  if constexpr (A >= 4) {
-    *reinterpret_cast<std::uint32_t*>(p) = w;
-  } else if constexpr (A == 2) {
-    auto* q = reinterpret_cast<std::uint16_t*>(p);
-    q[0] = static_cast<std::uint16_t>(w);
-    q[1] = static_cast<std::uint16_t>(w >> 16);
-  } else {
-    auto* q = reinterpret_cast<std::uint8_t*>(p);
-    for (int b = 0; b < 4; ++b) q[b] = static_cast<std::uint8_t>(w >> (8 * b));
-  }
-}
-
-/// The lines of one region: its words, and how many a row holds.
-struct Lines {
-  std::uint32_t per_row;
-  std::uint32_t words;
-  std::uint32_t count;
-
-  __device__ __forceinline__ explicit Lines(const CopyRegion& c)
-      : per_row(static_cast<std::uint32_t>(c.row_bytes / 4)),
-        words(static_cast<std::uint32_t>(c.rows) * per_row),
-        count((words + 1) / 2) {}
-};
-
-/// Line `i` (words 2i and 2i + 1, the second 0 past the end) of region `c` of `base`. With
-/// A = 8 the rows are whole lines, and a line is one load.
-template <int A>
-__device__ __forceinline__ uint2 load_line(const char* base, const CopyRegion& c, const Lines& l,
-                                           std::uint32_t i) {
-  const std::uint32_t k = 2 * i;
-  if constexpr (A == 8) {
-    return *reinterpret_cast<const uint2*>(base + word_offset(c, true, l.per_row, k));
-  } else {
-    uint2 v;
-    v.x = load_word<A>(base + word_offset(c, true, l.per_row, k));
-    v.y = k + 1 < l.words ? load_word<A>(base + word_offset(c, true, l.per_row, k + 1)) : 0u;
-    return v;
-  }
-}
-
-template <int A>
-__device__ __forceinline__ void store_line(char* base, const CopyRegion& c, const Lines& l,
-                                           std::uint32_t i, uint2 v) {
-  const std::uint32_t k = 2 * i;
-  if constexpr (A == 8) {
-    *reinterpret_cast<uint2*>(base + word_offset(c, false, l.per_row, k)) = v;
-  } else {
-    store_word<A>(base + word_offset(c, false, l.per_row, k), v.x);
-    if (k + 1 < l.words) store_word<A>(base + word_offset(c, false, l.per_row, k + 1), v.y);
-  }
-}
-
-/// The first line of a region that this thread (`first` of `stride` threads) takes when `before`
-/// lines of earlier regions went round the grid first.
-__device__ __forceinline__ std::uint64_t first_line(std::uint64_t first, std::uint64_t stride,
-                                                    std::uint64_t before) {
-  return (first + stride - before % stride) % stride;
-}
 
 __device__ __forceinline__ bool line_arrived(uint4 x) {
   return x.y != kEmptyWord && x.w != kEmptyWord;
@@ -149,8 +67,8 @@ __device__ __forceinline__ void push_lines(const ExchangeParams& p, const Lampor
     const Lines l(c);
     char* slot = lamport_buffer(p, d, f.buffer) + own_slot;
     for (std::uint64_t i = first_line(first, stride, before); i < l.count; i += stride) {
-      const uint2 v = load_line<A>(in, c, l, static_cast<std::uint32_t>(i));
-      st_volatile(slot + i * 16, make_uint4(v.x, flag, v.y, flag));
+      const Line v = load_line<A>(in, c, l, static_cast<std::uint32_t>(i));
+      st_volatile(slot + i * 16, make_uint4(v.lo, flag, v.hi, flag));
     }
     before += l.count;
   }
@@ -202,7 +120,7 @@ __device__ __forceinline__ bool take_lines(const ExchangeParams& p, const Lampor
           report<ErrorWord::kLamportCount>(f.wait, ErrorWord::kMismatch, s);
           return false;
         }
-        store_line<A>(out, c, l, static_cast<std::uint32_t>(i), make_uint2(v.x, v.z));
+        store_line<A>(out, c, l, static_cast<std::uint32_t>(i), Line{v.x, v.z});
       }
     }
     before += l.count;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/common/lines.hpp"
 #include "kernels/kernels.hpp"
 
 namespace tpcomm::kernels {
@@ -105,38 +106,6 @@ inline const void* dispatch_access(int bytes, F&& f) {
     default:
       return nullptr;
   }
-}
-
-/// The widest access (16 down to 1 bytes) that divides every value of `values`.
-inline int widest_access(std::initializer_list<std::int64_t> values) {
-  int access = 16;
-  for (std::int64_t v : values)
-    while (v % access != 0) access /= 2;
-  return access;
-}
-
-inline std::int64_t address(const void* p) {
-  return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p));
-}
-
-/// The widest access that every one of `regions` regions of `from`, `output` and `sources`
-/// (when given) allow; 0 when a region is malformed or needs 2^32 accesses or more.
-inline int access_for(const CopyRegion* from, int regions, const void* output,
-                      const char* const* sources) {
-  int access = widest_access({address(output)});
-  for (int r = 0; r < regions; ++r) {
-    const CopyRegion& c = from[r];
-    if (c.rows < 0 || c.row_bytes < 0) return 0;
-    if (c.rows == 0 || c.row_bytes == 0) continue;
-    access = std::min(
-        access, widest_access({c.src_offset, c.src_pitch, c.dst_offset, c.dst_pitch, c.row_bytes}));
-    if (sources != nullptr) access = std::min(access, widest_access({address(sources[r])}));
-  }
-  for (int r = 0; r < regions; ++r) {
-    const CopyRegion& c = from[r];
-    if (c.rows > 0 && c.rows * (c.row_bytes / access) >= (std::int64_t{1} << 32)) return 0;
-  }
-  return access;
 }
 
 /// The push form's share of `warm_up_exchange` and `exchange_max_blocks_per_sm`
