@@ -202,11 +202,15 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = exchange ]; then
     done
   done
   # The plain exchanges in both forms, 1 KiB to 1 MiB of input per rank, against the device copy
-  # and the all-reduce of the same input bytes per rank (an all-gather's size is its output's).
+  # and the all-reduce of the same input bytes per rank (an all-gather's or a gather's size is
+  # its output's).
   for r in 2 4 8; do
     step exchange "$bin/tpcomm" bench --virtual-ranks "$r" --op allgather -b $((r * 1024)) \
       -e $((r << 20)) -f 4 -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 \
       --algo auto,pull,push,memcpy --json "$out/allgather-w$r.json"
+    step exchange "$bin/tpcomm" bench --virtual-ranks "$r" --op gather -b $((r * 1024)) \
+      -e $((r << 20)) -f 4 -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 \
+      --algo auto,pull,push,memcpy --json "$out/gather-w$r.json"
     step exchange "$bin/tpcomm" bench --virtual-ranks "$r" --op alltoall -b 1K -e 1M -f 4 \
       -d bfloat16 --graph -n 20 -w 3 --graph-replays 10 --algo auto,pull,push,memcpy \
       --json "$out/alltoall-w$r.json"

@@ -158,10 +158,12 @@ class Bench {
       return false;
     }
     if ((algo.kind == BenchAlgo::Kind::kLmHeadAllGather && !o_.lm_head) ||
-        (o_.lm_head && algo.kind == BenchAlgo::Kind::kNcclDirect)) {
+        ((o_.lm_head || o_.gather) && algo.kind == BenchAlgo::Kind::kNcclDirect)) {
       if (boot_.rank() == 0)
         std::printf("#\n# %s: skipped: %s\n", algo.name.c_str(),
-                    o_.lm_head ? "NCCL has no LM-head exchange" : "a row of --op lm_head_exchange");
+                    o_.lm_head  ? "NCCL has no LM-head exchange"
+                    : o_.gather ? "NCCL has no gather"
+                                : "a row of --op lm_head_exchange");
       return false;
     }
     if (algo.pins_custom() && o_.op != Collective::kAllReduce) {
@@ -218,6 +220,7 @@ class Bench {
 
   std::string op_name() const {
     if (o_.lm_head) return "lm_head_exchange";
+    if (o_.gather) return "gather";
     return o_.add_rmsnorm ? "allreduce_add_rmsnorm" : std::string(collective_name(o_.op));
   }
 
@@ -249,6 +252,7 @@ class Bench {
                              rows * boot_.rank(), seed, bufs_.wrong, stream());
       return;
     }
+    if (o_.gather && boot_.rank() != o_.root) return;  // only the root receives
     kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), world, o_.redop, o_.op, o_.root,
                         bufs_.wrong, stream());
   }
@@ -480,7 +484,8 @@ void print_banner(const BenchOptions& o, int world, const char* mode, std::uint6
   cudaGetDeviceCount(&devices);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  const std::string op = o.lm_head ? "lm_head_exchange, vocab " + std::to_string(o.vocab)
+  const std::string op = o.lm_head  ? "lm_head_exchange, vocab " + std::to_string(o.vocab)
+                         : o.gather ? "gather to rank " + std::to_string(o.root)
                          : o.add_rmsnorm
                              ? "allreduce_add_rmsnorm, hidden " + std::to_string(o.hidden)
                              : std::string(collective_name(o.op));

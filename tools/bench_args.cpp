@@ -102,6 +102,11 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
       [&o](const std::string& name) {
         o.add_rmsnorm = name == "allreduce_add_rmsnorm";
         o.lm_head = name == "lm_head_exchange";
+        o.gather = name == "gather";
+        if (o.gather) {
+          o.op = kernels::Collective::kAllGather;
+          return;
+        }
         if (o.add_rmsnorm || o.lm_head) {
           o.op = o.lm_head ? kernels::Collective::kAllToAll : kernels::Collective::kAllReduce;
           return;
@@ -114,7 +119,8 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
         }
         throw CLI::ValidationError("--op", "unknown collective " + name);
       },
-      "collective: allreduce, allgather, reducescatter, alltoall, broadcast, "
+      "collective: allreduce, allgather, gather (to --root; sizes as allgather's), "
+      "reducescatter, alltoall, broadcast, "
       "allreduce_add_rmsnorm (the fused all-reduce + residual add + RMSNorm; sizes are of x, "
       "whole rows of --hidden), lm_head_exchange (the vocabulary-sharded LM head's exchange of "
       "--vocab columns, swept over --tokens rows per rank; sizes are of each rank's output)");
@@ -231,7 +237,7 @@ std::vector<BenchAlgo> all_bench_algos(const BenchOptions& o) {
       out.push_back({BenchAlgo::Kind::kExchange, std::string(e.name)});
     if (o.lm_head) out.push_back({BenchAlgo::Kind::kLmHeadAllGather, "all_gather"});
     out.push_back({BenchAlgo::Kind::kGroup, "nccl"});
-    if (!o.lm_head) out.push_back({BenchAlgo::Kind::kNcclDirect, "nccl_direct"});
+    if (!o.lm_head && !o.gather) out.push_back({BenchAlgo::Kind::kNcclDirect, "nccl_direct"});
     out.push_back({BenchAlgo::Kind::kMemcpy, "memcpy"});
     return out;
   }

@@ -79,6 +79,9 @@ struct BenchOptions {
   /// --op lm_head_exchange: the vocabulary-sharded LM head's exchange of `vocab` columns
   /// (`op` is kAllToAll, for the bus factor), swept over `tokens` rows per rank instead of sizes.
   bool lm_head = false;
+  /// --op gather: every rank's input to rank `root` (`op` is kAllGather: the all-gather's sizes
+  /// and data, checked on the root).
+  bool gather = false;
   std::int64_t vocab = 129280;                   // --vocab
   std::vector<std::int64_t> tokens{1, 36, 120};  // --tokens
   int root = 0;                                  // -r

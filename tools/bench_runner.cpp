@@ -88,6 +88,7 @@ Status Runner::run(const void* in, void* out, const Shape& s, Stream stream) {
   }
   auto iv = TensorView::flat(const_cast<void*>(in), t, s.in, g.device());
   auto ov = TensorView::flat(out, t, s.out, g.device());
+  if (o_.gather) return g.gather(iv, g.rank() == o_.root ? ov : TensorView{}, o_.root, stream);
   switch (o_.op) {
     case Collective::kAllReduce:
       return g.all_reduce(iv, ov, stream, o_.redop);
@@ -127,6 +128,7 @@ std::string Runner::served_by(const Shape& s) const {
         TensorView::flat(reinterpret_cast<void*>(256), o_.dtype, s.in, group_->device());
     const auto out = TensorView::flat(reinterpret_cast<char*>(256) + (std::int64_t{1} << 40),
                                       o_.dtype, s.out, group_->device());
+    if (o_.gather) return group_->backend_for_gather(in, out, o_.root);
     return o_.op == Collective::kAllGather ? group_->backend_for_all_gather(in, out)
                                            : group_->backend_for_all_to_all(in, out);
   }

@@ -89,6 +89,18 @@ TEST(BenchArgs, AlgorithmLists) {
   EXPECT_FALSE(parse({"--algo", "pull"}).algos[0].pins_custom());
 }
 
+TEST(BenchArgs, Gather) {
+  BenchOptions o = parse({"--op", "gather", "-r", "1", "--algo", "all"});
+  EXPECT_TRUE(o.gather);
+  EXPECT_FALSE(o.lm_head);
+  EXPECT_EQ(o.op, kernels::Collective::kAllGather);  // the all-gather's sizes and data
+  EXPECT_EQ(o.root, 1);
+  EXPECT_TRUE(exchange_op(o));
+  // auto, the exchange algorithms, nccl, memcpy: NCCL called directly has no gather.
+  EXPECT_EQ(names(o.algos), (std::vector<std::string>{"auto", "pull", "push", "nccl", "memcpy"}));
+  EXPECT_FALSE(parse({"--op", "allgather"}).gather);
+}
+
 TEST(BenchArgs, LmHeadExchange) {
   BenchOptions o = parse({"--op", "lm_head_exchange", "--vocab", "1000", "--tokens", "1,36,120"});
   EXPECT_TRUE(o.lm_head);
