@@ -116,8 +116,12 @@ struct TcpStore::Impl {
       return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - started);
     };
     // A request over the bytes the server holds in flight was not applied: it is sent again,
-    // after a growing pause, until the deadline (other requests give their bytes back).
+    // after a growing pause, while another attempt as long as the last one (twice over) still
+    // fits before the deadline (other requests give their bytes back); then the refusal is the
+    // answer, and the connection stays usable (an attempt cut off by the deadline would break
+    // it in the middle of a frame).
     for (milliseconds pause{1};; pause = std::min(pause * 2, milliseconds{50})) {
+      const auto attempt = SteadyClock::now();
       IoResult r = net::send_all(sock.get(), frame, io_deadline);
       if (r.status != Io::kOk) fail_io(what, r, waited());
       wire::ReplyBytes rb;
@@ -133,9 +137,10 @@ struct TcpStore::Impl {
       if (r.status != Io::kOk) fail_io(what, r, waited());
       if (reply.header.code == ReplyCode::kOk) return reply;
       if (timeout_ok && reply.header.code == ReplyCode::kTimeout) return reply;
+      const auto now = SteadyClock::now();
       const bool retry = reply.header.code == ReplyCode::kOverLimit &&
                          reply.header.result == wire::kRetryLater &&
-                         SteadyClock::now() + pause < io_deadline;
+                         now + pause + 2 * (now - attempt) < io_deadline;
       if (!retry) fail_reply(what, reply, timeout);
       std::this_thread::sleep_for(pause);
     }
