@@ -129,8 +129,8 @@ struct TcpStoreServerConfig {
   /// replies being sent. A request that would go over it is read to its end, discarded and
   /// answered "over limit, try again"; a GET whose value would go over it is answered the same;
   /// the connection stays open and the client (`TcpStore`) sends the request again, after a
-  /// growing pause of up to 50 ms, until its operation's timeout, and only then throws
-  /// `Error(kUnavailable)` naming this limit. One
+  /// growing pause of up to 50 ms, while another attempt fits before its operation's timeout,
+  /// and then throws `Error(kUnavailable)` naming this limit. One
   /// request is in flight per connection, so a connection holds at most `max_key_bytes +
   /// max_value_bytes`. Must be at least that much.
   std::size_t max_inflight_bytes = std::size_t{256} << 20;
