@@ -6,8 +6,9 @@
 #
 #   scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|exchange|step|python]
 #
-# `python` installs the Python package (`pip install --no-build-isolation .`, into a venv that
-# sees the system's torch, or with --user where venv is missing) and runs its tests: the C API
+# `python` installs the Python package (`pip install --no-build-isolation .`: into python3's own
+# virtualenv where it is one and has torch, pytest and scikit-build-core, else into a venv that
+# sees the system's packages, or with --user) and runs its tests: the C API
 # from C and Python, the PyTorch ops (opcheck, torch.compile, CUDA graphs), the tensor-parallel
 # MLP under torchrun, and scripts/bench-torch.py.
 #
@@ -234,7 +235,17 @@ fi
 if [ "$what" = python ]; then
   out_abs=$(cd "$out" && pwd)
   py=python3
-  if python3 -m venv --system-site-packages "$out_abs/venv" >"$out/venv.txt" 2>&1; then
+  # Where python3 already has what the build and the tests need (torch, pytest,
+  # scikit-build-core), the package goes into it as a user of the machine would install it: into
+  # its own virtualenv when it is one (a venv made from a venv would not see that venv's
+  # packages), else with --user. Elsewhere a venv that sees the system's packages.
+  if python3 -c 'import torch, pytest, scikit_build_core' 2>/dev/null; then
+    if python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+      step python-install python3 -m pip install --no-build-isolation --no-deps -v .
+    else
+      step python-install python3 -m pip install --user --no-build-isolation --no-deps -v .
+    fi
+  elif python3 -m venv --system-site-packages "$out_abs/venv" >"$out/venv.txt" 2>&1; then
     py="$out_abs/venv/bin/python"
     step python-install "$py" -m pip install --no-build-isolation --no-deps -v .
   else
