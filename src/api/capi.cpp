@@ -79,13 +79,7 @@ tpcomm_status tpcomm_bootstrap_create(int rank, int world_size, int local_rank,
   return guarded("tpcomm_bootstrap_create", nullptr, [&] {
     TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
-    TPCOMM_C_REQUIRE(world_size >= 1, "world_size is ", world_size);
-    TPCOMM_C_REQUIRE(rank >= 0 && rank < world_size, "rank ", rank, " is outside 0..",
-                     world_size - 1);
-    TPCOMM_C_REQUIRE((local_rank == -1) == (local_world_size == -1),
-                     "local_rank and local_world_size must both be given or both be -1");
-    TPCOMM_C_REQUIRE(local_world_size == -1 || (local_rank >= 0 && local_rank < local_world_size),
-                     "local_rank ", local_rank, " is outside 0..", local_world_size - 1);
+    tpcomm::capi::check_ranks(rank, world_size, local_rank, local_world_size);
     TPCOMM_C_REQUIRE(world_size == 1 || (store_host != nullptr && *store_host != '\0'),
                      "store_host is NULL or empty");
     TPCOMM_C_REQUIRE(world_size == 1 || (store_port >= 1 && store_port <= 65535), "store_port ",

@@ -106,13 +106,7 @@ tpcomm_status tpcomm_bootstrap_from_store(const tpcomm_store_ops* ops, int rank,
     TPCOMM_C_REQUIRE(ops != nullptr && ops->set != nullptr && ops->get != nullptr &&
                          ops->add != nullptr && ops->check != nullptr && ops->erase != nullptr,
                      "ops is NULL or lacks a callback");
-    TPCOMM_C_REQUIRE(world_size >= 1, "world_size is ", world_size);
-    TPCOMM_C_REQUIRE(rank >= 0 && rank < world_size, "rank ", rank, " is outside 0..",
-                     world_size - 1);
-    TPCOMM_C_REQUIRE((local_rank == -1) == (local_world_size == -1),
-                     "local_rank and local_world_size must both be given or both be -1");
-    TPCOMM_C_REQUIRE(local_world_size == -1 || (local_rank >= 0 && local_rank < local_world_size),
-                     "local_rank ", local_rank, " is outside 0..", local_world_size - 1);
+    tpcomm::capi::check_ranks(rank, world_size, local_rank, local_world_size);
     auto store = std::make_shared<tpcomm::capi::CallbackStore>(*ops);
     const std::int64_t t = timeout_ms > 0 ? std::min(timeout_ms, tpcomm::Options::kMaxTimeoutMs)
                                           : tpcomm::Options::from_env().timeout_ms;

@@ -93,6 +93,16 @@ TensorView view_of(const tpcomm_tensor* t, const char* what) {
   return v;
 }
 
+void check_ranks(int rank, int world_size, int local_rank, int local_world_size) {
+  TPCOMM_C_REQUIRE(world_size >= 1, "world_size is ", world_size);
+  TPCOMM_C_REQUIRE(rank >= 0 && rank < world_size, "rank ", rank, " is outside 0..",
+                   world_size - 1);
+  TPCOMM_C_REQUIRE((local_rank == -1) == (local_world_size == -1),
+                   "local_rank and local_world_size must both be given or both be -1");
+  TPCOMM_C_REQUIRE(local_world_size == -1 || (local_rank >= 0 && local_rank < local_world_size),
+                   "local_rank ", local_rank, " is outside 0..", local_world_size - 1);
+}
+
 TensorView optional_view(const tpcomm_tensor* t, const char* what) {
   return t == nullptr ? TensorView{} : view_of(t, what);
 }

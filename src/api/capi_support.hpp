@@ -67,6 +67,10 @@ tpcomm_status guarded(const char* fn, std::string* handle_error, Body&& body) no
 #define TPCOMM_C_REQUIRE(cond, ...) \
   TPCOMM_CHECK(cond, ::tpcomm::Status::kInvalidArgument, __VA_ARGS__)
 
+/// Checks a bootstrap's rank, world size and locality (-1, -1: not given) as the C API takes
+/// them; throws kInvalidArgument naming the bad one.
+void check_ranks(int rank, int world_size, int local_rank, int local_world_size);
+
 /// The view of a C tensor; throws kInvalidArgument naming `what` for a bad one.
 TensorView view_of(const tpcomm_tensor* t, const char* what);
 /// The view of an optional C tensor (an empty view for NULL).
