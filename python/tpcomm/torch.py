@@ -23,7 +23,8 @@ import torch
 
 import tpcomm
 
-__all__ = ["TpcommGroup", "get_group", "register_group", "unregister_group"]
+__all__ = ["TpcommGroup", "bootstrap_from_torch", "get_group", "register_group",
+           "unregister_group"]
 
 _DTYPES = {
     torch.float32: "float32",
@@ -99,6 +100,16 @@ def _stream(device):
 # ---- ops --------------------------------------------------------------------------------------
 
 
+def reduce_op(op):
+    """tpcomm's name of a reduction: one of `tpcomm.REDUCE_OPS`, or a
+    `torch.distributed.ReduceOp` (SUM, PRODUCT, MAX, MIN, AVG) as torch users pass it."""
+    if isinstance(op, str):
+        return op
+    name = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+    name = name.lower()
+    return "prod" if name == "product" else name
+
+
 def _all_reduce_checks(x, group, op, name="all_reduce"):
     g = get_group(group)
     _check(x, "x", name, g)
@@ -120,6 +131,25 @@ def all_reduce(x: torch.Tensor, group: int, op: str = "sum") -> torch.Tensor:
 def _(x, group, op="sum"):
     _all_reduce_checks(x, group, op)
     return torch.empty_like(x)
+
+
+def to_dim0(x, dim):
+    """`x` with dimension `dim` moved first, contiguous (the layout the dim-0 ops take), and
+    `dim` made non-negative."""
+    if not -max(x.dim(), 1) <= dim < max(x.dim(), 1):
+        raise IndexError(f"tpcomm: dim {dim} is out of range for a tensor of shape "
+                         f"{tuple(x.shape)}")
+    dim = dim + max(x.dim(), 1) if dim < 0 else dim
+    return (x if dim == 0 else x.movedim(dim, 0).contiguous()), dim
+
+
+def from_dim0(gathered, parts, moved_shape, dim):
+    """The dim-0 concatenation of `parts` blocks of `moved_shape` (`gathered`) as the
+    concatenation along `dim` of the tensors they came from."""
+    if dim == 0:
+        return gathered
+    blocks = gathered.reshape(parts, *moved_shape)
+    return torch.cat(blocks.movedim(1, dim + 1).unbind(0), dim=dim)
 
 
 def _gathered_shape(x, world):
@@ -322,15 +352,64 @@ def _(shard_logits, group, vocab, rows, rows_per_rank=None):
     return shard_logits.new_empty(_lm_head_shape(shard_logits, g, vocab, rows, rows_per_rank))
 
 
+# ---- bootstrap from torch.distributed -----------------------------------------------------------
+
+_torch_worlds = {}  # the default process group -> the world bootstrap over its store
+_torch_splits = {}  # (the default process group, a group's name) -> how often it was split
+_torch_lock = threading.Lock()
+
+
+def _torch_distributed_initialized():
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def bootstrap_from_torch(group=None, timeout_ms=0):
+    """A `tpcomm.Bootstrap` for the ranks of a `torch.distributed` process group (the default
+    group when None), over torch.distributed's own store: no store or port of tpcomm's own.
+
+    The world's bootstrap is made once per process over the default group's store (a
+    collective of every rank, the first time); a narrower group is a split of it (a local step),
+    tagged with the group's name, so that the TP, attention-TP and MoE groups an engine made
+    with `new_group` each get theirs. Every member of a group calls this for it, in the same
+    order. Without tpcomm's own store there is no rank watch: see docs/RELIABILITY.md."""
+    import torch.distributed as dist
+
+    if not _torch_distributed_initialized():
+        raise RuntimeError("tpcomm: torch.distributed is not initialized (call "
+                           "init_process_group first, or build a tpcomm.Bootstrap)")
+    default = dist.group.WORLD
+    with _torch_lock:
+        world = _torch_worlds.get(default)
+        if world is None:
+            env = os.environ
+            local = (int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])) if (
+                "LOCAL_RANK" in env and "LOCAL_WORLD_SIZE" in env) else (-1, -1)
+            world = tpcomm.Bootstrap.from_store(
+                dist.distributed_c10d._get_default_store(), dist.get_rank(),
+                dist.get_world_size(), *local, timeout_ms=timeout_ms)
+            _torch_worlds[default] = world
+        if group is None or group is default:
+            return world
+        ranks = dist.get_process_group_ranks(group)
+        name = str(group.group_name).replace("/", "_")
+        n = _torch_splits.get((default, name), 0)
+        _torch_splits[(default, name)] = n + 1
+    return world.split(ranks, f"torch.{name}.{n}")
+
+
 # ---- the group --------------------------------------------------------------------------------
 
 
 class TpcommGroup:
-    """A tensor-parallel group over tpcomm, with the methods of SGLang's `GroupCoordinator`.
+    """A group over tpcomm with its own calling conventions (the engines' are in
+    `tpcomm.engines`, built on this class).
 
-    Built from torchrun's environment (or any launcher `tpcomm.Bootstrap()` recognises) on this
-    rank's GPU (`device`, default `LOCAL_RANK % device_count`). Under torchrun in a process that
-    also runs torch.distributed, set `TPCOMM_STORE_ADDR` to a port other than MASTER_PORT.
+    Its ranks: `bootstrap`; by default torch.distributed's world over its own store when
+    torch.distributed is initialized (`bootstrap_from_torch()`, no second port), else the
+    launcher's environment (`tpcomm.Bootstrap()`: torchrun, mpirun, srun, `tpcomm launch`). Its
+    GPU: `device`, default `local_rank % device_count`.
 
     When the group fails (a lost rank, a kernel that gave up, ranks that called different
     collectives), its watchdog acts without being asked: by default it takes the process down
@@ -343,7 +422,13 @@ class TpcommGroup:
     def __init__(self, device=None, bootstrap=None, custom_all_reduce=True, nccl=True,
                  fusion=True, failure_mode=None, on_failure=None, fusion_max_tokens=0,
                  fusion_hidden=0):
-        self.bootstrap = bootstrap if bootstrap is not None else tpcomm.Bootstrap()
+        if not torch.cuda.is_available():
+            raise tpcomm.UnavailableError(7, "tpcomm: no CUDA device is visible to this process "
+                                             "(torch.cuda.is_available() is False)")
+        if bootstrap is None:
+            bootstrap = (bootstrap_from_torch() if _torch_distributed_initialized()
+                         else tpcomm.Bootstrap())
+        self.bootstrap = bootstrap
         if device is None:
             device = self.bootstrap.local_rank % torch.cuda.device_count()
         self.device = torch.device("cuda", device if isinstance(device, int) else device.index)
@@ -356,6 +441,7 @@ class TpcommGroup:
         self.rank_in_group = self.group.rank
         self.world_size = self.group.world_size
         self.handle = register_group(self.group)
+        self._capture_stream = None
 
     def health(self):
         """Raises the group's failure (a `tpcomm.TpcommError`), if it has failed."""
@@ -380,34 +466,28 @@ class TpcommGroup:
     # Collectives: the ops, so that they trace under torch.compile and capture in graphs.
 
     def all_reduce(self, x, op="sum"):
-        return torch.ops.tpcomm.all_reduce(x, self.handle, op)
+        """The reduction of `x` over every rank (`op`: a name of `tpcomm.REDUCE_OPS` or a
+        `torch.distributed.ReduceOp`), in a new tensor."""
+        return torch.ops.tpcomm.all_reduce(x, self.handle, reduce_op(op))
 
     def all_gather(self, x, dim=-1):
         """Every rank's `x` concatenated along `dim` (the last by default, as SGLang's)."""
-        if dim < 0:
-            dim += max(x.dim(), 1)
-        if dim == 0:
-            return torch.ops.tpcomm.all_gather(x, self.handle)
-        gathered = torch.ops.tpcomm.all_gather(x.movedim(dim, 0).contiguous(), self.handle)
-        parts = gathered.reshape(self.world_size, *x.movedim(dim, 0).shape)
-        return torch.cat(parts.movedim(1, dim + 1).unbind(0), dim=dim)
+        moved, dim = to_dim0(x, dim)
+        gathered = torch.ops.tpcomm.all_gather(moved, self.handle)
+        return from_dim0(gathered, self.world_size, moved.shape, dim)
 
     def gather(self, x, dst=0, dim=-1):
         """Every rank's `x` concatenated along `dim` (the last by default) on rank `dst`, None on
         the others, as SGLang's `gather`."""
-        if dim < 0:
-            dim += max(x.dim(), 1)
-        moved = x.movedim(dim, 0).contiguous() if dim != 0 else x
+        moved, dim = to_dim0(x, dim)
         gathered = torch.ops.tpcomm.gather(moved, self.handle, dst)
         if self.rank_in_group != dst:
             return None
-        if dim == 0:
-            return gathered
-        parts = gathered.reshape(self.world_size, *moved.shape)
-        return torch.cat(parts.movedim(1, dim + 1).unbind(0), dim=dim)
+        return from_dim0(gathered, self.world_size, moved.shape, dim)
 
     def reduce_scatter(self, x, op="sum"):
-        return torch.ops.tpcomm.reduce_scatter(x, self.handle, op)
+        """This rank's block (along dimension 0) of the reduction of `x` over every rank."""
+        return torch.ops.tpcomm.reduce_scatter(x, self.handle, reduce_op(op))
 
     def all_to_all_single(self, x, counts=None):
         return torch.ops.tpcomm.all_to_all(x, self.handle, counts)
@@ -447,6 +527,11 @@ class TpcommGroup:
         self.group.recv(_desc(x), src, _stream(x.device))
         return x
 
+    def barrier(self):
+        """Returns when every rank of the group has called it (through the store, as SGLang's
+        barrier goes through its CPU group); queued GPU work is not waited for."""
+        self.bootstrap.barrier()
+
     def prepare_exchange(self, bytes_per_peer=0):
         self.group.prepare_exchange(bytes_per_peer, _stream(self.device))
 
@@ -460,11 +545,23 @@ class TpcommGroup:
                     ...
 
         Leaving it (after the capture ended) registers the captured buffers with every rank:
-        every rank must capture the same calls."""
+        every rank must capture the same calls. Nested on the same stream (a second group's
+        context inside the first's, or this group's inside itself, as SGLang nests its groups'
+        contexts), the inner one joins the outer scope."""
         if stream is None:
             stream = torch.cuda.Stream(self.device)
-        # The side stream must see the work queued so far, as torch.cuda.graph does.
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with self.group.capture(stream.cuda_stream):
+        if self._capture_stream is not None:
+            if stream != self._capture_stream:
+                raise RuntimeError("tpcomm: graph_capture is open on another stream already")
             with torch.cuda.stream(stream):
                 yield stream
+            return
+        # The side stream must see the work queued so far, as torch.cuda.graph does.
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._capture_stream = stream
+        try:
+            with self.group.capture(stream.cuda_stream):
+                with torch.cuda.stream(stream):
+                    yield stream
+        finally:
+            self._capture_stream = None
