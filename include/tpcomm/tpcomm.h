@@ -223,6 +223,38 @@ tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
                                   const tpcomm_group_config* config, tpcomm_group* out);
 /* Destroys the group (NULL is allowed). Every capture scope of it must be ended first. */
 tpcomm_status tpcomm_group_destroy(tpcomm_group group);
+
+/* SGLang's parallelism flags (`tpcomm::ParallelConfig`: --tp-size, --dp-size,
+ * --enable-dp-attention, --attn-cp-size, --ep-size, --moe-dp-size; 1 and 0 where unused). */
+typedef struct tpcomm_parallel_config {
+  int32_t tp_size;
+  int32_t dp_size;
+  int32_t enable_dp_attention;
+  int32_t attn_cp_size;
+  int32_t moe_ep_size;
+  int32_t moe_dp_size;
+} tpcomm_parallel_config;
+/* The kinds of SGLang's parallel groups, in the order tpcomm_parallel_groups_create fills. */
+typedef enum tpcomm_group_kind {
+  TPCOMM_GROUP_TP = 0,
+  TPCOMM_GROUP_ATTN_TP = 1,
+  TPCOMM_GROUP_MOE_EP = 2,
+  TPCOMM_GROUP_MOE_TP = 3
+} tpcomm_group_kind;
+/* The global ranks of `rank`'s group of `kind` on `world_size` ranks, in group-rank order, as
+ * SGLang lays them out; `count` receives their number (also when `capacity` is too small, which
+ * is TPCOMM_INVALID_ARGUMENT), `is_tp_group` (optional) 1 when the kind is served by the TP
+ * group itself. Pure: no GPU, no communication. */
+tpcomm_status tpcomm_parallel_layout(int world_size, const tpcomm_parallel_config* config, int kind,
+                                     int rank, int* ranks, size_t capacity, size_t* count,
+                                     int* is_tp_group);
+/* SGLang's groups of this rank over `world` (whose size is `config->tp_size`) on `device`, as
+ * `tpcomm::ParallelGroups`: `out[kind]` for each tpcomm_group_kind. Sub-groups are splits of
+ * `world` (its store, no second port); a kind laid out like TP is a handle of TP's group. Each
+ * handle is destroyed on its own with tpcomm_group_destroy. Collective over `world`. */
+tpcomm_status tpcomm_parallel_groups_create(tpcomm_bootstrap world, int device,
+                                            const tpcomm_parallel_config* config,
+                                            tpcomm_group out[4]);
 tpcomm_status tpcomm_group_rank_info(tpcomm_group group, tpcomm_rank_info* out);
 /* TPCOMM_OK while usable, else the sticky failure (message in tpcomm_group_last_error). */
 tpcomm_status tpcomm_group_health(tpcomm_group group);

@@ -266,6 +266,32 @@ def test_a_group_without_a_gpu_raises_the_library_error():
             tpcomm.Group(b, 0, fusion_hidden=1 << 63)
 
 
+def test_parallel_layout_is_sglangs():
+    layout = tpcomm.parallel_layout(8, dp_size=2, enable_dp_attention=True, moe_ep_size=4)
+    assert layout["tp"] == [list(range(8))]
+    assert layout["attn_tp"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # MoE EP strided over the MoE TP width 2; MoE TP contiguous pairs.
+    assert layout["moe_ep"] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert layout["moe_tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    for groups in layout.values():  # every kind partitions the world
+        assert sorted(r for g in groups for r in g) == list(range(8))
+    with pytest.raises(tpcomm.InvalidArgumentError, match="tp_size 6 is not divisible by "
+                                                          "moe_ep_size 4"):
+        tpcomm.parallel_layout(6, moe_ep_size=4)
+
+
+def test_parallel_groups_check_their_flags_and_say_when_there_is_no_gpu():
+    with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+        with pytest.raises(tpcomm.InvalidArgumentError, match="world_size 1 != tp_size 8"):
+            tpcomm.ParallelGroups(b, 0, tp_size=8)
+        with pytest.raises(tpcomm.InvalidArgumentError, match="device -1 is negative"):
+            tpcomm.ParallelGroups(b, -1)
+        if not tpcomm.info(as_json=True)["gpus"]:
+            with pytest.raises(tpcomm.UnavailableError,
+                               match="no (usable NVIDIA driver|CUDA GPU)"):
+                tpcomm.ParallelGroups(b, 0)
+
+
 INTERRUPTED_SCRIPT = textwrap.dedent("""
     import sys, time
     import tpcomm

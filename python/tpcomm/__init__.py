@@ -21,6 +21,7 @@ __all__ = [
     "DTYPES",
     "Group",
     "InvalidArgumentError",
+    "ParallelGroups",
     "NcclError",
     "REDUCE_OPS",
     "TimeoutError",
@@ -28,6 +29,7 @@ __all__ = [
     "UnavailableError",
     "UnsupportedError",
     "info",
+    "parallel_layout",
     "tensor",
     "version",
 ]
@@ -444,9 +446,12 @@ class Group(_Handle):
                                          ctypes.byref(handle))
         if status != 0:
             bootstrap._call(status)
+        self._adopt(handle)
+
+    def _adopt(self, handle):
         self._handle = handle
         info = _capi.CRankInfo()
-        self._call(lib.tpcomm_group_rank_info(handle, ctypes.byref(info)))
+        self._call(_capi.lib().tpcomm_group_rank_info(handle, ctypes.byref(info)))
         self.rank = info.rank
         self.world_size = info.world_size
         self.device = info.device
@@ -587,3 +592,6 @@ class Group(_Handle):
         finally:
             status = lib.tpcomm_capture_end(scope)
         self._call(status)
+
+
+from ._parallel import ParallelGroups, parallel_layout  # noqa: E402 - needs Group

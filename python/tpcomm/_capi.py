@@ -57,6 +57,14 @@ class CRankInfo(ctypes.Structure):
     ]
 
 
+class CParallelConfig(ctypes.Structure):
+    """`tpcomm_parallel_config`."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in (
+        "tp_size", "dp_size", "enable_dp_attention", "attn_cp_size", "moe_ep_size",
+        "moe_dp_size")]
+
+
 class CGroupConfig(ctypes.Structure):
     """`tpcomm_group_config`."""
 
@@ -100,6 +108,10 @@ _SIGNATURES = {
     "tpcomm_store_erase": [_h, _s, ctypes.POINTER(_i), _i64],
     "tpcomm_group_create": [_h, _i, ctypes.POINTER(CGroupConfig), ctypes.POINTER(_h)],
     "tpcomm_group_destroy": [_h],
+    "tpcomm_parallel_layout": [_i, ctypes.POINTER(CParallelConfig), _i, _i, ctypes.POINTER(_i),
+                               _sz, ctypes.POINTER(_sz), ctypes.POINTER(_i)],
+    "tpcomm_parallel_groups_create": [_h, _i, ctypes.POINTER(CParallelConfig),
+                                      ctypes.POINTER(_h)],
     "tpcomm_group_rank_info": [_h, ctypes.POINTER(CRankInfo)],
     "tpcomm_group_health": [_h],
     "tpcomm_group_abort": [_h],

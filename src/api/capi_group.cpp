@@ -38,8 +38,8 @@ tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
       if (config->fusion_max_tokens > 0) c.fusion_max_tokens = config->fusion_max_tokens;
       c.fusion_hidden = config->fusion_hidden;
     }
-    *out =
-        new tpcomm_group_s{tpcomm::Group(boot->boot, device, tpcomm::Options::from_env(), c), {}};
+    *out = new tpcomm_group_s{
+        std::make_shared<tpcomm::Group>(boot->boot, device, tpcomm::Options::from_env(), c), {}};
     tpcomm::capi::add_handle(*out);
     return Status::kOk;
   });

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -22,7 +23,9 @@ struct tpcomm_bootstrap_s {
 };
 
 struct tpcomm_group_s {
-  tpcomm::Group group;
+  // Shared by the handles of one group: a group of `tpcomm_parallel_groups_create` that is laid
+  // out like TP is TP's, and every handle keeps the `ParallelGroups` they came from alive.
+  std::shared_ptr<tpcomm::Group> group;
   std::string last_error;
 };
 
@@ -93,13 +96,13 @@ tpcomm_status group_call(const char* fn, tpcomm_group_s* g, Call&& call) noexcep
     return fail(Status::kInvalidArgument, detail::concat(fn, ": group", why));
   bool threw = true;
   const tpcomm_status s = guarded(fn, &g->last_error, [&] {
-    const Status r = call(g->group);
+    const Status r = call(*g->group);
     threw = false;
     return r;
   });
   if (s != TPCOMM_OK && !threw) {
     // A status returned by the group (not thrown): its message is the group's.
-    return fail(static_cast<Status>(s), detail::concat(fn, ": ", g->group.last_error()),
+    return fail(static_cast<Status>(s), detail::concat(fn, ": ", g->group->last_error()),
                 &g->last_error);
   }
   return s;

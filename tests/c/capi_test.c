@@ -308,6 +308,46 @@ static void test_processes(void) {
   }
 }
 
+static void test_parallel_layout(void) {
+  /* tp 8, dp 2 with DP attention: attention TP of 4 contiguous ranks; MoE EP of one rank. */
+  const tpcomm_parallel_config config = {8, 2, 1, 1, 1, 1};
+  int ranks[8] = {0};
+  size_t count = 0;
+  int is_tp = -1;
+  CHECK_OK(tpcomm_parallel_layout(8, &config, TPCOMM_GROUP_ATTN_TP, 5, ranks, 8, &count, &is_tp));
+  CHECK(count == 4 && ranks[0] == 4 && ranks[1] == 5 && ranks[2] == 6 && ranks[3] == 7);
+  CHECK(is_tp == 0);
+  CHECK_OK(tpcomm_parallel_layout(8, &config, TPCOMM_GROUP_TP, 5, ranks, 8, &count, &is_tp));
+  CHECK(count == 8 && ranks[7] == 7 && is_tp == 1);
+  CHECK_OK(tpcomm_parallel_layout(8, &config, TPCOMM_GROUP_MOE_EP, 5, ranks, 8, &count, NULL));
+  CHECK(count == 1 && ranks[0] == 5);
+  /* Too small a buffer: the size needed, and an error. */
+  CHECK_FAILS(tpcomm_parallel_layout(8, &config, TPCOMM_GROUP_TP, 0, ranks, 2, &count, NULL),
+              TPCOMM_INVALID_ARGUMENT, "capacity 2 is below the group's 8 ranks");
+  CHECK(count == 8);
+  const tpcomm_parallel_config bad = {6, 1, 0, 1, 4, 1};
+  CHECK_FAILS(tpcomm_parallel_layout(6, &bad, TPCOMM_GROUP_TP, 0, ranks, 8, &count, NULL),
+              TPCOMM_INVALID_ARGUMENT, "tp_size 6 is not divisible by moe_ep_size 4");
+  CHECK_FAILS(tpcomm_parallel_layout(8, &config, 4, 0, ranks, 8, &count, NULL),
+              TPCOMM_INVALID_ARGUMENT, "kind 4 is not a tpcomm_group_kind");
+  CHECK_FAILS(tpcomm_parallel_layout(8, NULL, 0, 0, ranks, 8, &count, NULL),
+              TPCOMM_INVALID_ARGUMENT, "config is NULL");
+  CHECK_FAILS(tpcomm_parallel_layout(8, &config, 0, 8, ranks, 8, &count, NULL),
+              TPCOMM_INVALID_ARGUMENT, "tpcomm_parallel_layout: ");
+  /* The groups themselves: arguments checked before any device is touched. */
+  tpcomm_group groups[4] = {NULL, NULL, NULL, NULL};
+  CHECK_FAILS(tpcomm_parallel_groups_create(NULL, 0, &config, groups), TPCOMM_INVALID_ARGUMENT,
+              "world is NULL");
+  tpcomm_bootstrap boot = NULL;
+  CHECK_OK(tpcomm_bootstrap_create(0, 1, -1, -1, "127.0.0.1", 0, &boot));
+  CHECK_FAILS(tpcomm_parallel_groups_create(boot, 0, &config, groups), TPCOMM_INVALID_ARGUMENT,
+              "world_size 1 != tp_size 8");
+  CHECK(groups[0] == NULL && groups[3] == NULL);
+  CHECK_FAILS(tpcomm_parallel_groups_create(boot, 0, NULL, groups), TPCOMM_INVALID_ARGUMENT,
+              "config is NULL");
+  CHECK_OK(tpcomm_bootstrap_destroy(boot));
+}
+
 int main(void) {
   /* First, while this process has no threads that a fork could cut off. */
   test_processes();
@@ -315,6 +355,7 @@ int main(void) {
   test_info();
   test_bad_arguments();
   test_world_of_one();
+  test_parallel_layout();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;
