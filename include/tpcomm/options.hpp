@@ -56,6 +56,7 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
 /// | `TPCOMM_RANK_WATCH` | `rank_watch` | 1 |
+/// | `TPCOMM_HEARTBEAT_TIMEOUT_MS` | `heartbeat_timeout_ms` | 5000 (at most `kMaxTimeoutMs`) |
 /// | `TPCOMM_ASYNC_ERROR_HANDLING` | `failure_mode` | `raise` (or `teardown`, `callback`) |
 /// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
@@ -128,6 +129,10 @@ struct Options {
   /// fail their pending and next calls with kAborted naming the rank, and waits on the store
   /// fail at once instead of at their deadlines. Off: only the deadlines notice.
   bool rank_watch = true;
+  /// Over the application's own store (`tpcomm_bootstrap_from_store`), where no connection
+  /// tells that a rank is gone, the rank watch is a heartbeat: a peer whose heartbeat stopped
+  /// for this long is reported lost (NOTE [heartbeat watch] in src/bootstrap/heartbeat.hpp).
+  std::int64_t heartbeat_timeout_ms = 5000;
   /// What each group's watchdog does when the group fails (`FailureMode`); `Group::
   /// set_failure_mode` overrides it per group.
   FailureMode failure_mode = FailureMode::kRaise;

@@ -200,6 +200,29 @@ def bootstrap(w, me):
     world.barrier()
 
 
+def heartbeat(w, me):
+    """A rank that dies (no normal leave) is noticed through heartbeats on torch's store: a wait
+    of the survivors ends with AbortedError naming it, long before its own deadline. The
+    worker runs with TPCOMM_HEARTBEAT_TIMEOUT_MS=1000."""
+    global checks
+    import time
+
+    world = bootstrap_from_torch()
+    world.barrier()
+    if me == w - 1:
+        os._exit(0)  # dies: no normal leave, no goodbye
+    start = time.monotonic()
+    try:
+        world.store_get("never", timeout_ms=60000)
+        raise AssertionError("a wait outlived the dead rank")
+    except tpcomm.AbortedError as e:
+        assert f"rank {w - 1} stopped beating" in str(e), e
+    took = time.monotonic() - start
+    assert took < 10, f"noticed after {took:.1f} s"
+    print(f"noticed after {took:.2f} s", flush=True)
+    checks += 1
+
+
 def main():
     cases, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -216,6 +239,8 @@ def main():
                 vllm(sub, len(tail), tail.index(rank))
         if "bootstrap" in cases:
             bootstrap(world, rank)
+        if "heartbeat" in cases:
+            heartbeat(world, rank)
         assert isinstance(tpcomm.version(), str)
         print(f"ok {checks}", flush=True)
     finally:

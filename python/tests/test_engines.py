@@ -17,10 +17,11 @@ if os.environ.get("TPCOMM_REQUIRE_TORCH") != "1":
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engines_worker.py")
 
 
-def run_ranks(cases, world):
+def run_ranks(cases, world, env=None):
     port = str(free_port())
     procs = [subprocess.Popen([sys.executable, WORKER, cases, str(r), str(world), port],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=None if env is None else {**os.environ, **env})
              for r in range(world)]
     outs = []
     for p in procs:
@@ -30,6 +31,8 @@ def run_ranks(cases, world):
             for q in procs:
                 q.kill()
             raise
+    if cases == "heartbeat":  # the last rank dies on purpose
+        procs, outs = procs[:-1], outs[:-1]
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {r}:\n{out}"
         assert out.strip().splitlines()[-1].startswith("ok "), f"rank {r}:\n{out}"
@@ -45,6 +48,11 @@ def test_adapters_follow_the_engines_conventions(world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_bootstrap_over_torch_distributed_store(world):
     run_ranks("bootstrap", world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_dead_rank_is_noticed_over_torch_distributed_store(world):
+    run_ranks("heartbeat", world, {"TPCOMM_HEARTBEAT_TIMEOUT_MS": "1000"})
 
 
 def test_group_without_a_gpu_says_so():

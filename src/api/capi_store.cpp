@@ -7,6 +7,7 @@
 
 #include "api/capi_support.hpp"
 #include "bootstrap/deadline.hpp"
+#include "bootstrap/heartbeat.hpp"
 #include "core/check.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/options.hpp"
@@ -107,10 +108,16 @@ tpcomm_status tpcomm_bootstrap_from_store(const tpcomm_store_ops* ops, int rank,
                          ops->add != nullptr && ops->check != nullptr && ops->erase != nullptr,
                      "ops is NULL or lacks a callback");
     tpcomm::capi::check_ranks(rank, world_size, local_rank, local_world_size);
-    auto store = std::make_shared<tpcomm::capi::CallbackStore>(*ops);
-    const std::int64_t t = timeout_ms > 0 ? std::min(timeout_ms, tpcomm::Options::kMaxTimeoutMs)
-                                          : tpcomm::Options::from_env().timeout_ms;
+    const tpcomm::Options options = tpcomm::Options::from_env();
+    std::shared_ptr<tpcomm::Store> store = std::make_shared<tpcomm::capi::CallbackStore>(*ops);
+    const std::int64_t t =
+        timeout_ms > 0 ? std::min(timeout_ms, tpcomm::Options::kMaxTimeoutMs) : options.timeout_ms;
     store->set_default_timeout(tpcomm::Milliseconds(t));
+    // No connection of tpcomm's tells that a peer is gone: heartbeats do (NOTE [heartbeat watch]).
+    if (options.rank_watch && world_size > 1) {
+      store = tpcomm::with_heartbeat(std::move(store), rank, world_size,
+                                     tpcomm::Milliseconds(options.heartbeat_timeout_ms));
+    }
     *out = new tpcomm_bootstrap_s{
         tpcomm::Bootstrap(std::move(store), rank, world_size, local_rank, local_world_size), {}};
     tpcomm::capi::add_handle(*out);

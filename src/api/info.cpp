@@ -144,6 +144,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_DISABLE_NCCL", o.disable_nccl ? "1" : "0"},
       {"TPCOMM_PDL", o.programmatic_launch ? "1" : "0"},
       {"TPCOMM_RANK_WATCH", o.rank_watch ? "1" : "0"},
+      {"TPCOMM_HEARTBEAT_TIMEOUT_MS", std::to_string(o.heartbeat_timeout_ms)},
       {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
       // The token is a secret: say whether it is set, never what it is.
       {"TPCOMM_STORE_TOKEN",

@@ -188,6 +188,14 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
     }
     o.timeout_ms = *t;
   }
+  if (auto v = getenv("TPCOMM_HEARTBEAT_TIMEOUT_MS")) {
+    auto t = parse_int(*v);
+    if (!t || *t <= 0 || *t > kMaxTimeoutMs) {
+      bad("TPCOMM_HEARTBEAT_TIMEOUT_MS", *v,
+          detail::concat("a positive number of milliseconds, at most ", kMaxTimeoutMs));
+    }
+    o.heartbeat_timeout_ms = *t;
+  }
   if (auto v = getenv("TPCOMM_ALGO")) {
     Pinned pinned;
     if (!parse_pinned(*v, &pinned)) bad("TPCOMM_ALGO", *v, "one of " + pinned_names());
