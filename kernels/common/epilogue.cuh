@@ -139,18 +139,26 @@ struct RowGroup {
   unsigned rank;      // this block's place in it
   unsigned combines;  // combines done so far: picks the slot
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // Before Hopper there are no clusters (the host launches none there): the block alone.
+  __device__ __forceinline__ RowGroup() : size(1), rank(0), combines(0) {}
+#else
   __device__ __forceinline__ RowGroup()
       : size(cooperative_groups::this_cluster().num_blocks()),
         rank(cooperative_groups::this_cluster().block_rank()),
         combines(0) {
     if (size > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   }
+#endif
 
   /// `op` over the group of every block's `x` (each already reduced over its block), and
   /// whether `ok` holds in every block; every thread of every block of the group calls it.
   template <class Op>
   __device__ __forceinline__ float combine(float x, bool& ok, Op op) {
     if (size == 1) return x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    return x;
+#else
     __shared__ float2 slot[2][kMaxRowGroup];
     const unsigned s = combines & 1u;
     // Every block of the cluster has started (the arrival made when the group was formed).
@@ -168,11 +176,14 @@ struct RowGroup {
     }
     ok = every;
     return all;
+#endif
   }
 
   /// Before the block returns: a group formed but never combined completes its first barrier.
   __device__ __forceinline__ void finish() const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     if (size > 1 && combines == 0) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
   }
 };
 

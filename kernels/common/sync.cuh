@@ -246,12 +246,18 @@ __device__ __forceinline__ OperationStart start_operation(SignalPad* self,
 // pushed before its data. The next kernel waits for this one's completion before it touches
 // anything (CUDA's rule for such launches), so it never sees this kernel's output early. Launched
 // without the attribute, both instructions return at once.
+// Programmatic dependent launch is Hopper's (sm_90) and later: before it, a launch always waits
+// for the previous kernel to end, and both are nothing.
 __device__ __forceinline__ void begin_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ void allow_next_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 /// Ends a launch: records the new operation count in every entry of `counts` (this rank's

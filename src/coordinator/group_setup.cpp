@@ -17,6 +17,7 @@
 #include "core/cuda_check.hpp"
 #include "core/log.hpp"
 #include "ipc/peer_buffer.hpp"
+#include "kernels/kernels.hpp"
 #include "ops/exchange.hpp"
 #include "ops/fused_norm.hpp"
 #include "tune/algorithms.hpp"
@@ -46,6 +47,26 @@ namespace {
 
 bool same_gpu(const RankInfo& a, const RankInfo& b) {
   return a.node == b.node && std::strcmp(a.bus_id.data(), b.bus_id.data()) == 0;
+}
+
+/// Throws kUnsupported, saying how to build for it, when this library carries no kernels that
+/// `device`'s GPU runs (built for other CUDA architectures: TPCOMM_CUDA_ARCHITECTURES).
+void require_kernel_image(int device) {
+  cudaFuncAttributes attr{};
+  const cudaError_t e = cudaFuncGetAttributes(
+      &attr, kernels::kernel_function(kernels::KernelId::kOneShot, DType::kF32, 2));
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  int major = 0;
+  int minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const bool no_image = e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction;
+  TPCOMM_THROW(no_image ? Status::kUnsupported : Status::kCudaError, "GPU ", device,
+               " (compute capability ", major, ".", minor, ") runs none of this libtpcomm's ",
+               "kernels, built for CUDA architectures ", TPCOMM_CUDA_ARCHITECTURES,
+               ": build with -DCMAKE_CUDA_ARCHITECTURES=", major, minor,
+               major >= 9 ? "a" : "", " (", cudaGetErrorString(e), ")");
 }
 
 /// A namespace of the group's own in `boot`'s store, named by rank 0. Collective.
@@ -248,6 +269,7 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   m.options = std::move(options);
   require_same_settings(m.boot, m.options, config);
   DeviceGuard guard(device);
+  require_kernel_image(device);
   // TPCOMM_ALGO=nccl means NCCL for everything, even at world size 1 (to measure it).
   const bool nccl_only = pinned == Algo::kNone;
   const int world = m.boot.world_size();
