@@ -65,8 +65,8 @@ void require_kernel_image(int device) {
   TPCOMM_THROW(no_image ? Status::kUnsupported : Status::kCudaError, "GPU ", device,
                " (compute capability ", major, ".", minor, ") runs none of this libtpcomm's ",
                "kernels, built for CUDA architectures ", TPCOMM_CUDA_ARCHITECTURES,
-               ": build with -DCMAKE_CUDA_ARCHITECTURES=", major, minor,
-               major >= 9 ? "a" : "", " (", cudaGetErrorString(e), ")");
+               ": build with -DCMAKE_CUDA_ARCHITECTURES=", major, minor, major >= 9 ? "a" : "",
+               " (", cudaGetErrorString(e), ")");
 }
 
 /// A namespace of the group's own in `boot`'s store, named by rank 0. Collective.
