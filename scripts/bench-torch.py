@@ -113,6 +113,12 @@ def worker_overhead(args):
         "tpcomm.Group.all_reduce (ctypes)": lambda: group.group.all_reduce(dx, dout, "sum", stream),
         "torch.distributed.all_reduce (NCCL)": lambda: dist.all_reduce(x),
     }
+    from tpcomm.torch import compiled
+    if compiled():  # python/torch_ext is installed: the compiled eager path too
+        calls["torch.ops.tpcomm_c.all_reduce (compiled)"] = (
+            lambda: torch.ops.tpcomm_c.all_reduce(x, group.c_handle, "sum"))
+        calls["TpcommGroup.all_reduce (compiled)"] = lambda: group.all_reduce(x)
+        calls["TpcommGroup.all_reduce_ (compiled, in place)"] = lambda: group.all_reduce_(x)
     results = {}
     for name, call in calls.items():
         for _ in range(100):

@@ -251,8 +251,15 @@ if [ "$what" = python ]; then
   else
     step python-install python3 -m pip install --user --no-build-isolation --no-deps -v .
   fi
+  # The compiled eager path (python/torch_ext), built against this machine's PyTorch.
+  ext_user=""
+  [ "$py" = python3 ] && python3 -c 'import sys; sys.exit(sys.prefix != sys.base_prefix)' &&
+    ext_user=--user
+  step python-ext "$py" -m pip install $ext_user --no-build-isolation --no-deps -v python/torch_ext
   # From the test folder's parent, so that the installed package (not ./python) is imported.
   step python-capi "$py" -m pytest -v -p no:cacheprovider python/tests/test_capi.py
+  step python-engines env TPCOMM_REQUIRE_TORCH=1 TPCOMM_REQUIRE_TORCH_EXT=1 \
+    "$py" -m pytest -v -p no:cacheprovider python/tests/test_engines.py
   step python-torch "$py" -m pytest -v -p no:cacheprovider python/tests/test_torch_gpu.py
   step python-mlp "$py" -m torch.distributed.run --nproc-per-node 2 python/tests/torchrun_mlp.py
   step python-bench "$py" scripts/bench-torch.py --np 2 --tpcomm "$bin/tpcomm" \

@@ -73,3 +73,26 @@ def test_reduce_ops_as_torch_spells_them():
     assert [reduce_op(o) for o in (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MAX,
                                    dist.ReduceOp.MIN, dist.ReduceOp.AVG, "sum")] == [
         "sum", "prod", "max", "min", "avg", "sum"]
+
+
+def test_the_compiled_ops_where_installed():
+    """python/torch_ext, where installed: `tpcomm.torch` initialises it, its ops' shapes (meta,
+    as torch.compile traces them) and its refusal of a CPU tensor. CI installs it; the GPU
+    machine runs the ops themselves (test_torch_gpu.py)."""
+    if os.environ.get("TPCOMM_REQUIRE_TORCH_EXT") != "1":
+        pytest.importorskip("tpcomm_torch_ext")
+    import torch
+    import tpcomm.torch as tt
+
+    assert tt.compiled()
+    m = torch.empty(8, 3, device="meta")
+    assert torch.ops.tpcomm_c.all_reduce(m, 1, "sum").shape == (8, 3)
+    assert torch.ops.tpcomm_c.all_reduce_(m, 1, "sum") is m
+    assert torch.ops.tpcomm_c.all_gather(m, 1, 4).shape == (32, 3)
+    assert torch.ops.tpcomm_c.reduce_scatter(m, 1, 4, "sum").shape == (2, 3)
+    with pytest.raises(RuntimeError, match="is not a multiple of the world size 3"):
+        torch.ops.tpcomm_c.reduce_scatter(m, 1, 3, "sum")
+    with pytest.raises(RuntimeError, match="x is on cpu; tpcomm takes CUDA tensors"):
+        torch.ops.tpcomm_c.all_reduce(torch.ones(2), 1, "sum")
+    with pytest.raises(RuntimeError, match="op 'mean' is not sum, prod, max, min or avg"):
+        torch.ops.tpcomm_c.all_reduce(torch.ones(2), 1, "mean")

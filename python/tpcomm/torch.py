@@ -14,16 +14,19 @@ out-of-place: each returns new tensors. Every rank calls the same ops in the sam
             y = group.all_reduce(x)
 """
 import contextlib
+import ctypes
 import itertools
 import os
+import re
 import threading
 from typing import List, Optional, Tuple
 
 import torch
 
 import tpcomm
+from tpcomm import _capi
 
-__all__ = ["TpcommGroup", "bootstrap_from_torch", "get_group", "register_group",
+__all__ = ["TpcommGroup", "bootstrap_from_torch", "compiled", "get_group", "register_group",
            "unregister_group"]
 
 _DTYPES = {
@@ -40,6 +43,51 @@ for _name, _tpcomm in (("uint32", "uint32"), ("uint64", "uint64"),
                        ("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2")):
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = _tpcomm
+
+# ---- the compiled eager path -------------------------------------------------------------------
+
+def _load_extension():
+    """`tpcomm_torch_ext` (python/torch_ext, a package of its own, built against this PyTorch),
+    initialised with the C API of the library loaded here; None where it is not installed or
+    TPCOMM_TORCH_EXT=0."""
+    if os.environ.get("TPCOMM_TORCH_EXT", "1") == "0":
+        return None
+    try:
+        import tpcomm_torch_ext
+    except ImportError:
+        return None
+    lib = _capi.lib()
+
+    def address(name):
+        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+    tpcomm_torch_ext.init(address("tpcomm_all_reduce"), address("tpcomm_all_gather"),
+                          address("tpcomm_reduce_scatter"), address("tpcomm_last_error"))
+    return tpcomm_torch_ext
+
+
+_extension = _load_extension()
+_STATUS = re.compile(r"\[status (\d+)\]")
+
+
+def compiled():
+    """True when the eager calls of `TpcommGroup` go through the compiled ops
+    (`torch.ops.tpcomm_c.*`)."""
+    return _extension is not None
+
+
+def _compiled_call(op, *args):
+    """`op(*args)` of `torch.ops.tpcomm_c`, with the C API's failures raised as tpcomm's
+    exceptions (the same as the Python ops raise)."""
+    try:
+        return op(*args)
+    except RuntimeError as e:
+        status = _STATUS.search(str(e))
+        if status is None:
+            raise
+        code = int(status.group(1))
+        raise tpcomm._ERRORS.get(code, tpcomm.TpcommError)(code, str(e)) from None
+
 
 # ---- the table of groups --------------------------------------------------------------------
 
@@ -441,6 +489,7 @@ class TpcommGroup:
         self.rank_in_group = self.group.rank
         self.world_size = self.group.world_size
         self.handle = register_group(self.group)
+        self.c_handle = self.group.handle.value  # the C handle, for the compiled ops
         self._capture_stream = None
 
     def health(self):
@@ -468,12 +517,31 @@ class TpcommGroup:
     def all_reduce(self, x, op="sum"):
         """The reduction of `x` over every rank (`op`: a name of `tpcomm.REDUCE_OPS` or a
         `torch.distributed.ReduceOp`), in a new tensor."""
+        if _extension is not None:
+            return _compiled_call(torch.ops.tpcomm_c.all_reduce, x, self.c_handle, reduce_op(op))
         return torch.ops.tpcomm.all_reduce(x, self.handle, reduce_op(op))
+
+    def all_reduce_(self, x, op="sum"):
+        """`all_reduce` into `x` itself (in place, as engines call it); returns `x`."""
+        if _extension is not None:
+            return _compiled_call(torch.ops.tpcomm_c.all_reduce_, x, self.c_handle,
+                                  reduce_op(op))
+        _check(x, "x", "all_reduce_", self.group)
+        op = reduce_op(op)
+        if op not in tpcomm.REDUCE_OPS:
+            raise ValueError(f"tpcomm::all_reduce_: op {op!r} is not one of "
+                             f"{sorted(tpcomm.REDUCE_OPS)}")
+        self.group.all_reduce(_desc(x), _desc(x), op, _stream(x.device))
+        return x
 
     def all_gather(self, x, dim=-1):
         """Every rank's `x` concatenated along `dim` (the last by default, as SGLang's)."""
         moved, dim = to_dim0(x, dim)
-        gathered = torch.ops.tpcomm.all_gather(moved, self.handle)
+        if _extension is not None:
+            gathered = _compiled_call(torch.ops.tpcomm_c.all_gather, moved, self.c_handle,
+                                      self.world_size)
+        else:
+            gathered = torch.ops.tpcomm.all_gather(moved, self.handle)
         return from_dim0(gathered, self.world_size, moved.shape, dim)
 
     def gather(self, x, dst=0, dim=-1):
@@ -487,6 +555,9 @@ class TpcommGroup:
 
     def reduce_scatter(self, x, op="sum"):
         """This rank's block (along dimension 0) of the reduction of `x` over every rank."""
+        if _extension is not None:
+            return _compiled_call(torch.ops.tpcomm_c.reduce_scatter, x, self.c_handle,
+                                  self.world_size, reduce_op(op))
         return torch.ops.tpcomm.reduce_scatter(x, self.handle, reduce_op(op))
 
     def all_to_all_single(self, x, counts=None):
