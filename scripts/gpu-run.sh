@@ -262,6 +262,8 @@ if [ "$what" = python ]; then
     "$py" -m pytest -v -p no:cacheprovider python/tests/test_engines.py
   step python-torch "$py" -m pytest -v -p no:cacheprovider python/tests/test_torch_gpu.py
   step python-mlp "$py" -m torch.distributed.run --nproc-per-node 2 python/tests/torchrun_mlp.py
+  step python-engines-mlp "$py" -m torch.distributed.run --nproc-per-node 2 \
+    python/tests/torchrun_engines.py
   step python-bench "$py" scripts/bench-torch.py --np 2 --tpcomm "$bin/tpcomm" \
     --json "$out_abs/bench-torch.json"
 fi
