@@ -83,20 +83,27 @@ def sglang(group, w, me):
     c.all_gather_into_tensor(out, inp(me, 2, 3))
     same(out, torch.cat([inp(r, 2, 3) for r in range(w)]), "all_gather_into_tensor")
     sizes = [r + 1 for r in range(w)]
-    same(c.all_gatherv(inp(me, sizes[me], 4), sizes=sizes),
+    same(c.all_gatherv(inp(me, sizes[me], 4), sizes=sizes)[0],
          torch.cat([inp(r, sizes[r], 4) for r in range(w)]), "all_gatherv unequal")
     got = c.all_gatherv([inp(me, sizes[me], 2), inp(me, sizes[me], seed=2)], sizes=sizes)
     same(got[0], torch.cat([inp(r, sizes[r], 2) for r in range(w)]), "all_gatherv list 0")
     same(got[1], torch.cat([inp(r, sizes[r], seed=2) for r in range(w)]), "all_gatherv list 1")
-    same(c.all_gatherv(inp(me, 2, 2)), torch.cat([inp(r, 2, 2) for r in range(w)]),
-         "all_gatherv equal")
+    got = c.all_gatherv(inp(me, 2, 2))  # a list, as SGLang's
+    assert isinstance(got, list) and len(got) == 1
+    same(got[0], torch.cat([inp(r, 2, 2) for r in range(w)]), "all_gatherv equal")
+    out = torch.full((sum(sizes), 4), float("nan"))
+    assert c.all_gatherv(inp(me, sizes[me], 4), sizes, out)[0] is out
+    same(out, torch.cat([inp(r, sizes[r], 4) for r in range(w)]), "all_gatherv into output")
+    total = sum(inp(r, 3, w * 2) for r in range(w))
+    same(c.reduce_scatter_along_dim(inp(me, 3, w * 2)), total[:, me * 2:(me + 1) * 2],
+         "reduce_scatter_along_dim")
 
     total = sum(inp(r, w * 2, 3) for r in range(w))
     out = torch.full((2, 3), float("nan"))
     c.reduce_scatter_tensor(out, inp(me, w * 2, 3))
     same(out, total[me * 2:(me + 1) * 2], "reduce_scatter_tensor")
     out = torch.full((2, 3), float("nan"))
-    c.reduce_scatter(out, [inp(me, 2, 3, seed=d) for d in range(w)])
+    assert c.reduce_scatter(out, [inp(me, 2, 3, seed=d) for d in range(w)]) is out
     same(out, sum(inp(r, 2, 3, seed=me) for r in range(w)), "reduce_scatter(output, list)")
     total = sum(inp(r, sum(sizes), 2) for r in range(w))
     start = sum(sizes[:me])
@@ -125,6 +132,9 @@ def sglang(group, w, me):
 
     # Nested capture contexts, as SGLang's module-level graph_capture opens its groups'.
     other = SglangCommunicator(group, unique_name="attn_tp", native=GlooNative(group))
+    marker = object()
+    with c.graph_capture(stream=marker) as ctx:
+        assert ctx.stream is marker
     with c.graph_capture() as ctx:
         assert isinstance(ctx, GraphCaptureContext) and native.captures == [ctx.stream]
         with other.graph_capture(ctx) as inner:

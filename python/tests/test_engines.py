@@ -55,6 +55,15 @@ def test_a_dead_rank_is_noticed_over_torch_distributed_store(world):
     run_ranks("heartbeat", world, {"TPCOMM_HEARTBEAT_TIMEOUT_MS": "1000"})
 
 
+def test_torch_imports_after_tpcomm_loaded_nccl():
+    """One libnccl.so.2 per process: tpcomm takes PyTorch's where it is installed, so importing
+    torch after tpcomm loaded NCCL still works."""
+    code = "import tpcomm; tpcomm.info(); import torch; print('ok', torch.__version__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-2000:]
+
+
 def test_group_without_a_gpu_says_so():
     import tpcomm
     from tpcomm.torch import TpcommGroup

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """ctypes declarations of the C API (include/tpcomm/tpcomm.h) and the library's loading."""
 import ctypes
+import importlib.util
 import os
 import threading
 
@@ -155,6 +156,23 @@ def library_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libtpcomm.so")
 
 
+def _prefer_pytorchs_nccl():
+    """Where PyTorch's NCCL (the `nvidia-nccl` wheel) is installed and TPCOMM_NCCL_PATH is not
+    set, points tpcomm at it: a process holds one libnccl.so.2 (the loader reuses a loaded
+    soname), and PyTorch needs its own, whichever of the two loads NCCL first."""
+    if os.environ.get("TPCOMM_NCCL_PATH"):
+        return
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = os.path.join(folder, "lib", "libnccl.so.2")
+        if os.path.exists(candidate):
+            os.environ["TPCOMM_NCCL_PATH"] = candidate
+            return
+
+
 def lib():
     """The loaded library, with every function's signature declared (loaded once)."""
     global _lib
@@ -162,6 +180,7 @@ def lib():
         return _lib
     with _lock:
         if _lib is None:
+            _prefer_pytorchs_nccl()
             path = library_path()
             if not os.path.exists(path):
                 raise ImportError(

@@ -68,6 +68,7 @@ class _Communicator:
                              f"{self.rank_in_group} of {self.world_size}")
         self.native = native
         self.device = native.device
+        self.local_size = int(os.environ.get("LOCAL_SIZE", "0"))
         self.local_rank = (self.device.index if self.device.index is not None
                            else int(os.environ.get("LOCAL_RANK", self.rank)))
 
@@ -192,16 +193,18 @@ class _Communicator:
         self.native.barrier()
 
     @contextlib.contextmanager
-    def graph_capture(self, graph_capture_context: Optional[GraphCaptureContext] = None):
+    def graph_capture(self, graph_capture_context: Optional[GraphCaptureContext] = None,
+                      stream=None):
         """tpcomm's capture scope around the CUDA graphs captured inside, on the stream of
         `graph_capture_context` (SGLang's nesting: a second group's context inside the first's
-        reuses its stream) or a new one; yields the context:
+        reuses its stream), else on `stream` or a new one; yields the context:
 
             with tp.graph_capture() as ctx, attn_tp.graph_capture(ctx):
                 with torch.cuda.graph(graph, stream=ctx.stream):
                     ...
         """
-        stream = None if graph_capture_context is None else graph_capture_context.stream
+        if graph_capture_context is not None:
+            stream = graph_capture_context.stream
         with self.native.graph_capture(stream) as s:
             yield (graph_capture_context if graph_capture_context is not None
                    else GraphCaptureContext(s))
@@ -229,10 +232,25 @@ class SglangCommunicator(_Communicator):
         output.copy_(self.native.all_gather(input.contiguous(), 0).view(output.shape))
 
     def all_gatherv(self, input_: Union[torch.Tensor, List[torch.Tensor]],
-                    sizes: Optional[List[int]] = None):
+                    sizes: Optional[List[int]] = None, output: Optional[torch.Tensor] = None):
         """Along dimension 0, rank r contributing `sizes[r]` rows (all equal when None); a list
-        of tensors gathers each."""
-        return self._all_gatherv(input_, 0, sizes)
+        of tensors gathers each. Returns a list (one tensor per input), as SGLang's; with
+        `output` (a single input only), the result is copied into it."""
+        inputs = list(input_) if isinstance(input_, (list, tuple)) else [input_]
+        if output is not None and len(inputs) != 1:
+            raise ValueError("tpcomm: all_gatherv: output is for a single input tensor")
+        results = [self._all_gatherv(t, 0, sizes) for t in inputs]
+        if output is not None:
+            output.copy_(results[0].view(output.shape))
+            results[0] = output
+        return results
+
+    def reduce_scatter_along_dim(self, input_, dim=-1):
+        """This rank's block along `dim` of the sum of `input_` over the group (`input_` itself
+        on one rank)."""
+        if self.world_size == 1:
+            return input_
+        return self._reduce_scatterv(input_, dim, None)
 
     def reduce_scatter_tensor(self, output, input):  # noqa: A002 - SGLang's name
         """This rank's block (along dimension 0) of the sum of `input` over the group, into
@@ -241,12 +259,14 @@ class SglangCommunicator(_Communicator):
                      .view(output.shape))
 
     def reduce_scatter(self, output, input_list):
-        """The sum over the group of every rank's `input_list[this rank]`, into `output`."""
+        """The sum over the group of every rank's `input_list[this rank]`, into `output`;
+        returns `output`."""
         if len(input_list) != self.world_size:
             raise ValueError(f"tpcomm: reduce_scatter: input_list has {len(input_list)} "
                              f"tensors for {self.world_size} ranks")
         stacked = torch.stack([t.reshape(output.shape) for t in input_list])
         output.copy_(self.native.reduce_scatter(stacked, dist.ReduceOp.SUM).view(output.shape))
+        return output
 
     def reduce_scatterv(self, input_, output=None, sizes=None):
         """This rank's `sizes[rank]` rows (equal blocks when None) of the sum of `input_` over
@@ -259,7 +279,8 @@ class SglangCommunicator(_Communicator):
 
     def all_to_all_single(self, output, input,  # noqa: A002 - torch's and SGLang's names
                           output_split_sizes=None, input_split_sizes=None):
-        """As `torch.distributed.all_to_all_single`: block d of `input` (along dimension 0,
+        """As `torch.distributed.all_to_all_single` (SGLang's takes equal blocks only; the
+        split sizes are torch's, a superset): block d of `input` (along dimension 0,
         `input_split_sizes[d]` rows, or equal blocks) to rank d, and into `output` the blocks
         from every rank in rank order (`output_split_sizes[s]` rows from rank s). Unequal
         splits learn the other ranks' splits first (a synchronising step: eager only)."""
