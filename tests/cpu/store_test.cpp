@@ -400,7 +400,7 @@ TEST(TcpStore, SharedClientTakesTurnsWithAWaitingGet) {
   std::thread getter([&] { got = text(shared.get("k", 10s)); });
   EXPECT_TRUE(eventually([&] { return server.waiting() == 1; }, 5s));
   auto t0 = SteadyClock::now();
-  shared.set("k", "v", 2s);
+  shared.set("k", "v", 10s);
   EXPECT_LT(since(t0), 250ms + kSlack);
   getter.join();
   EXPECT_EQ(got, "v");
@@ -408,7 +408,7 @@ TEST(TcpStore, SharedClientTakesTurnsWithAWaitingGet) {
   // A WAIT too, and a GET that times out still names its key at its own timeout.
   std::thread waiter([&] { shared.wait(std::vector<std::string>{"w"}, 10s); });
   EXPECT_TRUE(eventually([&] { return server.waiting() == 1; }, 5s));
-  shared.set("w", "1", 2s);
+  shared.set("w", "1", 10s);
   waiter.join();
   t0 = SteadyClock::now();
   expect_error([&] { shared.get("never", 600ms); }, Status::kTimeout, "never");
