@@ -128,15 +128,12 @@ class _Communicator:
             return [self._all_gatherv(t, dim, sizes) for t in input_]
         sizes = _rows(sizes, self.world_size, "all_gatherv")
         moved, dim = to_dim0(input_, dim)
-        if sizes is None or len(set(sizes)) == 1:
-            if sizes is not None and moved.shape[0] != sizes[self.rank_in_group]:
-                raise ValueError(f"tpcomm: all_gatherv: this rank has {moved.shape[0]} entries "
-                                 f"along dim {dim}, sizes say {sizes[self.rank_in_group]}")
-            return from_dim0(self.native.all_gather(moved, 0), self.world_size, moved.shape,
-                             dim)
-        if moved.shape[0] != sizes[self.rank_in_group]:
+        if sizes is not None and moved.shape[0] != sizes[self.rank_in_group]:
             raise ValueError(f"tpcomm: all_gatherv: this rank has {moved.shape[0]} entries "
                              f"along dim {dim}, sizes say {sizes[self.rank_in_group]}")
+        if sizes is None or len(set(sizes)) == 1:
+            return from_dim0(self.native.all_gather(moved, 0), self.world_size, moved.shape,
+                             dim)
         most = max(sizes)
         padded = moved.new_zeros((most, *moved.shape[1:]))
         padded[: moved.shape[0]] = moved

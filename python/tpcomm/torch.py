@@ -14,17 +14,17 @@ out-of-place: each returns new tensors. Every rank calls the same ops in the sam
             y = group.all_reduce(x)
 """
 import contextlib
-import ctypes
 import itertools
 import os
-import re
 import threading
 from typing import List, Optional, Tuple
 
 import torch
 
 import tpcomm
-from tpcomm import _capi
+from tpcomm._compiled import _compiled_call, compiled
+from tpcomm._compiled import extension as _extension
+from tpcomm._torch_store import _torch_distributed_initialized, bootstrap_from_torch
 
 __all__ = ["TpcommGroup", "bootstrap_from_torch", "compiled", "get_group", "register_group",
            "unregister_group"]
@@ -43,51 +43,6 @@ for _name, _tpcomm in (("uint32", "uint32"), ("uint64", "uint64"),
                        ("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2")):
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = _tpcomm
-
-# ---- the compiled eager path -------------------------------------------------------------------
-
-def _load_extension():
-    """`tpcomm_torch_ext` (python/torch_ext, a package of its own, built against this PyTorch),
-    initialised with the C API of the library loaded here; None where it is not installed or
-    TPCOMM_TORCH_EXT=0."""
-    if os.environ.get("TPCOMM_TORCH_EXT", "1") == "0":
-        return None
-    try:
-        import tpcomm_torch_ext
-    except ImportError:
-        return None
-    lib = _capi.lib()
-
-    def address(name):
-        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-
-    tpcomm_torch_ext.init(address("tpcomm_all_reduce"), address("tpcomm_all_gather"),
-                          address("tpcomm_reduce_scatter"), address("tpcomm_last_error"))
-    return tpcomm_torch_ext
-
-
-_extension = _load_extension()
-_STATUS = re.compile(r"\[status (\d+)\]")
-
-
-def compiled():
-    """True when the eager calls of `TpcommGroup` go through the compiled ops
-    (`torch.ops.tpcomm_c.*`)."""
-    return _extension is not None
-
-
-def _compiled_call(op, *args):
-    """`op(*args)` of `torch.ops.tpcomm_c`, with the C API's failures raised as tpcomm's
-    exceptions (the same as the Python ops raise)."""
-    try:
-        return op(*args)
-    except RuntimeError as e:
-        status = _STATUS.search(str(e))
-        if status is None:
-            raise
-        code = int(status.group(1))
-        raise tpcomm._ERRORS.get(code, tpcomm.TpcommError)(code, str(e)) from None
-
 
 # ---- the table of groups --------------------------------------------------------------------
 
@@ -398,53 +353,6 @@ def _(shard_logits, group, vocab, rows, rows_per_rank=None):
     g = get_group(group)
     _check(shard_logits, "shard_logits", "lm_head_exchange", g)
     return shard_logits.new_empty(_lm_head_shape(shard_logits, g, vocab, rows, rows_per_rank))
-
-
-# ---- bootstrap from torch.distributed -----------------------------------------------------------
-
-_torch_worlds = {}  # the default process group -> the world bootstrap over its store
-_torch_splits = {}  # (the default process group, a group's name) -> how often it was split
-_torch_lock = threading.Lock()
-
-
-def _torch_distributed_initialized():
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
-
-
-def bootstrap_from_torch(group=None, timeout_ms=0):
-    """A `tpcomm.Bootstrap` for the ranks of a `torch.distributed` process group (the default
-    group when None), over torch.distributed's own store: no store or port of tpcomm's own.
-
-    The world's bootstrap is made once per process over the default group's store (a
-    collective of every rank, the first time); a narrower group is a split of it (a local step),
-    tagged with the group's name, so that the TP, attention-TP and MoE groups an engine made
-    with `new_group` each get theirs. Every member of a group calls this for it, in the same
-    order. Without tpcomm's own store there is no rank watch: see docs/RELIABILITY.md."""
-    import torch.distributed as dist
-
-    if not _torch_distributed_initialized():
-        raise RuntimeError("tpcomm: torch.distributed is not initialized (call "
-                           "init_process_group first, or build a tpcomm.Bootstrap)")
-    default = dist.group.WORLD
-    with _torch_lock:
-        world = _torch_worlds.get(default)
-        if world is None:
-            env = os.environ
-            local = (int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])) if (
-                "LOCAL_RANK" in env and "LOCAL_WORLD_SIZE" in env) else (-1, -1)
-            world = tpcomm.Bootstrap.from_store(
-                dist.distributed_c10d._get_default_store(), dist.get_rank(),
-                dist.get_world_size(), *local, timeout_ms=timeout_ms)
-            _torch_worlds[default] = world
-        if group is None or group is default:
-            return world
-        ranks = dist.get_process_group_ranks(group)
-        name = str(group.group_name).replace("/", "_")
-        n = _torch_splits.get((default, name), 0)
-        _torch_splits[(default, name)] = n + 1
-    return world.split(ranks, f"torch.{name}.{n}")
 
 
 # ---- the group --------------------------------------------------------------------------------
