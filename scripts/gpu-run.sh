@@ -6,11 +6,11 @@
 #
 #   scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|exchange|step|python]
 #
-# `python` installs the Python package (`pip install --no-build-isolation .`: into python3's own
-# virtualenv where it is one and has torch, pytest and scikit-build-core, else into a venv that
-# sees the system's packages, or with --user) and runs its tests: the C API
-# from C and Python, the PyTorch ops (opcheck, torch.compile, CUDA graphs), the tensor-parallel
-# MLP under torchrun, and scripts/bench-torch.py.
+# `python` installs the Python package (`pip install --no-build-isolation .`, or the wheel that
+# TPCOMM_WHEEL names: into python3's own virtualenv where it is one and has torch, pytest and
+# scikit-build-core, else into a venv that sees the system's packages, or with --user) and runs
+# its tests: the C API from C and Python, the PyTorch ops (opcheck, torch.compile, CUDA graphs),
+# the engine adapters, the tensor-parallel MLP under torchrun, and scripts/bench-torch.py.
 #
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
@@ -235,21 +235,22 @@ fi
 if [ "$what" = python ]; then
   out_abs=$(cd "$out" && pwd)
   py=python3
+  pkg=${TPCOMM_WHEEL:-.}
   # Where python3 already has what the build and the tests need (torch, pytest,
   # scikit-build-core), the package goes into it as a user of the machine would install it: into
   # its own virtualenv when it is one (a venv made from a venv would not see that venv's
   # packages), else with --user. Elsewhere a venv that sees the system's packages.
   if python3 -c 'import torch, pytest, scikit_build_core' 2>/dev/null; then
     if python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
-      step python-install python3 -m pip install --no-build-isolation --no-deps -v .
+      step python-install python3 -m pip install --no-build-isolation --no-deps -v "$pkg"
     else
-      step python-install python3 -m pip install --user --no-build-isolation --no-deps -v .
+      step python-install python3 -m pip install --user --no-build-isolation --no-deps -v "$pkg"
     fi
   elif python3 -m venv --system-site-packages "$out_abs/venv" >"$out/venv.txt" 2>&1; then
     py="$out_abs/venv/bin/python"
-    step python-install "$py" -m pip install --no-build-isolation --no-deps -v .
+    step python-install "$py" -m pip install --no-build-isolation --no-deps -v "$pkg"
   else
-    step python-install python3 -m pip install --user --no-build-isolation --no-deps -v .
+    step python-install python3 -m pip install --user --no-build-isolation --no-deps -v "$pkg"
   fi
   # The compiled eager path (python/torch_ext), built against this machine's PyTorch.
   ext_user=""

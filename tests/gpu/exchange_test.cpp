@@ -455,8 +455,12 @@ TEST(Exchange, GatherToEveryRoot) {
     for (const char* exchange : {"pull", "push"}) {
       SCOPED_TRACE(detail::concat(world, " ", exchange));
       int pushed = 0;  // by rank 0
+      // Every rank's inputs and the root's check come from the same seed per case.
+      std::vector<std::uint64_t> seeds(static_cast<std::size_t>(world) * std::size(shapes) * 2);
+      for (auto& seed : seeds) seed = fresh_seed();
       run_ranks(world, [&](int rank, Bootstrap& boot) {
         int mine_pushed = 0;
+        std::size_t next_seed = 0;
         Group g(boot, 0, exchange_options(exchange));
         StreamHolder stream;
         const cudaStream_t s = stream.get();
@@ -468,7 +472,7 @@ TEST(Exchange, GatherToEveryRoot) {
             for (bool captured : {false, true}) {
               const std::size_t esize = dtype_size(sh.dtype);
               const std::int64_t n = sh.count;
-              const std::uint64_t seed = fresh_seed() + static_cast<std::uint64_t>(root);
+              const std::uint64_t seed = seeds[next_seed++];
               const bool in_place = captured && rank == root && sh.offset == 0;
               char* out_ptr = out.bytes_ptr() + sh.offset * esize;
               char* in_ptr = in_place ? out_ptr + static_cast<std::size_t>(rank * n) * esize
