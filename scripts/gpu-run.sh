@@ -252,11 +252,14 @@ if [ "$what" = python ]; then
   else
     step python-install python3 -m pip install --user --no-build-isolation --no-deps -v "$pkg"
   fi
-  # The compiled eager path (python/torch_ext), built against this machine's PyTorch.
+  # The compiled eager path (python/torch_ext), built against this machine's PyTorch with the
+  # system's g++ (the GPU machine's CXX names a wrapper that links libstdc++ statically, which
+  # setup.py refuses: such a build crashed with SIGSEGV whenever one of its ops raised).
   ext_user=""
   [ "$py" = python3 ] && python3 -c 'import sys; sys.exit(sys.prefix != sys.base_prefix)' &&
     ext_user=--user
-  step python-ext "$py" -m pip install $ext_user --no-build-isolation --no-deps -v python/torch_ext
+  step python-ext env CXX=g++ CC=gcc "$py" -m pip install \
+    $ext_user --no-build-isolation --no-deps -v python/torch_ext
   # From the test folder's parent, so that the installed package (not ./python) is imported.
   step python-capi "$py" -m pytest -v -p no:cacheprovider python/tests/test_capi.py
   step python-engines env TPCOMM_REQUIRE_TORCH=1 TPCOMM_REQUIRE_TORCH_EXT=1 \

@@ -101,7 +101,8 @@ class Group {
   [[nodiscard]] Status gather(const TensorView& in, const TensorView& out, int root,
                               Stream stream) noexcept;
   /// out = rank r's slice of the reduction of `in` (`in` has world_size() times the elements of
-  /// `out`).
+  /// `out`). Served by NCCL, else by the all-reduce of the whole input into a stream-ordered
+  /// temporary and a copy of this rank's slice (`backend_for` says `…+slice`).
   [[nodiscard]] Status reduce_scatter(const TensorView& in, const TensorView& out, Stream stream,
                                       ReduceOp op = ReduceOp::kSum) noexcept;
   /// Equal-split all-to-all over the flattened tensors: chunk j of `in` (numel / world_size
@@ -234,6 +235,11 @@ class Group {
                                                    const TensorView& out) const noexcept;
   [[nodiscard]] std::string backend_for_all_to_all(const TensorView& in,
                                                    const TensorView& out) const noexcept;
+
+  /// The path that would serve this `reduce_scatter`: "nccl", "local", the all-reduce's backend
+  /// followed by "+slice" (e.g. "custom_ar:lamport+slice"), or "none". Pure.
+  [[nodiscard]] std::string backend_for_reduce_scatter(const TensorView& in, const TensorView& out,
+                                                       ReduceOp op = ReduceOp::kSum) const noexcept;
 
   /// The backend that would serve this `gather`, named as by `backend_for_all_gather`. Pure.
   [[nodiscard]] std::string backend_for_gather(const TensorView& in, const TensorView& out,

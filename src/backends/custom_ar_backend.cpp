@@ -17,8 +17,8 @@ Plan CustomArBackend::plan(const Request& r) const noexcept {
       if (r.plan == nullptr) return Plan::no("the exchange has no plan");
       const ExchangePlan& e = *r.plan;
       const ExchangeChoice c =
-          select_exchange({e.largest_input, e.largest_output, e.push_slot_bytes}, ar_->caps(),
-                          pinned_, pinned_exchange_, *table_);
+          select_exchange({e.largest_input, e.largest_output, e.largest_region, e.push_slot_bytes},
+                          ar_->caps(), pinned_, pinned_exchange_, *table_);
       if (c.algo == ExchangeAlgo::kNone)
         return Plan::no("input larger than the exchange's staging (Group::prepare_exchange)");
       return Plan::yes({this, Algo::kNone, c.algo, c.shape()});

@@ -7,9 +7,9 @@ namespace tpcomm {
 
 namespace {
 
-/// Fills `p.from`, `p.to` and `p.push_slot_bytes` from `region(s, d)`, the region rank d copies
-/// from rank s, for every pair of ranks: every rank works out every pair alike, so the push
-/// form is chosen alike everywhere.
+/// Fills `p.from`, `p.to`, `p.largest_region` and `p.push_slot_bytes` from `region(s, d)`, the
+/// region rank d copies from rank s, for every pair of ranks: every rank works out every pair
+/// alike, so the push form is chosen alike everywhere.
 template <class Region>
 void add_regions(ExchangePlan& p, int world, int rank, Region&& region) {
   std::int64_t largest = 0;
@@ -24,6 +24,7 @@ void add_regions(ExchangePlan& p, int world, int rank, Region&& region) {
       if (s != d) largest = std::max(largest, c.rows * c.row_bytes);
     }
   }
+  p.largest_region = largest;
   p.push_slot_bytes = words ? kernels::exchange_push_slot_bytes(largest) : 0;
 }
 

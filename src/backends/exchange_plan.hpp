@@ -18,7 +18,8 @@ namespace tpcomm {
 /// it (what the push form sends: NOTE [exchange push] in kernels/exchange_push.cu), the bytes of
 /// its own input (what it stages for its peers), and, computed alike on every rank, the largest
 /// input of any rank (which decides whether the staging holds the call), the most bytes any rank
-/// receives (which sizes the launch) and the Lamport slot the push form needs. Pure host
+/// receives (which sizes the launch), the most any rank sends another and the Lamport slot the
+/// push form needs. Pure host
 /// arithmetic, tested on the CPU.
 struct ExchangePlan {
   std::array<kernels::CopyRegion, kMaxRanks> from{};
@@ -26,6 +27,8 @@ struct ExchangePlan {
   std::int64_t input_bytes = 0;
   std::int64_t largest_input = 0;
   std::int64_t largest_output = 0;
+  /// The most bytes any rank sends another (what the built-in choice of a form goes by).
+  std::int64_t largest_region = 0;
   /// Bytes of a Lamport slot that the push form needs for the largest region any rank sends
   /// another; 0 where some region's rows are not whole 4-byte words (the pull form only).
   std::int64_t push_slot_bytes = 0;

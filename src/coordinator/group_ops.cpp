@@ -107,6 +107,13 @@ std::string Group::backend_for_all_gather(const TensorView& in,
   return impl_->describe(c.request);
 }
 
+std::string Group::backend_for_reduce_scatter(const TensorView& in, const TensorView& out,
+                                              ReduceOp op) const noexcept {
+  Call c;
+  if (make_reduce_scatter(impl_->shape(), in, out, op, &c) != Status::kOk) return "none";
+  return impl_->describe(c.request);
+}
+
 std::string Group::backend_for_gather(const TensorView& in, const TensorView& out,
                                       int root) const noexcept {
   Call c;

@@ -20,6 +20,7 @@
 #include "kernels/kernels.hpp"
 #include "ops/exchange.hpp"
 #include "ops/fused_norm.hpp"
+#include "ops/reduce.hpp"
 #include "tune/algorithms.hpp"
 
 namespace tpcomm {
@@ -214,6 +215,7 @@ void Group::Impl::add_composites() {
   auto fallback = make_gather_copy_backend(chain, shape());
   gather_copy = fallback.get();
   chain.add(std::move(fallback));
+  chain.add(make_reduce_slice_backend(chain, shape()));
 }
 
 namespace {

@@ -2,6 +2,9 @@
 // The reductions and the point-to-point calls: their checks and requests (ops/call.hpp).
 #pragma once
 
+#include <memory>
+
+#include "backends/backend.hpp"
 #include "ops/call.hpp"
 
 namespace tpcomm {
@@ -13,6 +16,13 @@ Status make_all_reduce(const GroupShape& g, const TensorView& in, const TensorVi
 /// `Group::reduce_scatter`: `in` holds world x `out`'s elements.
 Status make_reduce_scatter(const GroupShape& g, const TensorView& in, const TensorView& out,
                            ReduceOp op, Call* call) noexcept;
+
+/// The reduce-scatter where no backend serves it (NCCL missing, or refusing ranks that share a
+/// GPU), as an entry of `chain`: the all-reduce of the whole input through the chain into a
+/// temporary of the call's own (stream-ordered, so graphs capture it), then this rank's part
+/// copied out. Every rank runs the same all-reduce, so the ranks' paths agree.
+[[nodiscard]] std::unique_ptr<Backend> make_reduce_slice_backend(BackendChain& chain,
+                                                                 const GroupShape& g);
 
 /// `Group::broadcast` from `root`: `in` is read on the root only.
 Status make_broadcast(const GroupShape& g, const TensorView& in, const TensorView& out, int root,

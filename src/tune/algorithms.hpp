@@ -240,11 +240,12 @@ struct ExchangeInfo {
   /// kernels/exchange_push.cu): it serves calls whose regions are whole 4-byte words and fit the
   /// slots (`ExchangePlan::push_slot_bytes`). Otherwise it reads the staged inputs.
   bool lamport;
-  /// By the bytes of the largest rank's input. The pull form is a copy at the memory's speed
-  /// after one barrier, so unbounded within the staging buffer (NCCL serves what it cannot hold).
-  /// The push form saves the barrier and the staging copy but sends two bytes for every byte;
-  /// where it leads is to be measured against the pull form on the GPU, so until then the
-  /// built-in choice does not take it (`TPCOMM_EXCHANGE_ALGO=push` and the tuner may).
+  /// By the most bytes one rank sends another (`ExchangePlan::largest_region`). The pull form is
+  /// a copy at the memory's speed after one barrier, so unbounded within the staging buffer
+  /// (NCCL serves what it cannot hold). The push form saves the barrier and the staging copy but
+  /// sends two bytes for every byte: measured on one H200 (virtual ranks, graph-replayed, every
+  /// exchange, docs/PERFORMANCE.md), it leads by 1.0-1.5 us up to 512 KiB a peer at 2 ranks and
+  /// 64 KiB at 4, trails from 1 MiB and 256 KiB, and is no faster at 8 ranks.
   BuiltIn built_in;
 };
 
@@ -255,11 +256,11 @@ inline constexpr std::array<ExchangeInfo, 2> kExchangeAlgorithms{{
     {ExchangeAlgo::kPull, "pull",
      "barrier, then every rank copies what it receives from each peer's buffer straight to its "
      "place in the output (the LM head's reassembly included)",
-     kMaxBlocks, false, BuiltIn{1, kUnbounded, kUnbounded, kUnbounded}},
+     kMaxBlocks, false, BuiltIn{2, kUnbounded, kUnbounded, kUnbounded}},
     {ExchangeAlgo::kPush, "push",
      "every rank writes each peer's part into that peer's receive buffer in lines that carry "
      "their own flags; no barrier, no staging copy (regions of whole 4-byte words)",
-     kMaxBlocks, true, BuiltIn{}},
+     kMaxBlocks, true, BuiltIn{1, std::int64_t{512} << 10, std::int64_t{64} << 10, 0}},
 }};
 
 /// The row of `a`; `a` must not be `kNone`.

@@ -184,7 +184,7 @@ ExchangeChoice select_exchange(const ExchangeSize& size, const SelectorCaps& cap
   const ExchangeInfo* best = nullptr;
   for (const ExchangeInfo& e : kExchangeAlgorithms)
     if (e.built_in.order > 0 && usable(e.algo) &&
-        e.built_in.bound(caps.world_size) >= size.largest_input &&
+        e.built_in.bound(caps.world_size) >= size.largest_region &&
         (best == nullptr || e.built_in.order < best->built_in.order))
       best = &e;
   if (best == nullptr) return {};

@@ -131,11 +131,12 @@ inline constexpr int kDefaultThreads = 512;
                                         const char** why = nullptr) noexcept;
 
 /// The sizes of an exchange that its choice depends on, the same on every rank (an
-/// `ExchangePlan`'s): the largest rank's input, the most bytes a rank receives, and the Lamport
-/// slot the push form needs (0: it cannot push).
+/// `ExchangePlan`'s): the largest rank's input, the most bytes a rank receives, the most bytes a
+/// rank sends another, and the Lamport slot the push form needs (0: it cannot push).
 struct ExchangeSize {
   std::int64_t largest_input = 0;
   std::int64_t largest_output = 0;
+  std::int64_t largest_region = 0;
   std::int64_t push_slot_bytes = 0;
 };
 
@@ -149,7 +150,7 @@ struct ExchangeSize {
 /// 4. unpinned, the tuned table's exchange bucket for `largest_output` (the work of the busiest
 ///    rank), where `table` is not null, was tuned for this world size, has exchange buckets that
 ///    cover it and its algorithm fits (`none` there: NCCL);
-/// 5. the lowest `ExchangeInfo::built_in` order that fits and whose bound holds `largest_input`,
+/// 5. the lowest `ExchangeInfo::built_in` order that fits and whose bound holds `largest_region`,
 ///    with `exchange_launch`'s shape;
 /// `blocks` always clamped to [1, min(caps.max_blocks, the algorithm's max_blocks)].
 [[nodiscard]] ExchangeChoice select_exchange(const ExchangeSize& size, const SelectorCaps& caps,

@@ -124,9 +124,15 @@ TEST(ExchangePlan, EveryRankSendsWhatItsPeersTake) {
     for (int d = 0; d < c.world; ++d) {
       const ExchangePlan taker = c.plan(c.world, d);
       EXPECT_EQ(taker.push_slot_bytes, c.push_slot) << c.name << " rank " << d;
-      for (int s = 0; s < c.world; ++s)
-        EXPECT_TRUE(same(taker.from[s], c.plan(c.world, s).to[d]))
+      std::int64_t region = 0;  // the most any rank sends another, from every rank's own plan
+      for (int s = 0; s < c.world; ++s) {
+        const ExchangePlan sender = c.plan(c.world, s);
+        EXPECT_TRUE(same(taker.from[s], sender.to[d]))
             << c.name << ": rank " << d << " from rank " << s;
+        for (int r = 0; r < c.world; ++r)
+          if (r != s) region = std::max(region, sender.to[r].rows * sender.to[r].row_bytes);
+      }
+      EXPECT_EQ(taker.largest_region, region) << c.name << " rank " << d;
     }
   }
 }
@@ -144,7 +150,7 @@ SelectorCaps exchange_caps(int world) {
 /// `select_exchange` of a call that cannot push (rows not whole words).
 ExchangeChoice pull_only(std::int64_t input, std::int64_t output, const SelectorCaps& caps,
                          Pinned pinned, const TuneTable* table) {
-  return select_exchange({input, output, 0}, caps, pinned, {}, table);
+  return select_exchange({input, output, input, 0}, caps, pinned, {}, table);
 }
 
 TEST(ExchangeSelector, ServesWhatTheStagingHolds) {
@@ -194,9 +200,9 @@ TEST(ExchangeSelector, PushWherePinnedOrTunedAndItFits) {
   caps.lamport_max_bytes = 512 << 10;
   auto pick = [&](std::int64_t input, std::int64_t output, std::int64_t slot,
                   PinnedExchange pinned = {}, const TuneTable* table = nullptr) {
-    return select_exchange({input, output, slot}, caps, {}, pinned, table);
+    return select_exchange({input, output, slot / 2, slot}, caps, {}, pinned, table);
   };
-  // The built-in choice: the pull form (the push form is not among its rows yet).
+  // The built-in choice at 8 ranks: the pull form (the push form measured no faster there).
   EXPECT_EQ(pick(1024, 8192, 2048), (ExchangeChoice{ExchangeAlgo::kPull, 1, 512}));
   // Pinned: wherever it fits, one block per 16 KiB received; elsewhere the built-in choice
   // (rows not whole words, pieces past the slots, a group without Lamport buffers).
@@ -209,12 +215,13 @@ TEST(ExchangeSelector, PushWherePinnedOrTunedAndItFits) {
   EXPECT_EQ(pick(1024, 8192, (512 << 10) + 16, ExchangeAlgo::kPush).algo, ExchangeAlgo::kPull);
   SelectorCaps none = caps;
   none.lamport_max_bytes = 0;
-  EXPECT_EQ(select_exchange({1024, 8192, 2048}, none, {}, ExchangeAlgo::kPush, nullptr).algo,
+  EXPECT_EQ(select_exchange({1024, 8192, 1024, 2048}, none, {}, ExchangeAlgo::kPush, nullptr).algo,
             ExchangeAlgo::kPull);
   EXPECT_EQ(pick(1024, 8192, 2048, ExchangeAlgo::kPull).algo, ExchangeAlgo::kPull);
   // "nccl" wins over a pinned exchange.
   EXPECT_EQ(
-      select_exchange({1024, 8192, 2048}, caps, Algo::kNone, ExchangeAlgo::kPush, nullptr).algo,
+      select_exchange({1024, 8192, 1024, 2048}, caps, Algo::kNone, ExchangeAlgo::kPush, nullptr)
+          .algo,
       ExchangeAlgo::kNone);
   // A tuned push where the call cannot push: the built-in choice.
   const TuneKey key{"NVIDIA H200", 8, "one-gpu", 12040, 22703, "0.1.0"};
@@ -228,6 +235,29 @@ TEST(ExchangeSelector, PushWherePinnedOrTunedAndItFits) {
   EXPECT_TRUE(parse_pinned_exchange("auto", &parsed));
   EXPECT_FALSE(parsed.has_value());
   EXPECT_FALSE(parse_pinned_exchange("lamport", &parsed));
+}
+
+// Unpinned and untuned, the push form up to its built-in bounds by the most one rank sends
+// another (512 KiB at 2 ranks, 64 KiB at 3 and 4, none from 5), where it fits the slots.
+TEST(ExchangeSelector, BuiltInPushUpToItsBoundsByTheLargestRegion) {
+  for (int world : {2, 3, 4, 5, 8}) {
+    SelectorCaps caps = exchange_caps(world);
+    caps.lamport_max_bytes = 2 << 20;
+    const std::int64_t bound = world == 2 ? 512 << 10 : world <= 4 ? 64 << 10 : 0;
+    auto pick = [&](std::int64_t region) {
+      return select_exchange({region * world, region * world, region,
+                              kernels::exchange_push_slot_bytes(region)},
+                             caps, {}, {}, nullptr)
+          .algo;
+    };
+    SCOPED_TRACE(world);
+    EXPECT_EQ(pick(1024), bound > 0 ? ExchangeAlgo::kPush : ExchangeAlgo::kPull);
+    if (bound > 0) EXPECT_EQ(pick(bound), ExchangeAlgo::kPush);
+    EXPECT_EQ(pick(bound + 1024), ExchangeAlgo::kPull);
+    // Rows that are not whole words cannot push, whatever their size.
+    EXPECT_EQ(select_exchange({4096, 4096, 1022, 0}, caps, {}, {}, nullptr).algo,
+              ExchangeAlgo::kPull);
+  }
 }
 
 TEST(ExchangeTuner, CandidatesStayWithinTheLimits) {

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/check.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/test_data.hpp"
 #include "support/all_reduce_cases.hpp"
@@ -171,6 +172,77 @@ TEST(Group, WorldSizeOneCopies) {
     ASSERT_EQ(g.all_gather(in, out, stream.stream()), Status::kOk);
     EXPECT_EQ(wrong_elements(wrong, b.get(), DType::kF32, 1000, 5, 0, 1, stream.stream()), 0u);
   });
+}
+
+// Without NCCL (virtual ranks share a GPU), the reduce-scatter is the all-reduce of the whole
+// input into a temporary and a copy of this rank's slice: exact at 2, 3 and 4 ranks, f32 and
+// bf16, eager and replayed from a graph (which captures the temporary's allocation).
+TEST(Group, ReduceScatterWithoutNcclIsTheAllReduceAndASlice) {
+  const std::int64_t most = 4099;
+  for (int world : {2, 3, 4}) {
+    std::vector<std::uint64_t> seeds;  // the same on every rank
+    for (int i = 0; i < 8; ++i) seeds.push_back(testing::fresh_seed());
+    run_ranks(world, [&](int rank, Bootstrap& boot) {
+      Group g(boot, 0, options_for("auto"));
+      StreamHolder stream;
+      const cudaStream_t cs = stream.get();
+      const Stream s = stream.stream();
+      DeviceBuffer in(most * world * 4), out(most * 4), wrong(8);
+      auto* bad = static_cast<unsigned long long*>(wrong.get());
+      std::size_t next = 0;
+      for (DType dtype : {DType::kF32, DType::kBF16}) {
+        for (std::int64_t per : {std::int64_t{1}, most}) {
+          for (bool captured : {false, true}) {
+            const std::uint64_t seed = seeds[next++];
+            const auto iv = TensorView::flat(in.get(), dtype, per * world, 0);
+            const auto ov = TensorView::flat(out.get(), dtype, per, 0);
+            const std::string what = detail::concat(to_string(dtype), " x", per, " world ", world,
+                                                    captured ? " captured" : " eager");
+            const std::string path = g.backend_for_reduce_scatter(iv, ov);
+            EXPECT_TRUE(path.starts_with("custom_ar:") && path.ends_with("+slice"))
+                << what << ": " << path;
+            ASSERT_EQ(
+                kernels::fill_data(in.get(), dtype, per * world, seed, rank, ReduceOp::kSum, 0, s),
+                Status::kOk);
+            ASSERT_EQ(kernels::poison(out.get(), most * 4, s), Status::kOk);
+            if (captured) {
+              cudaGraph_t graph = nullptr;
+              {
+                auto scope = g.capture(s);
+                ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal),
+                          cudaSuccess);
+                EXPECT_EQ(g.reduce_scatter(iv, ov, s), Status::kOk) << what << g.last_error();
+                ASSERT_EQ(cudaStreamEndCapture(cs, &graph), cudaSuccess);
+                ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+              }
+              cudaGraphExec_t exec = nullptr;
+              ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+              ASSERT_EQ(cudaGraphUpload(exec, cs), cudaSuccess);
+              ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+              boot.barrier();  // NOTE [graphs of virtual ranks]
+              ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+              ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+              cudaGraphExecDestroy(exec);
+              cudaGraphDestroy(graph);
+            } else {
+              ASSERT_EQ(g.reduce_scatter(iv, ov, s), Status::kOk) << what << g.last_error();
+            }
+            ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+            unsigned long long got = 0;
+            ASSERT_EQ(cudaMemsetAsync(bad, 0, sizeof(got), cs), cudaSuccess);
+            ASSERT_EQ(kernels::check_data(out.get(), dtype, per, seed, rank, world, ReduceOp::kSum,
+                                          kernels::Collective::kReduceScatter, 0, bad, s),
+                      Status::kOk);
+            ASSERT_EQ(cudaMemcpyAsync(&got, bad, sizeof(got), cudaMemcpyDeviceToHost, cs),
+                      cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+            EXPECT_EQ(got, 0u) << what << " rank " << rank;
+            boot.barrier();  // every rank has read its output before the next case
+          }
+        }
+      }
+    });
+  }
 }
 
 // Calls issued back to back from two streams, without synchronising in between, are ordered one

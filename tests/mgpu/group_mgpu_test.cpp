@@ -266,10 +266,10 @@ TEST(MultiProcess, LmHeadExchangeAndExchanges) {
   for (const Config cfg : {Config{Switch::kAuto, "auto"}, Config{Switch::kAuto, "push"},
                            Config{Switch::kOff, "auto"}}) {
     const Switch a2a = cfg.a2a;
-    const bool push = std::string(cfg.exchange) == "push";
-    // The push form where the parts fit its slots, the pull form elsewhere.
+    // Either form: the push form where the parts fit its slots (pinned, or within its built-in
+    // bounds), the pull form elsewhere.
     auto custom_path = [&](const std::string& path) {
-      return path == "custom_ar:pull" || (push && path == "custom_ar:push");
+      return path == "custom_ar:pull" || path == "custom_ar:push";
     };
     Options o = mgpu_options("auto");
     o.lm_head_a2a = a2a;
