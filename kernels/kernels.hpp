@@ -209,6 +209,34 @@ Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchS
 Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParams& fusion,
                           std::int64_t count, DType dtype, Stream stream) noexcept;
 
+/// Most experts per token the MoE combine takes (top-k).
+inline constexpr int kMoeMaxTopK = 32;
+
+/// The MoE layer's combine: `out[t] = sum over k of weights[t, k] * experts[map[t, k]]`, then
+/// `+ shared[t]` where given, per token t of `tokens` and element of `hidden`, accumulated in f32
+/// in that order and rounded once into `dtype` (f16, bf16 or f32). `experts` is
+/// [rows, hidden] and `shared` [tokens, hidden] in `dtype`; `map` is int32 [tokens, top_k];
+/// `weights` [tokens, top_k] in f32 (`weights_f32`) or `dtype`. A map entry outside [0, rows)
+/// makes that token's row NaN. Any alignment; `out` must not overlap the inputs.
+struct MoeCombineParams {
+  const void* experts;
+  const std::int32_t* map;
+  const void* weights;
+  const void* shared;
+  void* out;
+  std::int64_t tokens;
+  std::int64_t rows;
+  std::int64_t hidden;
+  int top_k;
+  bool weights_f32;
+};
+static_assert(std::is_trivially_copyable_v<MoeCombineParams>);
+
+/// Launches the MoE combine (one block per token). `tokens` 0 is a warm-up launch.
+/// kInvalidArgument for an unsupported dtype or top-k outside 1..kMoeMaxTopK; kCudaError when the
+/// launch fails.
+Status launch_moe_combine(const MoeCombineParams& params, DType dtype, Stream stream) noexcept;
+
 /// Fills `bytes` bytes (a multiple of 16, 16-byte aligned) of Lamport buffers with the empty
 /// mark (NOTE [lamport] in ipc/layout.hpp).
 Status fill_lamport_empty(void* buffers, std::int64_t bytes, Stream stream) noexcept;

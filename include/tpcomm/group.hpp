@@ -11,6 +11,7 @@
 
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/lm_head.hpp"
+#include "tpcomm/moe.hpp"
 #include "tpcomm/norm.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
@@ -173,6 +174,16 @@ class Group {
                                               const TensorView& residual_out, Stream stream,
                                               const Fp8Scales& fp8 = {},
                                               NormWeight weight = NormWeight::kGamma) noexcept;
+  /// The end of a tensor-parallel MoE layer in one call: `x = moe_combine(moe)` (tpcomm/moe.hpp),
+  /// then `all_reduce_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, ...)` with its
+  /// arguments and rules. The combine is a kernel of its own, writing into `norm_out` where that
+  /// has the experts' dtype and overlaps no input (else into a stream-ordered temporary, which
+  /// graphs capture); the all-reduce + norm is served as `all_reduce_add_rmsnorm` is. Every rank
+  /// passes the same shapes; `experts` and `shared` are this rank's partial outputs.
+  [[nodiscard]] Status moe_finalize_all_reduce_add_rmsnorm(
+      const MoeCombine& moe, const TensorView& residual, const TensorView& gamma, float eps,
+      const TensorView& norm_out, const TensorView& residual_out, Stream stream,
+      const Fp8Scales& fp8 = {}, NormWeight weight = NormWeight::kGamma) noexcept;
   /// Point to point: pairs with `recv` on `peer`.
   [[nodiscard]] Status send(const TensorView& buf, int peer, Stream stream) noexcept;
   [[nodiscard]] Status recv(const TensorView& buf, int peer, Stream stream) noexcept;

@@ -335,6 +335,21 @@ tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* re
                                  const tpcomm_tensor* fp8_scale,
                                  const tpcomm_tensor* fp8_row_scales,
                                  const tpcomm_tensor* fp8_group_scales, int weight, void* stream);
+/* The end of a tensor-parallel MoE layer (`tpcomm::Group::moe_finalize_all_reduce_add_rmsnorm`):
+ * x = sum over k of weights[t, k] * experts[map[t, k]] + shared[t] per token t (`experts`
+ * [rows, hidden]; `map` int32 and `weights` (f32 or the experts' dtype) [tokens, top_k];
+ * `shared` [tokens, hidden] or NULL), then the arguments of tpcomm_all_reduce_add_rmsnorm. */
+tpcomm_status tpcomm_moe_finalize_all_reduce_add_rmsnorm(
+    tpcomm_group group, const tpcomm_tensor* experts, const tpcomm_tensor* map,
+    const tpcomm_tensor* weights, const tpcomm_tensor* shared, const tpcomm_tensor* residual,
+    const tpcomm_tensor* gamma, float eps, const tpcomm_tensor* norm_out,
+    const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
+    const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales, int weight,
+    void* stream);
+/* The MoE combine alone (`tpcomm::moe_combine`) into `out` ([tokens, hidden]), on `stream`. */
+tpcomm_status tpcomm_moe_combine(const tpcomm_tensor* experts, const tpcomm_tensor* map,
+                                 const tpcomm_tensor* weights, const tpcomm_tensor* shared,
+                                 const tpcomm_tensor* out, void* stream);
 /* The LM head's exchange. `rows_per_rank` NULL: every rank holds `equal_rows` rows (graphs);
  * otherwise it has `num_ranks` (= world size) entries and `equal_rows` is ignored. */
 tpcomm_status tpcomm_lm_head_exchange(tpcomm_group group, const tpcomm_tensor* shard_logits,

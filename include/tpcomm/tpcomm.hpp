@@ -5,6 +5,7 @@
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/group.hpp"
 #include "tpcomm/lm_head.hpp"
+#include "tpcomm/moe.hpp"
 #include "tpcomm/norm.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/parallel_groups.hpp"

@@ -6,6 +6,7 @@
 
 #include "api/capi_support.hpp"
 #include "ops/fused_norm.hpp"
+#include "ops/moe.hpp"
 #include "tpcomm/tpcomm.h"
 
 using tpcomm::Status;
@@ -261,6 +262,58 @@ tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* re
           s, tpcomm::detail::concat("tpcomm_add_rmsnorm: ", tpcomm::to_string(s),
                                     ": the kernel could not be launched on the stream"));
     }
+    return s;
+  });
+}
+
+namespace {
+
+tpcomm::MoeCombine moe_of(const tpcomm_tensor* experts, const tpcomm_tensor* map,
+                          const tpcomm_tensor* weights, const tpcomm_tensor* shared) {
+  return {tpcomm::capi::view_of(experts, "experts"), tpcomm::capi::view_of(map, "map"),
+          tpcomm::capi::view_of(weights, "weights"), tpcomm::capi::optional_view(shared, "shared")};
+}
+
+}  // namespace
+
+tpcomm_status tpcomm_moe_finalize_all_reduce_add_rmsnorm(
+    tpcomm_group group, const tpcomm_tensor* experts, const tpcomm_tensor* map,
+    const tpcomm_tensor* weights, const tpcomm_tensor* shared, const tpcomm_tensor* residual,
+    const tpcomm_tensor* gamma, float eps, const tpcomm_tensor* norm_out,
+    const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
+    const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales, int weight,
+    void* stream) {
+  return tpcomm::capi::group_call(
+      "tpcomm_moe_finalize_all_reduce_add_rmsnorm", group, [&](tpcomm::Group& g) {
+        return g.moe_finalize_all_reduce_add_rmsnorm(
+            moe_of(experts, map, weights, shared),
+            tpcomm::capi::optional_view(residual, "residual"),
+            tpcomm::capi::view_of(gamma, "gamma"), eps, tpcomm::capi::view_of(norm_out, "norm_out"),
+            tpcomm::capi::view_of(residual_out, "residual_out"), tpcomm::capi::stream_of(stream),
+            tpcomm::capi::fp8_of(fp8_scale, fp8_row_scales, fp8_group_scales),
+            tpcomm::capi::weight_of(weight));
+      });
+}
+
+tpcomm_status tpcomm_moe_combine(const tpcomm_tensor* experts, const tpcomm_tensor* map,
+                                 const tpcomm_tensor* weights, const tpcomm_tensor* shared,
+                                 const tpcomm_tensor* out, void* stream) {
+  return guarded("tpcomm_moe_combine", nullptr, [&] {
+    const tpcomm::MoeCombine moe = moe_of(experts, map, weights, shared);
+    const tpcomm::TensorView ov = tpcomm::capi::view_of(out, "out");
+    // The checks again, for their message (moe_combine only logs it).
+    tpcomm::kernels::MoeCombineParams params{};
+    std::string message;
+    if (const Status s =
+            tpcomm::check_moe_combine(moe, ov, "tpcomm_moe_combine", &params, &message);
+        s != Status::kOk) {
+      tpcomm::capi::fail(s, message);
+      return s;
+    }
+    const Status s = tpcomm::moe_combine(moe, ov, tpcomm::capi::stream_of(stream));
+    if (s != Status::kOk)
+      tpcomm::capi::fail(s, tpcomm::detail::concat("tpcomm_moe_combine: ", tpcomm::to_string(s),
+                                                   ": the kernel could not be launched"));
     return s;
   });
 }

@@ -27,6 +27,8 @@ std::string_view to_string(Op op) noexcept {
       return "lm_head_exchange";
     case Op::kGather:
       return "gather";
+    case Op::kMoeFinalize:
+      return "moe_finalize_all_reduce_add_rmsnorm";
   }
   return "unknown";
 }

@@ -39,6 +39,9 @@ enum class Op : std::uint8_t {
   kLmHeadExchange,
   /// Every rank's input concatenated on rank `Request::peer` (`out` there; empty elsewhere).
   kGather,
+  /// The MoE combine (`Request::moe`) into `in`, then kAllReduceAddRmsNorm of it; served by the
+  /// composite that runs the combine first (ops/moe.hpp).
+  kMoeFinalize,
 };
 
 std::string_view to_string(Op op) noexcept;
@@ -76,6 +79,9 @@ struct Request {
   const ExchangePlan* plan = nullptr;
   /// kLmHeadExchange: the rows each rank holds.
   const LmHeadLayout* layout = nullptr;
+  /// kMoeFinalize: the combine's arguments (with the fused norm's above); `in` is where the
+  /// combine writes x, null where the call makes a temporary for it.
+  const kernels::MoeCombineParams* moe = nullptr;
   /// What the call was, for the kernels to check against their peers'. A fallback's inner calls
   /// carry the outer call's tag.
   CallTag tag{};

@@ -33,8 +33,9 @@ namespace tpcomm {
 
 /// Launches every kernel a group of `world` ranks may run once on `stream`, each with nothing to
 /// do (NOTE [first launch]): every algorithm of the registry for every dtype and epilogue it
-/// serves, the local add + RMSNorm, the Lamport refill and the exchange kernels. (Test data is the
-/// tests' and the program's own: they warm it up themselves, kernels/test_data.hpp.)
+/// serves, the local add + RMSNorm, the MoE combine, the Lamport refill and the exchange kernels.
+/// (Test data is the tests' and the program's own: they warm it up themselves,
+/// kernels/test_data.hpp.)
 Status launch_every_kernel(int world, Stream stream) noexcept {
   kernels::AllReduceParams empty{};  // count 0: the kernels return at once
   empty.world_size = world;
@@ -55,6 +56,15 @@ Status launch_every_kernel(int world, Stream stream) noexcept {
       kernels::FusionParams none{};
       none.kind = static_cast<kernels::Fusion>(f);
       TPCOMM_TRY(kernels::launch_add_rmsnorm(nullptr, nullptr, none, 0, t, stream));
+    }
+  }
+  // The MoE combine before the fused operation (Group::moe_finalize_all_reduce_add_rmsnorm).
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (bool weights_f32 : {false, true}) {
+      kernels::MoeCombineParams none{};
+      none.top_k = 1;
+      none.weights_f32 = weights_f32;
+      TPCOMM_TRY(kernels::launch_moe_combine(none, t, stream));
     }
   }
   TPCOMM_TRY(kernels::fill_lamport_empty(nullptr, 0, stream));

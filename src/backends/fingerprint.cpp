@@ -42,7 +42,7 @@ std::uint32_t shape_hash(std::span<const std::int64_t> values) noexcept {
 
 std::string describe_fingerprint(std::uint64_t fp) {
   const auto op_code = static_cast<int>(fp >> kOpShift);
-  if (fp == 0 || op_code > static_cast<int>(Op::kGather) + 1) {
+  if (fp == 0 || op_code > static_cast<int>(Op::kMoeFinalize) + 1) {
     char hex[32];
     std::snprintf(hex, sizeof(hex), "0x%016llx", static_cast<unsigned long long>(fp));
     return detail::concat("an operation of unknown fingerprint ", hex);
@@ -51,7 +51,7 @@ std::string describe_fingerprint(std::uint64_t fp) {
   const auto dtype = static_cast<DType>(fp >> kDTypeShift & 0xF);
   const auto shape = static_cast<std::uint32_t>(fp >> kShapeShift & kShapeMask);
   std::string text = detail::concat(to_string(op), " ", fp & kCountMask, " ", to_string(dtype));
-  if (op == Op::kAllReduceAddRmsNorm) {
+  if (op == Op::kAllReduceAddRmsNorm || op == Op::kMoeFinalize) {
     const auto hidden = shape & ((1u << kHiddenBits) - 1);
     const auto form = shape >> kHiddenBits & 0x7;
     const kernels::Quant quant =

@@ -12,7 +12,8 @@ class LocalBackend final : public Backend {
  public:
   std::string_view name() const noexcept override { return "local"; }
   Plan plan(const Request& r) const noexcept override {
-    if (r.op == Op::kAllReduceAddRmsNorm) return Plan::no("world size 1");
+    if (r.op == Op::kAllReduceAddRmsNorm || r.op == Op::kMoeFinalize)
+      return Plan::no("world size 1");
     if (r.op == Op::kLmHeadExchange) return Plan::no("world size 1");
     if (r.op == Op::kSend || r.op == Op::kRecv) return Plan::no("no peer at world size 1");
     return Plan::yes({this});

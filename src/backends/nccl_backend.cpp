@@ -9,6 +9,7 @@ namespace tpcomm {
 Plan NcclBackend::plan(const Request& r) const noexcept {
   if (r.op == Op::kAllReduceAddRmsNorm)
     return Plan::no("the fused operation runs on the custom kernels only");
+  if (r.op == Op::kMoeFinalize) return Plan::no("the MoE finalize runs its combine first");
   if (r.op == Op::kLmHeadExchange)
     return Plan::no("the LM-head exchange runs on the custom kernels only");
   return Plan::yes({this});
@@ -47,6 +48,7 @@ Status NcclBackend::run(const Request& r, const Plan&, Stream s) noexcept {
     }
     case Op::kAllReduceAddRmsNorm:
     case Op::kLmHeadExchange:
+    case Op::kMoeFinalize:
       return Status::kUnsupported;
   }
   return Status::kInternal;

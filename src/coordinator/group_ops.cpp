@@ -7,6 +7,7 @@
 #include "core/cuda_check.hpp"
 #include "ops/exchange.hpp"
 #include "ops/fused_norm.hpp"
+#include "ops/moe.hpp"
 #include "ops/reduce.hpp"
 #include "tpcomm/group.hpp"
 
@@ -76,6 +77,18 @@ Status Group::all_reduce_add_rmsnorm(const TensorView& x, const TensorView& resi
   Call c;
   return impl_->call(make_all_reduce_add_rmsnorm(impl_->shape(), x, residual, gamma, eps, norm_out,
                                                  residual_out, fp8, weight, &c),
+                     c, stream);
+}
+
+Status Group::moe_finalize_all_reduce_add_rmsnorm(const MoeCombine& moe, const TensorView& residual,
+                                                  const TensorView& gamma, float eps,
+                                                  const TensorView& norm_out,
+                                                  const TensorView& residual_out, Stream stream,
+                                                  const Fp8Scales& fp8,
+                                                  NormWeight weight) noexcept {
+  Call c;
+  return impl_->call(make_moe_finalize(impl_->shape(), moe, residual, gamma, eps, norm_out,
+                                       residual_out, fp8, weight, &c),
                      c, stream);
 }
 

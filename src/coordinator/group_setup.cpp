@@ -20,6 +20,7 @@
 #include "kernels/kernels.hpp"
 #include "ops/exchange.hpp"
 #include "ops/fused_norm.hpp"
+#include "ops/moe.hpp"
 #include "ops/reduce.hpp"
 #include "tune/algorithms.hpp"
 
@@ -216,6 +217,7 @@ void Group::Impl::add_composites() {
   gather_copy = fallback.get();
   chain.add(std::move(fallback));
   chain.add(make_reduce_slice_backend(chain, shape()));
+  chain.add(make_moe_combine_backend(chain));
 }
 
 namespace {

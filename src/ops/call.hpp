@@ -33,6 +33,8 @@ struct Call {
   std::optional<ExchangePlan> exchange;
   /// The fused norm's arguments (`request.fusion` points at `norm->fusion`).
   std::optional<AddRmsNormCall> norm;
+  /// The MoE combine's arguments (`request.moe` points here).
+  std::optional<kernels::MoeCombineParams> moe;
   /// Why the checks refused the call.
   std::string message;
   /// Checked, and nothing to do on any rank (no elements anywhere): no collective is run.

@@ -17,7 +17,7 @@ int norm_form(const kernels::FusionParams& f) noexcept {
 Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const TensorView& gamma,
                          float eps, const TensorView& norm_out, const TensorView& residual_out,
                          const Fp8Scales& fp8, NormWeight weight, const char* op,
-                         AddRmsNormCall* call, std::string* message) noexcept {
+                         AddRmsNormCall* call, std::string* message, bool x_made_later) noexcept {
   auto bad = [&](auto&&... what) {
     *message = detail::concat(op, ": ", what...);
     return Status::kInvalidArgument;
@@ -37,7 +37,7 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
                {&residual_out, "residual_out"}};
   const bool has_residual = residual.data != nullptr;  // none: a model's first layer
   for (const auto& [view, name] : views) {
-    if (view == &residual && !has_residual) continue;
+    if ((view == &residual && !has_residual) || (view == &x && x_made_later)) continue;
     if (view->numel() > 0 && view->data == nullptr) return bad(name, " is null");
     if (!view->is_contiguous()) return bad(name, " is not contiguous");
   }
@@ -134,15 +134,17 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
 Status make_all_reduce_add_rmsnorm(const GroupShape& g, const TensorView& x,
                                    const TensorView& residual, const TensorView& gamma, float eps,
                                    const TensorView& norm_out, const TensorView& residual_out,
-                                   const Fp8Scales& fp8, NormWeight weight, Call* call) noexcept {
+                                   const Fp8Scales& fp8, NormWeight weight, Call* call,
+                                   bool x_made_later) noexcept {
   constexpr const char* kOp = "all_reduce_add_rmsnorm";
   AddRmsNormCall& c = call->norm.emplace();
   if (Status s = check_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, fp8, weight,
-                                   kOp, &c, &call->message);
+                                   kOp, &c, &call->message, x_made_later);
       s != Status::kOk)
     return s;
   for (const TensorView* v : {&x, &residual, &gamma, &norm_out, &residual_out})
-    if (v->data != nullptr || v != &residual) TPCOMM_TRY(check_view(g, *v, "a tensor", kOp, call));
+    if ((v->data != nullptr || v != &residual) && !(v == &x && x_made_later))
+      TPCOMM_TRY(check_view(g, *v, "a tensor", kOp, call));
   call->empty = c.rows == 0;
   Request& req = call->request;
   req = Request{Op::kAllReduceAddRmsNorm, x, residual_out};

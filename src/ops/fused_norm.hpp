@@ -22,11 +22,13 @@ struct AddRmsNormCall {
 };
 
 /// Checks the arguments of `add_rmsnorm` (the rules are in tpcomm/norm.hpp), filling `*call`.
-/// kInvalidArgument with `*message` saying what is wrong, prefixed by `op`.
+/// kInvalidArgument with `*message` saying what is wrong, prefixed by `op`. `x_made_later`: `x`
+/// has no memory yet (a temporary the call makes), so it may be null and overlaps nothing.
 Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const TensorView& gamma,
                          float eps, const TensorView& norm_out, const TensorView& residual_out,
                          const Fp8Scales& fp8, NormWeight weight, const char* op,
-                         AddRmsNormCall* call, std::string* message) noexcept;
+                         AddRmsNormCall* call, std::string* message,
+                         bool x_made_later = false) noexcept;
 
 /// The bits of the shape word of a fused call's fingerprint that say its form: no residual, an
 /// f32 gamma, Gemma's weight (`fused_shape` in backends/fingerprint.hpp).
@@ -35,11 +37,13 @@ int norm_form(const kernels::FusionParams& f) noexcept;
 struct Call;
 struct GroupShape;
 
-/// `Group::all_reduce_add_rmsnorm` (tpcomm/group.hpp says the rules).
+/// `Group::all_reduce_add_rmsnorm` (tpcomm/group.hpp says the rules); `x_made_later` as for
+/// `check_add_rmsnorm`.
 Status make_all_reduce_add_rmsnorm(const GroupShape& g, const TensorView& x,
                                    const TensorView& residual, const TensorView& gamma, float eps,
                                    const TensorView& norm_out, const TensorView& residual_out,
-                                   const Fp8Scales& fp8, NormWeight weight, Call* call) noexcept;
+                                   const Fp8Scales& fp8, NormWeight weight, Call* call,
+                                   bool x_made_later = false) noexcept;
 
 /// The fused operation where no fused kernel serves it, as an entry of `chain`: the all-reduce
 /// through the chain into an output that can hold the sum, then the local add + RMSNorm. Which

@@ -144,6 +144,40 @@ static void test_bad_arguments(void) {
   bad.shape[0] = 3;
   CHECK_FAILS(tpcomm_add_rmsnorm(&t, &t, &bad, 1e-6f, &t, &t, NULL, NULL, NULL, 0, NULL),
               TPCOMM_INVALID_ARGUMENT, "gamma must hold 4 elements of float (it holds 3");
+
+  /* The MoE combine: 3 expert rows of hidden 4, 2 tokens with top-2, checked before it runs. */
+  float experts_data[12] = {0}, weights_data[4] = {0}, out_data[8] = {0};
+  int32_t map_data[4] = {0};
+  tpcomm_tensor experts = {experts_data, TPCOMM_F32, 2, -1, 0, {3, 4}};
+  tpcomm_tensor map = {map_data, TPCOMM_I32, 2, -1, 0, {2, 2}};
+  tpcomm_tensor weights = {weights_data, TPCOMM_F32, 2, -1, 0, {2, 2}};
+  tpcomm_tensor out = {out_data, TPCOMM_F32, 2, -1, 0, {2, 4}};
+  tpcomm_tensor wrong = map;
+  wrong.dtype = TPCOMM_I64;
+  CHECK_FAILS(tpcomm_moe_combine(&experts, &wrong, &weights, NULL, &out, NULL),
+              TPCOMM_INVALID_ARGUMENT, "tpcomm_moe_combine: map must be int32 [tokens, top_k]");
+  wrong = weights;
+  wrong.shape[1] = 3;
+  CHECK_FAILS(tpcomm_moe_combine(&experts, &map, &wrong, NULL, &out, NULL), TPCOMM_INVALID_ARGUMENT,
+              "weights must be [2, 2] of f32 or float");
+  wrong = out;
+  wrong.shape[1] = 3;
+  CHECK_FAILS(tpcomm_moe_combine(&experts, &map, &weights, NULL, &wrong, NULL),
+              TPCOMM_INVALID_ARGUMENT, "the combined output must be [2, 4] of float");
+  CHECK_FAILS(tpcomm_moe_combine(&experts, &map, &weights, &wrong, &out, NULL),
+              TPCOMM_INVALID_ARGUMENT, "shared must be [2, 4] of float");
+  wrong = out;
+  wrong.data = experts_data + 4;
+  CHECK_FAILS(tpcomm_moe_combine(&experts, &map, &weights, NULL, &wrong, NULL),
+              TPCOMM_INVALID_ARGUMENT, "the output overlaps experts");
+  wrong = map;
+  wrong.shape[1] = 33;
+  CHECK_FAILS(tpcomm_moe_combine(&experts, &wrong, &weights, NULL, &out, NULL),
+              TPCOMM_INVALID_ARGUMENT, "top_k is 33; 1 to 32 expected");
+  CHECK_FAILS(
+      tpcomm_moe_finalize_all_reduce_add_rmsnorm(NULL, &experts, &map, &weights, NULL, NULL, &t,
+                                                 1e-6f, &out, &out, NULL, NULL, NULL, 0, NULL),
+      TPCOMM_INVALID_ARGUMENT, "tpcomm_moe_finalize_all_reduce_add_rmsnorm: group is NULL");
 }
 
 /* A single process: no socket, an in-process store; every store call. */

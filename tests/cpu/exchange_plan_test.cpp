@@ -252,7 +252,9 @@ TEST(ExchangeSelector, BuiltInPushUpToItsBoundsByTheLargestRegion) {
     };
     SCOPED_TRACE(world);
     EXPECT_EQ(pick(1024), bound > 0 ? ExchangeAlgo::kPush : ExchangeAlgo::kPull);
-    if (bound > 0) EXPECT_EQ(pick(bound), ExchangeAlgo::kPush);
+    if (bound > 0) {
+      EXPECT_EQ(pick(bound), ExchangeAlgo::kPush);
+    }
     EXPECT_EQ(pick(bound + 1024), ExchangeAlgo::kPull);
     // Rows that are not whole words cannot push, whatever their size.
     EXPECT_EQ(select_exchange({4096, 4096, 1022, 0}, caps, {}, {}, nullptr).algo,

@@ -31,6 +31,7 @@ TEST(Fingerprint, EveryPartOfACallChangesIt) {
            fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 1, 4096)),
            fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 2, 4096)),
            fingerprint(Op::kAllReduceAddRmsNorm, DType::kBF16, 4096, fused_shape(1, 4, 4096)),
+           fingerprint(Op::kMoeFinalize, DType::kBF16, 4096, fused_shape(1, 0, 4096)),
        }) {
     EXPECT_TRUE(seen.insert(other).second) << describe_fingerprint(other);
   }
@@ -65,6 +66,9 @@ TEST(Fingerprint, DescribesTheCall) {
             "all_to_all 64 bfloat16 (shape 0x03fa21)");
   EXPECT_EQ(describe_fingerprint(fingerprint(Op::kGather, DType::kBF16, 4096, 2)),
             "gather 4096 bfloat16 (to rank 2)");
+  EXPECT_EQ(describe_fingerprint(
+                fingerprint(Op::kMoeFinalize, DType::kBF16, 7168, fused_shape(1, 0, 7168))),
+            "moe_finalize_all_reduce_add_rmsnorm 7168 bfloat16 (hidden 7168)");
   EXPECT_EQ(describe_fingerprint(0), "an operation of unknown fingerprint 0x0000000000000000");
 }
 
