@@ -53,8 +53,47 @@ def test_opcheck_every_op(group):
         torch.library.opcheck(torch.ops.tpcomm.all_reduce_add_rmsnorm,
                               (ints(2, 256), ints(2, 256), ints(256, low=1, high=3), 1e-6, h,
                                None, False, True))
+    experts, rows, weights = ints(11, 64, low=-1, high=2), moe_map(4, 2, 11), halves(4, 2)
+    torch.library.opcheck(torch.ops.tpcomm.moe_finalize_all_reduce_add_rmsnorm,
+                          (experts, rows, weights, ints(4, 64), ints(4, 64), gamma, 1e-6, h))
+    torch.library.opcheck(torch.ops.tpcomm.moe_finalize_all_reduce_add_rmsnorm,
+                          (experts, rows, weights.float(), None, None, gamma, 1e-6, h))
     torch.library.opcheck(torch.ops.tpcomm.lm_head_exchange, (ints(3, 40), h, 37, 3, None))
     torch.library.opcheck(torch.ops.tpcomm.lm_head_exchange, (ints(3, 40), h, 40, 0, [3]))
+
+
+def moe_map(tokens, top_k, rows):
+    """A MoE layer's map from (token, k) to an expert row: repeats, and rows never chosen."""
+    return torch.randint(0, rows - 2, (tokens, top_k), device="cuda", dtype=torch.int32)
+
+
+def halves(*shape, dtype=torch.bfloat16):
+    """Router weights in {0, 0.5, 1}: every product and sum here exact."""
+    return (torch.randint(0, 3, shape, device="cuda") * 0.5).to(dtype)
+
+
+def test_moe_finalize_at_world_size_one(group):
+    """The combine (top-k rows weighted, the shared expert added) then the fused norm, against
+    torch, bf16 and f32 weights, with and without the shared expert and the residual."""
+    experts = ints(40, 256, low=-1, high=2)
+    rows = moe_map(9, 4, 40)
+    gamma = ints(256, low=1, high=3)
+    for weights in (halves(9, 4), halves(9, 4).float()):
+        for shared in (ints(9, 256, low=-1, high=2), None):
+            for residual in (ints(9, 256), None):
+                x = (weights.float().unsqueeze(-1) * experts[rows.long()].float()).sum(1)
+                if shared is not None:
+                    x = x + shared.float()
+                x = x.to(experts.dtype)
+                norm_out, residual_out, _ = group.moe_finalize_all_reduce_add_rmsnorm(
+                    experts, rows, weights, shared, residual, gamma, 1e-6)
+                want = x if residual is None else x + residual
+                assert torch.equal(residual_out, want)
+                torch.testing.assert_close(norm_out.float(), rmsnorm(want, gamma), atol=0.05,
+                                           rtol=0.02)
+    with pytest.raises(tpcomm.InvalidArgumentError, match="top_k is 33"):
+        group.moe_finalize_all_reduce_add_rmsnorm(experts, moe_map(2, 33, 40), halves(2, 33),
+                                                  None, None, gamma, 1e-6)
 
 
 def test_results_at_world_size_one(group):

@@ -6,13 +6,15 @@ device pointers work anywhere libtpcomm.so loads. `tpcomm.torch` adds PyTorch op
 
 Every failing call raises a `TpcommError` subclass (by status) carrying the library's message.
 """
-import builtins
 import contextlib
 import ctypes
 import json as _json
 import threading
 
 from . import _capi, _store
+from ._errors import (_ERRORS, AbortedError, CudaError, InvalidArgumentError,  # noqa: F401
+                      MismatchError, NcclError, TimeoutError, TpcommError, UnavailableError,
+                      UnsupportedError, _check)
 
 __all__ = [
     "AbortedError",
@@ -54,69 +56,8 @@ REDUCE_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 #: Operations `Group.backend_for` knows (`tpcomm_op`).
 _OPS = {"all_reduce": 0, "all_reduce_add_rmsnorm": 1, "all_gather": 2, "all_to_all": 3}
 
-
-class TpcommError(RuntimeError):
-    """A failed tpcomm call: `status` is the `tpcomm_status` code, `status_name` its name, and the
-    message is the library's."""
-
-    def __init__(self, status, message):
-        self.status = status
-        self.status_name = _capi.lib().tpcomm_status_string(status).decode()
-        super().__init__(f"{message} [{self.status_name}]")
-
-
-class UnsupportedError(TpcommError):
-    """No backend can serve the request."""
-
-
-class InvalidArgumentError(TpcommError, ValueError):
-    """A bad argument: nothing was done, the handle stays usable."""
-
-
-class CudaError(TpcommError):
-    """A CUDA call failed."""
-
-
-class NcclError(TpcommError):
-    """NCCL failed; the group is unusable."""
-
-
-class TimeoutError(TpcommError, builtins.TimeoutError):  # noqa: A001
-    """A peer did not arrive within TPCOMM_TIMEOUT_MS (or the timeout given)."""
-
-
-class AbortedError(TpcommError):
-    """The group was aborted."""
-
-
-class UnavailableError(TpcommError):
-    """A component is missing on this machine (driver, NCCL, peer access)."""
-
-
-class MismatchError(TpcommError):
-    """The ranks called different collectives at the same point; the group is unusable."""
-
-
-_ERRORS = {
-    1: UnsupportedError,
-    2: InvalidArgumentError,
-    3: CudaError,
-    4: NcclError,
-    5: TimeoutError,
-    6: AbortedError,
-    7: UnavailableError,
-    11: MismatchError,
-}
 #: What a group's watchdog does when the group fails (`tpcomm_failure_mode`).
 FAILURE_MODES = {"raise": 0, "teardown": 1, "callback": 2}
-
-
-def _check(status, message=None):
-    """Raises the exception of a non-zero status, with the C API's message."""
-    if status != 0:
-        if message is None:
-            message = _capi.lib().tpcomm_last_error().decode(errors="replace")
-        raise _ERRORS.get(status, TpcommError)(status, message)
 
 
 def __getattr__(name):
@@ -564,6 +505,18 @@ class Group(_Handle):
             self.handle, _ref(x), _ref(residual), _ref(gamma), eps, _ref(norm_out),
             _ref(residual_out), _ref(fp8_scale), _ref(fp8_row_scales), _ref(fp8_group_scales),
             1 if gamma_plus_one else 0, _stream(stream)))
+
+    def moe_finalize_all_reduce_add_rmsnorm(self, experts, map, weights, shared, residual,
+                                            gamma, eps, norm_out, residual_out, fp8_scale=None,
+                                            fp8_row_scales=None, stream=0, fp8_group_scales=None,
+                                            gamma_plus_one=False):
+        """x = the MoE combine (`experts` [rows, hidden]; int32 `map` and `weights` [tokens,
+        top_k]; `shared` [tokens, hidden] or None), then `all_reduce_add_rmsnorm` of x."""
+        self._call(_capi.lib().tpcomm_moe_finalize_all_reduce_add_rmsnorm(
+            self.handle, _ref(experts), _ref(map), _ref(weights), _ref(shared), _ref(residual),
+            _ref(gamma), eps, _ref(norm_out), _ref(residual_out), _ref(fp8_scale),
+            _ref(fp8_row_scales), _ref(fp8_group_scales), 1 if gamma_plus_one else 0,
+            _stream(stream)))
 
     def lm_head_exchange(self, shard_logits, out, rows, stream=0):
         """`rows`: an int (every rank holds that many rows) or one count per rank."""

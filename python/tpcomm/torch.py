@@ -277,17 +277,20 @@ def _fused_checks(x, residual, gamma, group, fp8_scale, fp8_row_scales, fp8_grou
     return g
 
 
-def _fused_outputs(x, fp8_scale, fp8_row_scales, fp8_group_scales):
+def _fused_outputs(x, fp8_scale, fp8_row_scales, fp8_group_scales, shape=None):
+    """The outputs of a fused call on x, or on an x of `shape` in `x`'s dtype and device."""
+    shape = tuple(x.shape) if shape is None else tuple(shape)
     fp8 = fp8_scale is not None or fp8_row_scales or fp8_group_scales
     if fp8 and not hasattr(torch, "float8_e4m3fn"):
         raise TypeError("tpcomm::all_reduce_add_rmsnorm: this PyTorch has no float8_e4m3fn")
-    norm_out = torch.empty_like(x, dtype=torch.float8_e4m3fn) if fp8 else torch.empty_like(x)
-    rows = x.numel() // x.shape[-1] if x.dim() > 0 and x.shape[-1] > 0 else 0
+    norm_out = x.new_empty(shape, dtype=torch.float8_e4m3fn if fp8 else x.dtype)
+    hidden = shape[-1] if shape else 0
+    rows = (norm_out.numel() // hidden) if hidden > 0 else 0
     if fp8_group_scales:
-        shape = (rows, x.shape[-1] // _FP8_GROUP)
+        scales = (rows, hidden // _FP8_GROUP)
     else:
-        shape = (rows if fp8_row_scales else 0,)
-    return norm_out, torch.empty_like(x), x.new_empty(shape, dtype=torch.float32)
+        scales = (rows if fp8_row_scales else 0,)
+    return norm_out, x.new_empty(shape), x.new_empty(scales, dtype=torch.float32)
 
 
 @torch.library.custom_op("tpcomm::all_reduce_add_rmsnorm", mutates_args=())
@@ -478,6 +481,13 @@ class TpcommGroup:
                                                        fp8_scale, fp8_row_scales,
                                                        fp8_group_scales, gamma_plus_one)
 
+    def moe_finalize_all_reduce_add_rmsnorm(self, experts, map, weights, shared, residual, gamma,
+                                            eps, fp8_scale=None, fp8_row_scales=False,
+                                            fp8_group_scales=False, gamma_plus_one=False):
+        return torch.ops.tpcomm.moe_finalize_all_reduce_add_rmsnorm(
+            experts, map, weights, shared, residual, gamma, eps, self.handle, fp8_scale,
+            fp8_row_scales, fp8_group_scales, gamma_plus_one)
+
     def lm_head_exchange(self, shard_logits, vocab, rows, rows_per_rank=None):
         return torch.ops.tpcomm.lm_head_exchange(shard_logits, self.handle, vocab, rows,
                                                  rows_per_rank)
@@ -544,3 +554,6 @@ class TpcommGroup:
                     yield stream
         finally:
             self._capture_stream = None
+
+
+from tpcomm import _torch_moe  # noqa: E402,F401 - registers the MoE op; needs the helpers above
