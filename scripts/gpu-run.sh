@@ -4,7 +4,7 @@
 # the folder given as the first argument. Uses the build in ./build (configure and build it
 # first, or carry it from a machine with the same CUDA toolkit).
 #
-#   scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|exchange|step|python]
+#   scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|moe|exchange|step|python]
 #
 # `python` installs the Python package (`pip install --no-build-isolation .`, or the wheel that
 # TPCOMM_WHEEL names: into python3's own virtualenv where it is one and has torch, pytest and
@@ -15,7 +15,7 @@
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
-out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|exchange|step|python]}
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|moe|exchange|step|python]}
 what=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -189,6 +189,17 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = fused ]; then
   done
   # The tuner's fused buckets (the `fused` lines of the table it prints).
   step tune-fused env TPCOMM_TUNE_FILE=/tmp/tpcomm-tune-fused-w4.txt "$bin/tpcomm" tune --virtual-ranks 4
+fi
+
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = moe ]; then
+  # The MoE finalize (the combine of DeepSeek-V3's top-8 and its shared expert, then the fused
+  # all-reduce + norm) against the unfused chain (the combine, the all-reduce, add_rmsnorm) and
+  # the plain all-reduce of x, tokens 1..128.
+  for r in 2 4 8; do
+    step moe "$bin/tpcomm" bench --virtual-ranks "$r" --op moe_finalize --hidden 7168 --top-k 8 \
+      --shared-expert -b 14336 -e $((14336 * 128)) -f 2 -d bfloat16 --graph -n 20 -w 3 \
+      --graph-replays 10 --algo auto,unfused,allreduce --json "$out/moe-h7168-w$r.json"
+  done
 fi
 
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = exchange ]; then

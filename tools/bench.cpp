@@ -224,6 +224,7 @@ class Bench {
   std::string op_name() const {
     if (o_.lm_head) return "lm_head_exchange";
     if (o_.gather) return "gather";
+    if (o_.moe) return "moe_finalize";
     return o_.add_rmsnorm ? "allreduce_add_rmsnorm" : std::string(collective_name(o_.op));
   }
 
@@ -487,11 +488,13 @@ void print_banner(const BenchOptions& o, int world, const char* mode, std::uint6
   cudaGetDeviceCount(&devices);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  const std::string op = o.lm_head  ? "lm_head_exchange, vocab " + std::to_string(o.vocab)
-                         : o.gather ? "gather to rank " + std::to_string(o.root)
-                         : o.add_rmsnorm
-                             ? "allreduce_add_rmsnorm, hidden " + std::to_string(o.hidden)
-                             : std::string(collective_name(o.op));
+  const std::string op =
+      o.lm_head  ? "lm_head_exchange, vocab " + std::to_string(o.vocab)
+      : o.gather ? "gather to rank " + std::to_string(o.root)
+      : o.moe    ? "moe_finalize, hidden " + std::to_string(o.hidden) + ", top-" +
+                    std::to_string(o.top_k) + (o.shared_expert ? ", shared expert" : "")
+      : o.add_rmsnorm ? "allreduce_add_rmsnorm, hidden " + std::to_string(o.hidden)
+                      : std::string(collective_name(o.op));
   std::printf("# tpcomm bench %s: %s, %d rank(s) (%s), %d GPU(s) visible: %s, driver %d\n",
               TPCOMM_VERSION, op.c_str(), world, mode, devices, prop.name, driver);
   std::string sweep =

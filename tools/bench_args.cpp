@@ -100,7 +100,8 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option_function<std::string>(
       "--op",
       [&o](const std::string& name) {
-        o.add_rmsnorm = name == "allreduce_add_rmsnorm";
+        o.moe = name == "moe_finalize";
+        o.add_rmsnorm = name == "allreduce_add_rmsnorm" || o.moe;
         o.lm_head = name == "lm_head_exchange";
         o.gather = name == "gather";
         if (o.gather) {
@@ -122,10 +123,16 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
       "collective: allreduce, allgather, gather (to --root; sizes as allgather's), "
       "reducescatter, alltoall, broadcast, "
       "allreduce_add_rmsnorm (the fused all-reduce + residual add + RMSNorm; sizes are of x, "
-      "whole rows of --hidden), lm_head_exchange (the vocabulary-sharded LM head's exchange of "
+      "whole rows of --hidden), moe_finalize (the MoE combine of --top-k expert rows a token, "
+      "then the same; sizes are of x), lm_head_exchange (the vocabulary-sharded LM head's exchange "
+      "of "
       "--vocab columns, swept over --tokens rows per rank; sizes are of each rank's output)");
   cmd.add_option("--hidden", o.hidden, "row length of allreduce_add_rmsnorm, in elements")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  cmd.add_option("--top-k", o.top_k, "expert rows a token of moe_finalize combines")
+      ->capture_default_str()
+      ->check(CLI::Range(1, kernels::kMoeMaxTopK));
+  cmd.add_flag("--shared-expert", o.shared_expert, "moe_finalize adds a shared expert's output");
   cmd.add_option("--vocab", o.vocab, "vocabulary of lm_head_exchange (columns of the output)")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
@@ -171,7 +178,9 @@ void add_algo_option(CLI::App& cmd, BenchOptions& o) {
              " (the custom exchange of allgather, alltoall and lm_head_exchange), "
              "nccl_direct, memcpy (a device copy of the same bytes, for reference), unfused and "
              "allreduce (with --op allreduce_add_rmsnorm: the all-reduce then add_rmsnorm, and the "
-             "all-reduce alone), all_gather (with --op lm_head_exchange: an all-gather of the "
+             "all-reduce alone; with --op moe_finalize: the combine, the all-reduce, then "
+             "add_rmsnorm, and the all-reduce alone), all_gather (with --op lm_head_exchange: an "
+             "all-gather of the "
              "shards, then a copy of the local rows), all (give --op first)")
       ->delimiter(',');
 }

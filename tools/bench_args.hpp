@@ -76,6 +76,12 @@ struct BenchOptions {
   /// `hidden` elements (`op` stays kAllReduce: residual_out is checked as the all-reduce).
   bool add_rmsnorm = false;
   std::int64_t hidden = 4096;  // --hidden
+  /// --op moe_finalize: the MoE combine of `top_k` expert rows a token (plus a shared expert's
+  /// output with `shared_expert`) before the fused operation (`add_rmsnorm` is set too: the same
+  /// sizes, outputs and checks; the combine's weights make x the input).
+  bool moe = false;
+  int top_k = 8;               // --top-k
+  bool shared_expert = false;  // --shared-expert
   /// --op lm_head_exchange: the vocabulary-sharded LM head's exchange of `vocab` columns
   /// (`op` is kAllToAll, for the bus factor), swept over `tokens` rows per rank instead of sizes.
   bool lm_head = false;

@@ -4,8 +4,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "core/cuda_check.hpp"
+#include "tpcomm/moe.hpp"
 #include "tpcomm/norm.hpp"
 
 namespace tpcomm::tools {
@@ -46,10 +49,11 @@ Runner::Runner(Bootstrap& boot, int device, const BenchOptions& o, const BenchAl
           std::max<std::int64_t>(std::int64_t{4} << 20, (exchange_bytes + world_ - 1) / world_));
   }
   if (o.add_rmsnorm) allocate_fused();
+  if (o.moe) allocate_moe();
 }
 
 Runner::~Runner() {
-  for (void* p : {residual_, gamma_, norm_, sum_}) cudaFree(p);
+  for (void* p : {residual_, gamma_, norm_, sum_, map_, weights_, shared_}) cudaFree(p);
 }
 Status Runner::run(const void* in, void* out, const Shape& s, Stream stream) {
   const DType t = o_.dtype;
@@ -109,10 +113,11 @@ std::string Runner::served_by(const Shape& s) const {
   if (direct_) return "nccl(direct)";
   if (o_.add_rmsnorm) {
     const auto x = rows(reinterpret_cast<void*>(256), s.in);
+    const std::string combine = o_.moe ? "moe_combine+" : "";
     if (algo_.kind == BenchAlgo::Kind::kGroup)
-      return group_->backend_for_add_rmsnorm(x, x, o_.graph);
+      return combine + group_->backend_for_add_rmsnorm(x, x, o_.graph);
     const std::string reduce = group_->backend_for_all_reduce(x, x, o_.graph);
-    return algo_.kind == BenchAlgo::Kind::kUnfused ? reduce + "+add_rmsnorm" : reduce;
+    return algo_.kind == BenchAlgo::Kind::kUnfused ? combine + reduce + "+add_rmsnorm" : reduce;
   }
   if (o_.lm_head) {
     const LmHead h = lm_head(s);
@@ -159,6 +164,43 @@ void Runner::allocate_fused() {
   TPCOMM_CUDA_CHECK(cudaMemset(gamma_, 0, gamma_bytes));
 }
 
+void Runner::allocate_moe() {
+  const std::int64_t tokens = fused_count(o_.max_bytes, o_.dtype, o_.hidden) / o_.hidden;
+  const std::size_t pairs = static_cast<std::size_t>(tokens) * o_.top_k;
+  std::vector<std::int32_t> map(pairs);
+  std::vector<unsigned char> weights(pairs * dtype_size(o_.dtype), 0);
+  // 1.0 in the bench's dtype, for k = 0.
+  const std::uint32_t one = o_.dtype == DType::kF32    ? 0x3F800000u
+                            : o_.dtype == DType::kBF16 ? 0x3F80u
+                                                       : 0x3C00u;
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (int k = 0; k < o_.top_k; ++k) {
+      const auto i = static_cast<std::size_t>(t * o_.top_k + k);
+      map[i] = static_cast<std::int32_t>(std::max<std::int64_t>(t - k, 0));
+      if (k == 0)
+        std::memcpy(weights.data() + i * dtype_size(o_.dtype), &one, dtype_size(o_.dtype));
+    }
+  }
+  TPCOMM_CUDA_CHECK(cudaMalloc(&map_, map.size() * 4));
+  TPCOMM_CUDA_CHECK(cudaMemcpy(map_, map.data(), map.size() * 4, cudaMemcpyHostToDevice));
+  TPCOMM_CUDA_CHECK(cudaMalloc(&weights_, weights.size()));
+  TPCOMM_CUDA_CHECK(cudaMemcpy(weights_, weights.data(), weights.size(), cudaMemcpyHostToDevice));
+  if (o_.shared_expert) {
+    const auto bytes = static_cast<std::size_t>(tokens * o_.hidden) * dtype_size(o_.dtype);
+    TPCOMM_CUDA_CHECK(cudaMalloc(&shared_, bytes));
+    TPCOMM_CUDA_CHECK(cudaMemset(shared_, 0, bytes));
+  }
+}
+
+MoeCombine Runner::moe(const void* in, std::int64_t count) const {
+  const std::int64_t tokens = count / o_.hidden;
+  const int device = group_->device();
+  return {rows(const_cast<void*>(in), count),
+          TensorView::contiguous(map_, DType::kI32, {tokens, o_.top_k}, device),
+          TensorView::contiguous(weights_, o_.dtype, {tokens, o_.top_k}, device),
+          shared_ != nullptr ? rows(shared_, count) : TensorView{}};
+}
+
 Status Runner::run_fused(const void* in, void* out, const Shape& s, Stream stream) {
   Group& g = *group_;
   const TensorView x = rows(const_cast<void*>(in), s.in);
@@ -168,12 +210,22 @@ Status Runner::run_fused(const void* in, void* out, const Shape& s, Stream strea
   switch (algo_.kind) {
     case BenchAlgo::Kind::kUnfused: {
       const TensorView sum = rows(sum_, s.in);
-      TPCOMM_TRY(g.all_reduce(x, sum, stream));
+      if (o_.moe) {
+        // The chain engines run today: the combine into a tensor of its own, then the pair.
+        const TensorView combined = rows(norm_, s.in);
+        TPCOMM_TRY(moe_combine(moe(in, s.in), combined, stream));
+        TPCOMM_TRY(g.all_reduce(combined, sum, stream));
+      } else {
+        TPCOMM_TRY(g.all_reduce(x, sum, stream));
+      }
       return add_rmsnorm(sum, residual, gamma, kEps, sum, residual_out, stream);
     }
     case BenchAlgo::Kind::kAllReduceOnly:
       return g.all_reduce(x, residual_out, stream);
     default:
+      if (o_.moe)
+        return g.moe_finalize_all_reduce_add_rmsnorm(moe(in, s.in), residual, gamma, kEps,
+                                                     rows(norm_, s.in), residual_out, stream);
       return g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, rows(norm_, s.in), residual_out,
                                       stream);
   }

@@ -74,11 +74,20 @@ class Runner {
   void allocate_fused();
   /// One fused operation on this row's path; `out` is residual_out.
   Status run_fused(const void* in, void* out, const Shape& s, Stream stream);
+  /// The MoE combine's map and weights for the largest size, and the shared expert's output (of
+  /// zeros): token t takes rows t, t-1, ... (never past its own, so the map holds for every size)
+  /// with weights 1, 0, ..., so that x is the input, which the checks verify.
+  void allocate_moe();
+  /// The MoE finalize's combine over `in` ([count / hidden, hidden] rows) for `count` elements.
+  MoeCombine moe(const void* in, std::int64_t count) const;
 
   void* residual_ = nullptr;
   void* gamma_ = nullptr;
   void* norm_ = nullptr;
   void* sum_ = nullptr;
+  void* map_ = nullptr;
+  void* weights_ = nullptr;
+  void* shared_ = nullptr;
 
   const BenchOptions& o_;
   BenchAlgo algo_;

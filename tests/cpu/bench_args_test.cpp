@@ -119,6 +119,23 @@ TEST(BenchArgs, LmHeadExchange) {
     EXPECT_THROW(parse(bad), CLI::Error) << bad[2] << " " << bad[3];
 }
 
+TEST(BenchArgs, MoeFinalize) {
+  BenchOptions o = parse({"--op", "moe_finalize", "--hidden", "7168", "--top-k", "4",
+                          "--shared-expert", "--algo", "all"});
+  EXPECT_TRUE(o.moe);
+  EXPECT_TRUE(o.add_rmsnorm);  // the fused operation's sizes, outputs and checks
+  EXPECT_EQ(o.op, kernels::Collective::kAllReduce);
+  EXPECT_EQ(o.top_k, 4);
+  EXPECT_TRUE(o.shared_expert);
+  EXPECT_EQ(names(o.algos), names(parse({"--op", "allreduce_add_rmsnorm", "--algo", "all"}).algos));
+  const BenchOptions plain = parse({"--op", "allreduce_add_rmsnorm"});
+  EXPECT_FALSE(plain.moe);
+  EXPECT_EQ(plain.top_k, 8);
+  EXPECT_FALSE(plain.shared_expert);
+  for (const char* k : {"0", "33", "x"})
+    EXPECT_THROW(parse({"--op", "moe_finalize", "--top-k", k}), CLI::Error) << k;
+}
+
 TEST(BenchArgs, BadInputIsRefused) {
   for (std::vector<std::string> bad :
        std::vector<std::vector<std::string>>{{"-b", "1X"},
