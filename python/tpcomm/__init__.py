@@ -6,10 +6,12 @@ device pointers work anywhere libtpcomm.so loads. `tpcomm.torch` adds PyTorch op
 
 Every failing call raises a `TpcommError` subclass (by status) carrying the library's message.
 """
+import atexit
 import contextlib
 import ctypes
 import json as _json
 import threading
+import weakref
 
 from . import _capi, _store
 from ._errors import (_ERRORS, AbortedError, CudaError, InvalidArgumentError,  # noqa: F401
@@ -228,6 +230,28 @@ class _Handle:
             pass
 
 
+# Handles over an application's store (`Bootstrap.from_store`, its splits, groups built on them):
+# their heartbeat thread calls into that store's Python methods, and a thread that Python ends
+# inside such a call at shutdown cannot unwind through the C library. So they are closed before
+# Python shuts down, groups first, which ends the thread while Python still serves it.
+_STORE_BACKED = weakref.WeakSet()
+
+
+@atexit.register
+def _close_store_backed():
+    for h in sorted(list(_STORE_BACKED), key=lambda h: not isinstance(h, Group)):
+        try:
+            h.close()
+        except Exception:  # noqa: BLE001 - nothing to report at exit
+            pass
+
+
+def _track(handle, parent):
+    if parent in _STORE_BACKED:
+        _STORE_BACKED.add(handle)
+    return handle
+
+
 class Bootstrap(_Handle):
     """A rank's place in the job and the key-value store shared by its ranks.
 
@@ -274,6 +298,7 @@ class Bootstrap(_Handle):
                                                                         ctypes.byref(handle))))
         boot = cls.__new__(cls)
         boot._adopt(handle)
+        _STORE_BACKED.add(boot)
         return boot
 
     def _adopt(self, handle):
@@ -308,7 +333,7 @@ class Bootstrap(_Handle):
         _check(status, None if status == 0 else lib.tpcomm_last_error().decode(errors="replace"))
         sub = Bootstrap.__new__(Bootstrap)
         sub._adopt(handle)
-        return sub
+        return _track(sub, self)
 
     def barrier(self):
         """Returns when every rank has called it."""
@@ -388,6 +413,7 @@ class Group(_Handle):
         if status != 0:
             bootstrap._call(status)
         self._adopt(handle)
+        _track(self, bootstrap)
 
     def _adopt(self, handle):
         self._handle = handle
