@@ -35,26 +35,6 @@ __global__ void __launch_bounds__(kFusedMaxThreads)
   }
 }
 
-/// Calls `f.template operator()<K>()` with `fusion` as a template argument (not kNone).
-template <class Fn>
-Status dispatch_local_fusion(Fusion fusion, Fn&& f) {
-  switch (fusion) {
-    case Fusion::kNone:
-      return Status::kInvalidArgument;
-    case Fusion::kAddRmsNorm:
-      return f.template operator()<Fusion::kAddRmsNorm>();
-    case Fusion::kAddRmsNormFp8:
-      return f.template operator()<Fusion::kAddRmsNormFp8>();
-    case Fusion::kAddRmsNormFp8Token:
-      return f.template operator()<Fusion::kAddRmsNormFp8Token>();
-    case Fusion::kAddRmsNormFp8Group:
-      return f.template operator()<Fusion::kAddRmsNormFp8Group>();
-    case Fusion::kAdd:
-      return f.template operator()<Fusion::kAdd>();
-  }
-  return Status::kInvalidArgument;
-}
-
 }  // namespace
 
 Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParams& fusion,
@@ -64,23 +44,27 @@ Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParam
                                    fusion.hidden % kFp8Group != 0))))
     return Status::kInvalidArgument;
   return dispatch_float_dtype(dtype, [&]<class T>() {
-    return dispatch_local_fusion(fusion.kind, [&]<Fusion K>() {
-      constexpr int W = Pack<T>::kElems;
-      int blocks = 1;
-      int threads = 256;
-      if constexpr (traits(K).norm) {
-        // One block per row, about one pack per thread.
-        const std::int64_t packs = (std::max<std::int64_t>(fusion.hidden, 1) + W - 1) / W + 1;
-        threads = 64;
-        while (threads < kFusedMaxThreads && threads < packs) threads *= 2;
-        blocks = static_cast<int>(
-            std::clamp<std::int64_t>(count / std::max<std::int64_t>(fusion.hidden, 1), 1, 1 << 20));
+    return dispatch_fusion_kind(fusion.kind, Status::kInvalidArgument, [&]<Fusion K>() {
+      if constexpr (K == Fusion::kNone) {
+        return Status::kInvalidArgument;  // nothing to do locally
       } else {
-        blocks = static_cast<int>(std::clamp<std::int64_t>((count / W + 256) / 256, 1, 1024));
+        constexpr int W = Pack<T>::kElems;
+        int blocks = 1;
+        int threads = 256;
+        if constexpr (traits(K).rows()) {
+          // One block per row, about one pack per thread.
+          const std::int64_t packs = (std::max<std::int64_t>(fusion.hidden, 1) + W - 1) / W + 1;
+          threads = 64;
+          while (threads < kFusedMaxThreads && threads < packs) threads *= 2;
+          blocks = static_cast<int>(std::clamp<std::int64_t>(
+              count / std::max<std::int64_t>(fusion.hidden, 1), 1, 1 << 20));
+        } else {
+          blocks = static_cast<int>(std::clamp<std::int64_t>((count / W + 256) / 256, 1, 1024));
+        }
+        add_rmsnorm_kernel<T, K><<<blocks, threads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(sum), static_cast<T*>(residual_out), fusion, count);
+        return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
       }
-      add_rmsnorm_kernel<T, K><<<blocks, threads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-          static_cast<const T*>(sum), static_cast<T*>(residual_out), fusion, count);
-      return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
     });
   });
 }

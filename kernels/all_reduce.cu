@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The launcher of the all-reduce kernels and the kernel table (each kernel is instantiated in its
-// own file), and the Lamport buffers' fill.
+// The launcher of the all-reduce kernels (each kernel is instantiated in its own file, and the
+// registry of algorithms names it), and the Lamport buffers' fill.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,32 +11,8 @@
 
 namespace tpcomm::kernels {
 
-// Each defined in its kernel's own file.
-template <>
-const void* instance<KernelId::kOneShot>(DType, int, Fusion) noexcept;
-template <>
-const void* instance<KernelId::kTwoShot>(DType, int, Fusion) noexcept;
-template <>
-const void* instance<KernelId::kLamport>(DType, int, Fusion) noexcept;
-template <>
-const void* instance<KernelId::kLamportTwoShot>(DType, int, Fusion) noexcept;
-
-const void* kernel_function(KernelId kernel, DType dtype, int world_size, Fusion fusion) noexcept {
-  switch (kernel) {
-    case KernelId::kOneShot:
-      return instance<KernelId::kOneShot>(dtype, world_size, fusion);
-    case KernelId::kTwoShot:
-      return instance<KernelId::kTwoShot>(dtype, world_size, fusion);
-    case KernelId::kLamport:
-      return instance<KernelId::kLamport>(dtype, world_size, fusion);
-    case KernelId::kLamportTwoShot:
-      return instance<KernelId::kLamportTwoShot>(dtype, world_size, fusion);
-  }
-  return nullptr;
-}
-
-Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchShape shape,
-                         bool programmatic, Stream stream) noexcept {
+Status launch_all_reduce(const AllReduceParams& params, const AllReduceKernel& kernel,
+                         LaunchShape shape, bool programmatic, Stream stream) noexcept {
   if (shape.blocks < 1 || shape.blocks > kMaxBlocks || shape.threads < 32 || shape.threads > 1024 ||
       shape.threads % 32 != 0 || shape.threads < params.world_size)
     return Status::kInvalidArgument;
@@ -50,12 +26,13 @@ Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchS
     return Status::kInvalidArgument;
   const void* function = kernel_function(kernel, params.dtype, params.world_size, fusion.kind);
   if (function == nullptr) return Status::kInvalidArgument;
-  const int group = traits(fusion.kind).norm ? row_group(shape.blocks, params.count / fusion.hidden)
-                                             : 1;  // NOTE [row groups]
+  const int group = traits(fusion.kind).rows()
+                        ? row_group(shape.blocks, params.count / fusion.hidden)
+                        : 1;  // NOTE [row groups]
   return launch_with(function, params, shape, programmatic, stream, group);
 }
 
-int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,
+int max_blocks_per_sm(const AllReduceKernel& kernel, DType dtype, int world_size, int threads,
                       Fusion fusion) noexcept {
   const void* function = kernel_function(kernel, dtype, world_size, fusion);
   int blocks = 0;
@@ -65,8 +42,8 @@ int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,
   return blocks;
 }
 
-int max_active_clusters(KernelId kernel, DType dtype, int world_size, int threads, Fusion fusion,
-                        int cluster) noexcept {
+int max_active_clusters(const AllReduceKernel& kernel, DType dtype, int world_size, int threads,
+                        Fusion fusion, int cluster) noexcept {
   const void* function = kernel_function(kernel, dtype, world_size, fusion);
   if (function == nullptr || cluster < 1) return 0;
   cudaLaunchAttribute attribute{};

@@ -5,8 +5,7 @@
 
 namespace tpcomm::kernels {
 
-template <>
-const void* instance<KernelId::kLamport>(DType dtype, int world_size, Fusion fusion) noexcept {
+const void* all_reduce_lamport(DType dtype, int world_size, Fusion fusion) noexcept {
   return find_instance(dtype, world_size, fusion, [&]<class T, int R, class E>() -> const void* {
     if constexpr (sizeof(T) == 2)  // 16-bit types only
       return reinterpret_cast<const void*>(&all_reduce_lamport_kernel<T, R, E>);

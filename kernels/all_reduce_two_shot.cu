@@ -7,8 +7,7 @@
 
 namespace tpcomm::kernels {
 
-template <>
-const void* instance<KernelId::kTwoShot>(DType dtype, int world_size, Fusion fusion) noexcept {
+const void* all_reduce_two_shot(DType dtype, int world_size, Fusion fusion) noexcept {
   return find_instance(dtype, world_size, fusion, [&]<class T, int R, class E>() -> const void* {
     if constexpr (std::is_same_v<E, Identity>)  // no fused epilogue
       return reinterpret_cast<const void*>(&all_reduce_two_shot_kernel<T, R, E>);

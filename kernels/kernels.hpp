@@ -11,33 +11,6 @@
 
 namespace tpcomm::kernels {
 
-/// The all-reduce kernels, one file each (`kernels/all_reduce_<kernel>.cu` and its `.cuh`). Which
-/// algorithm runs which kernel, where it fits and how it is tuned is the registry's business
-/// (src/tune/algorithms.hpp); this layer knows only what each kernel needs.
-enum class KernelId : std::uint8_t { kOneShot, kTwoShot, kLamport, kLamportTwoShot };
-
-/// True for the kernels that push into the Lamport receive buffers (NOTE [lamport] in
-/// ipc/layout.hpp) instead of reading peers' inputs between barriers; 16-bit types only.
-constexpr bool pushes(KernelId k) noexcept {
-  return k == KernelId::kLamport || k == KernelId::kLamportTwoShot;
-}
-
-/// True for the kernels in which each rank reduces one slice of 1 / world size of the message.
-constexpr bool sliced(KernelId k) noexcept {
-  return k == KernelId::kTwoShot || k == KernelId::kLamportTwoShot;
-}
-
-/// True for the kernels that carry the fused epilogues (`on_lamport`): the Lamport ones.
-constexpr bool fuses(KernelId k) noexcept { return pushes(k); }
-
-/// Bytes of every Lamport slot that kernel `k` needs for a message of `bytes` bytes among
-/// `world_size` ranks; 0 for the kernels that do not push.
-constexpr std::int64_t lamport_slot_need(KernelId k, std::int64_t bytes, int world_size) noexcept {
-  if (k == KernelId::kLamport) return bytes;
-  if (k == KernelId::kLamportTwoShot) return lamport_two_shot_slot_bytes(bytes, world_size);
-  return 0;
-}
-
 /// The quantisation of a fused operation's normalised output.
 enum class Quant : std::uint8_t {
   kNone,      // the input's dtype
@@ -50,13 +23,22 @@ enum class Quant : std::uint8_t {
 /// quantisation); the row's length must be a multiple of it.
 inline constexpr int kFp8Group = 128;
 
+/// The normalisation of a fused operation's rows; each kind's arithmetic is a `RowNorm`
+/// specialisation in kernels/common/epilogue.cuh.
+enum class Norm : std::uint8_t {
+  kNone,  // no row step: the sum (plus the residual) is all that is stored
+  kRms,   // RMSNorm: x * rsqrt(mean(x^2) + eps) * gamma
+};
+
 /// What an epilogue does (NOTE [epilogues] in kernels/common/epilogue.cuh), fixed at compile time:
-/// add the residual (when the call gives one), normalise each row (RMSNorm times gamma), and how
-/// to store the normalised rows.
+/// add the residual (when the call gives one), normalise each row (its kind, times gamma), and
+/// how to store the normalised rows.
 struct FusionTraits {
   bool residual = false;
-  bool norm = false;
+  Norm norm = Norm::kNone;
   Quant quant = Quant::kNone;
+  /// The epilogue has a row step (NOTE [epilogues]): it normalises.
+  [[nodiscard]] constexpr bool rows() const noexcept { return norm != Norm::kNone; }
   friend constexpr bool operator==(const FusionTraits&, const FusionTraits&) = default;
 };
 
@@ -79,17 +61,50 @@ constexpr FusionTraits traits(Fusion f) noexcept {
     case Fusion::kNone:
       return {};
     case Fusion::kAddRmsNorm:
-      return {true, true, Quant::kNone};
+      return {true, Norm::kRms, Quant::kNone};
     case Fusion::kAddRmsNormFp8:
-      return {true, true, Quant::kFp8};
+      return {true, Norm::kRms, Quant::kFp8};
     case Fusion::kAddRmsNormFp8Token:
-      return {true, true, Quant::kFp8Token};
+      return {true, Norm::kRms, Quant::kFp8Token};
     case Fusion::kAddRmsNormFp8Group:
-      return {true, true, Quant::kFp8Group};
+      return {true, Norm::kRms, Quant::kFp8Group};
     case Fusion::kAdd:
-      return {true, false, Quant::kNone};
+      return {true, Norm::kNone, Quant::kNone};
   }
   return {};
+}
+
+/// An all-reduce kernel (`kernels/all_reduce_<name>.cu` and its `.cuh`) as the registry of
+/// algorithms (src/tune/algorithms.hpp) names it in the row of the algorithm it runs: where its
+/// instantiations are and how it moves data. Which algorithm runs it, where it fits and how it is
+/// tuned is the registry's business; this layer knows only what each kernel needs.
+struct AllReduceKernel {
+  /// The kernel function for a dtype, a world size and an epilogue (NOTE [epilogues] in
+  /// kernels/common/epilogue.cuh), or nullptr where it has none; defined in the kernel's own
+  /// `.cu` file with `find_instance` (kernels/common/dispatch.cuh).
+  const void* (*instance)(DType dtype, int world_size, Fusion fusion) noexcept;
+  /// It pushes into the Lamport receive buffers (NOTE [lamport] in ipc/layout.hpp) instead of
+  /// reading peers' inputs between barriers; 16-bit types only.
+  bool pushes;
+  /// Each rank reduces one slice of 1 / world size of the message.
+  bool sliced;
+};
+
+/// True for the kernels that push into the Lamport receive buffers.
+constexpr bool pushes(const AllReduceKernel& k) noexcept { return k.pushes; }
+
+/// True for the kernels in which each rank reduces one slice of 1 / world size of the message.
+constexpr bool sliced(const AllReduceKernel& k) noexcept { return k.sliced; }
+
+/// True for the kernels that carry the fused epilogues (`on_lamport`): the Lamport ones.
+constexpr bool fuses(const AllReduceKernel& k) noexcept { return k.pushes; }
+
+/// Bytes of every Lamport slot that kernel `k` needs for a message of `bytes` bytes among
+/// `world_size` ranks; 0 for the kernels that do not push.
+constexpr std::int64_t lamport_slot_need(const AllReduceKernel& k, std::int64_t bytes,
+                                         int world_size) noexcept {
+  if (!k.pushes) return 0;
+  return k.sliced ? lamport_two_shot_slot_bytes(bytes, world_size) : bytes;
 }
 
 /// Most threads per block of a kernel with a fused epilogue: the row step keeps packs of a row in
@@ -186,11 +201,12 @@ struct AllReduceParams {
 static_assert(std::is_trivially_copyable_v<AllReduceParams>);
 
 /// The kernel function of `kernel` for `dtype` and `world_size` ranks, with the epilogue
-/// `fusion` (NOTE [epilogues] in kernels/common/epilogue.cuh); nullptr where it has none (an
-/// unsupported dtype or world size, f32 for the kernels that push, a fusion on the kernels that
-/// read peers' inputs).
-const void* kernel_function(KernelId kernel, DType dtype, int world_size,
-                            Fusion fusion = Fusion::kNone) noexcept;
+/// `fusion`; nullptr where it has none (an unsupported dtype or world size, f32 for the kernels
+/// that push, a fusion on the kernels that read peers' inputs; a program without the kernels).
+inline const void* kernel_function(const AllReduceKernel& kernel, DType dtype, int world_size,
+                                   Fusion fusion = Fusion::kNone) noexcept {
+  return kernel.instance != nullptr ? kernel.instance(dtype, world_size, fusion) : nullptr;
+}
 
 /// Launches `kernel` with the epilogue `params.fusion.kind` on `stream` with `shape`; with
 /// `programmatic`, as a programmatic dependent launch (NOTE [programmatic launch] in
@@ -198,8 +214,8 @@ const void* kernel_function(KernelId kernel, DType dtype, int world_size,
 /// launch] in backends/custom_ar.cpp). kInvalidArgument for an unsupported dtype/world
 /// size/launch shape/fusion, or a message the Lamport slots cannot hold; kCudaError when the
 /// launch fails. Sum only; world sizes 2..8.
-Status launch_all_reduce(const AllReduceParams& params, KernelId kernel, LaunchShape shape,
-                         bool programmatic, Stream stream) noexcept;
+Status launch_all_reduce(const AllReduceParams& params, const AllReduceKernel& kernel,
+                         LaunchShape shape, bool programmatic, Stream stream) noexcept;
 
 /// The local half of the fused operation, for where no Lamport kernel serves it: from `sum`
 /// ([rows, hidden] in `dtype`, f16 or bf16 or f32), the epilogue `fusion.kind` (not kNone)
@@ -244,14 +260,14 @@ Status fill_lamport_empty(void* buffers, std::int64_t bytes, Stream stream) noex
 /// Most blocks of `threads` threads of `kernel` with the epilogue `fusion` that one SM can hold
 /// at once (occupancy); 0 where the kernel has no such instantiation for `dtype` and
 /// `world_size`.
-int max_blocks_per_sm(KernelId kernel, DType dtype, int world_size, int threads,
+int max_blocks_per_sm(const AllReduceKernel& kernel, DType dtype, int world_size, int threads,
                       Fusion fusion = Fusion::kNone) noexcept;
 
 /// Most thread-block clusters of `cluster` blocks of `threads` threads of `kernel` with the
 /// epilogue `fusion` that the GPU holds at once (its GPCs hold a whole number of clusters each);
 /// 0 where the kernel has no such instantiation or the GPU no such clusters.
-int max_active_clusters(KernelId kernel, DType dtype, int world_size, int threads, Fusion fusion,
-                        int cluster) noexcept;
+int max_active_clusters(const AllReduceKernel& kernel, DType dtype, int world_size, int threads,
+                        Fusion fusion, int cluster) noexcept;
 
 // ---- the exchange: all-gather, all-to-all and the LM-head exchange ----------------------
 

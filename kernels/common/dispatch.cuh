@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "kernels/common/epilogue.cuh"
 #include "kernels/kernels.hpp"
 #include "tpcomm/status.hpp"
@@ -80,30 +82,35 @@ Status dispatch_world_size(int world_size, F&& f) {
   }
 }
 
-/// Calls `f.template operator()<E>()` with the epilogue type of `fusion` among those the
-/// all-reduce kernels carry (`on_lamport`), or returns nullptr.
-template <class F>
-const void* dispatch_fusion(Fusion fusion, F&& f) {
-  switch (fusion) {
-    case Fusion::kNone:
-      return f.template operator()<Identity>();
-    case Fusion::kAddRmsNorm:
-      return f.template operator()<Fused<Fusion::kAddRmsNorm>>();
-    case Fusion::kAddRmsNormFp8:
-      return f.template operator()<Fused<Fusion::kAddRmsNormFp8>>();
-    case Fusion::kAddRmsNormFp8Token:
-      return f.template operator()<Fused<Fusion::kAddRmsNormFp8Token>>();
-    case Fusion::kAddRmsNormFp8Group:
-      return f.template operator()<Fused<Fusion::kAddRmsNormFp8Group>>();
-    default:
-      return nullptr;
+/// `f.template operator()<K>()` with `fusion` as the template argument K (every `Fusion` value,
+/// so that a new one needs no case here), or `none` for a value outside the enumeration.
+template <class Result, class F>
+Result dispatch_fusion_kind(Fusion fusion, Result none, F&& f) {
+  return [&]<int... I>(std::integer_sequence<int, I...>) {
+    Result out = none;
+    (void)((static_cast<Fusion>(I) == fusion &&
+            (out = f.template operator()<static_cast<Fusion>(I)>(), true)) ||
+           ...);
+    return out;
   }
+  (std::make_integer_sequence<int, kFusionCount>{});
 }
 
-/// The instantiation of kernel `K` for `dtype`, `world_size` and the epilogue of `fusion`, or
-/// nullptr: each kernel's own `.cu` file defines it with `find_instance`.
-template <KernelId K>
-const void* instance(DType dtype, int world_size, Fusion fusion) noexcept;
+/// Calls `f.template operator()<E>()` with the epilogue type of `fusion` among those the
+/// all-reduce kernels carry (`on_lamport`): `Identity` for the plain all-reduce, `Fused<K>`
+/// otherwise; or returns nullptr.
+template <class F>
+const void* dispatch_fusion(Fusion fusion, F&& f) {
+  return dispatch_fusion_kind(fusion, static_cast<const void*>(nullptr),
+                              [&]<Fusion K>() -> const void* {
+                                if constexpr (K == Fusion::kNone)
+                                  return f.template operator()<Identity>();
+                                else if constexpr (on_lamport(K))
+                                  return f.template operator()<Fused<K>>();
+                                else
+                                  return nullptr;
+                              });
+}
 
 /// `f.template operator()<T, R, E>()` for the element type of `dtype`, a world size 2..8 and
 /// the epilogue of `fusion`, or nullptr where there is none.

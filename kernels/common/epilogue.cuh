@@ -30,9 +30,9 @@ namespace tpcomm::kernels {
 // the kernel then ends with `finish_rows` instead of storing packs as they come, one block per row
 // (the packs a kernel pushes and polls stay those of the flat message, so nothing else changes).
 // What an epilogue does is fixed at compile time by `FusionTraits` (kernels/kernels.hpp): residual
-// add in the pack step, RMSNorm and quantisation in the row step. `Identity` stores the sum as it
-// is and compiles to nothing: the kernels with it are the plain all-reduce (measured before and
-// after in docs/PERFORMANCE.md).
+// add in the pack step, the norm (`RowNorm` of its kind) and quantisation in the row step.
+// `Identity` stores the sum as it is and compiles to nothing: the kernels with it are the plain
+// all-reduce (measured before and after in docs/PERFORMANCE.md).
 struct Identity {
   static constexpr bool kRows = false;
   static constexpr int kMaxThreads = 1024;
@@ -47,14 +47,13 @@ struct Identity {
 
 /// The fused epilogue `K` (named by its `Fusion`, since a kernel's template arguments cannot be
 /// class values), whose traits `F` decide: with `F.residual`, the pack step adds the residual when
-/// the call gives one (in fp32, one rounding); with `F.norm`, the row step stores each row
-/// (`residual_out`) and then its normalisation `x * rsqrt(mean(x^2) + eps) * gamma` (or
-/// `1 + gamma`), with the mean of squares in fp32 over the stored (rounded) row, in `F.quant`'s
-/// format.
+/// the call gives one (in fp32, one rounding); with a norm (`F.norm`), the row step stores each
+/// row (`residual_out`) and then its normalisation (`RowNorm`, times gamma or `1 + gamma`), with
+/// the row's statistic in fp32 over the stored (rounded) row, in `F.quant`'s format.
 template <Fusion K>
 struct Fused {
   static constexpr FusionTraits F = traits(K);
-  static constexpr bool kRows = F.norm;
+  static constexpr bool kRows = F.rows();
   static constexpr int kMaxThreads = kFusedMaxThreads;
 
   FusionParams f;
@@ -94,6 +93,25 @@ struct Fused {
     } else {
       return sum;
     }
+  }
+};
+
+/// The arithmetic of a norm kind (`Norm`) in the row step of `finish_rows`: each element's term
+/// of the row's statistic (summed over the row in fp32), the row's factor from that sum, and an
+/// element normalised by the factor and its weight (gamma, or `1 + gamma`). A new norm is its
+/// `Norm` value, a specialisation here and a traits row (kernels/kernels.hpp).
+template <Norm N>
+struct RowNorm;
+
+/// RMSNorm: `x * rsqrt(mean(x^2) + eps) * w`.
+template <>
+struct RowNorm<Norm::kRms> {
+  __device__ __forceinline__ static float term(float x) { return x * x; }
+  __device__ __forceinline__ static float factor(float sum, std::int64_t hidden, float eps) {
+    return rsqrtf(sum / static_cast<float>(hidden) + eps);
+  }
+  __device__ __forceinline__ static float apply(float x, float factor, float w) {
+    return x * factor * w;
   }
 };
 
@@ -290,15 +308,16 @@ __device__ __forceinline__ void weights(const FusionParams& f, const Pack<T>& g,
 /// gives flat pack v (false: a wait gave up): the bare sum with `kBareSums` (the pack step is
 /// applied here, its residual and gamma loaded before the wait), else with the pack step
 /// applied. Each row is stored
-/// into `out` (residual_out), its mean square reduced over the group, and its normalisation
-/// stored into `e.f.norm_out`. A thread keeps its first packs of a row in registers and reads
-/// the rest back from `out`, which it wrote itself. With `early_launch`, the next kernel may be
-/// scheduled once the block's last row is fetched (NOTE [programmatic launch]). Returns false, on
-/// every thread of every block of the group, when a fetch failed in any of them.
+/// into `out` (residual_out), its statistic (`RowNorm<F.norm>`) reduced over the group, and its
+/// normalisation stored into `e.f.norm_out`. A thread keeps its first packs of a row in registers
+/// and reads the rest back from `out`, which it wrote itself. With `early_launch`, the next kernel
+/// may be scheduled once the block's last row is fetched (NOTE [programmatic launch]). Returns
+/// false, on every thread of every block of the group, when a fetch failed in any of them.
 template <class T, bool kBareSums, Fusion K, class Fetch>
 __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int64_t count,
                                             bool early_launch, Fetch&& fetch) {
   constexpr FusionTraits F = traits(K);
+  using N = RowNorm<F.norm>;
   constexpr int W = Pack<T>::kElems;
   constexpr int kKept = 2;
   constexpr float kFp8Max = 448.f;
@@ -318,14 +337,14 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
     const std::int64_t lo = row * hidden, hi = lo + hidden;
     const std::int64_t v0 = lo / W, v1 = (hi + W - 1) / W;
     Pack<T> kept[kKept], gammas[kKept]{};
-    float squares = 0.f;
+    float terms = 0.f;  // the row's statistic (N::term summed)
     bool ok = true;
-    // Stores pack v of the row and adds its squares.
+    // Stores pack v of the row and adds its terms.
     auto keep = [&](std::int64_t v, const Pack<T>& x) {
       store_in_row(out, v, lo, hi, out_aligned, x);
 #pragma unroll
       for (int i = 0; i < W; ++i)
-        if (in_row<W>(v, i, lo, hi)) squares += to_float(x[i]) * to_float(x[i]);
+        if (in_row<W>(v, i, lo, hi)) terms += N::term(to_float(x[i]));
     };
     {
       // What does not depend on the sum is loaded first.
@@ -357,19 +376,19 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
     ok = __syncthreads_and(ok) != 0;
     // The block's last row: no wait is left, only the norm (NOTE [programmatic launch]).
     if (ok && early_launch && row + gridDim.x / group.size >= rows) allow_next_launch();
-    const float squared = group.combine(block_reduce(squares, sum), ok, sum);
+    const float total = group.combine(block_reduce(terms, sum), ok, sum);
     if (!ok) {
       group.finish();
       return false;
     }
-    const float rstd = rsqrtf(squared / static_cast<float>(hidden) + e.f.eps);
+    const float factor = N::factor(total, hidden, e.f.eps);
 
     // The normalised pack (`x` holds the stored row values, `g` gamma of T where it is that).
     auto normalised = [&](const Pack<T>& x, const Pack<T>& g, std::int64_t v, float(&y)[W]) {
       float w[W];
       weights(e.f, g, v, lo, hidden, w);
 #pragma unroll
-      for (int i = 0; i < W; ++i) y[i] = to_float(x[i]) * rstd * w[i];
+      for (int i = 0; i < W; ++i) y[i] = N::apply(to_float(x[i]), factor, w[i]);
     };
     // Calls `each(v, y)` for every pack of the row this thread holds, in order.
     auto for_each_pack = [&](auto&& each) {

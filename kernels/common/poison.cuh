@@ -53,7 +53,7 @@ __device__ __forceinline__ void poison_outputs_block(const AllReduceParams& p) {
   const FusionParams& f = p.fusion;
   if (f.kind == Fusion::kNone) return;
   const FusionTraits t = traits(f.kind);
-  if (t.norm && f.norm_out != p.output) {
+  if (t.rows() && f.norm_out != p.output) {
     const int elem = t.quant == Quant::kNone ? static_cast<int>(sizeof(T)) : 1;
     poison_block(f.norm_out, p.count * elem, elem);
   }

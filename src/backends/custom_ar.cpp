@@ -199,7 +199,7 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
   kernels::AllReduceParams p = m.params(in, out, tag);
   if (fusion != nullptr) p.fusion = *fusion;
   // Lamport always copies the input into the peers' buffers: nothing to register.
-  const kernels::KernelId kernel = info(choice.algo).kernel;
+  const kernels::AllReduceKernel& kernel = info(choice.algo).kernel;
   if (capturing && capture_open_ && !kernels::pushes(kernel) &&
       in.nbytes() >= m.register_min_bytes) {
     // Registered (NOTE [staging]): the slot is filled when the scope closes.
@@ -210,7 +210,7 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
     m.recorded.push_back(read_in_place ? in.data : nullptr);
     ++next_slot_;
   }
-  const int group = fusion != nullptr && kernels::traits(fusion->kind).norm
+  const int group = fusion != nullptr && kernels::traits(fusion->kind).rows()
                         ? kernels::row_group(choice.blocks, in.numel() / fusion->hidden)
                         : 1;
   p.early_launch = early_launch(choice.blocks, group);

@@ -170,7 +170,7 @@ struct CustomAllReduce::Impl {
         if (!kernels::fuses(a.kernel)) continue;
         for (int f = 1; f < kernels::kFusionCount; ++f) {
           const auto fusion = static_cast<kernels::Fusion>(f);
-          if (!kernels::traits(fusion).norm ||
+          if (!kernels::traits(fusion).rows() ||
               kernels::kernel_function(a.kernel, DType::kBF16, world, fusion) == nullptr)
             continue;
           clusters = std::min(

@@ -56,7 +56,7 @@ bool same_gpu(const RankInfo& a, const RankInfo& b) {
 void require_kernel_image(int device) {
   cudaFuncAttributes attr{};
   const cudaError_t e = cudaFuncGetAttributes(
-      &attr, kernels::kernel_function(kernels::KernelId::kOneShot, DType::kF32, 2));
+      &attr, kernels::kernel_function(info(Algo::kOneShot).kernel, DType::kF32, 2));
   if (e == cudaSuccess) return;
   (void)cudaGetLastError();
   int major = 0;

@@ -19,6 +19,18 @@
 
 namespace tpcomm {
 
+namespace kernels {
+// Each kernel's instantiations (`AllReduceKernel::instance`), defined in its own file
+// (kernels/all_reduce_<name>.cu) and named by its algorithm's row below. Weak references: the
+// registry is host code that builds without the kernels (the cpu tier links it alone, where
+// these are null and nothing launches); in libtpcomm they are the kernels' own, and
+// tests/cpu/registry_test.cpp checks every row's there.
+[[gnu::weak]] const void* all_reduce_one_shot(DType, int, Fusion) noexcept;
+[[gnu::weak]] const void* all_reduce_two_shot(DType, int, Fusion) noexcept;
+[[gnu::weak]] const void* all_reduce_lamport(DType, int, Fusion) noexcept;
+[[gnu::weak]] const void* all_reduce_lamport_two_shot(DType, int, Fusion) noexcept;
+}  // namespace kernels
+
 /// A custom all-reduce algorithm: a row of `kAlgorithms`, or `kNone`, meaning the custom kernels
 /// do not serve the request (NCCL does).
 enum class Algo : std::uint8_t { kNone, kOneShot, kTwoShot, kLamport, kLamportTwoShot };
@@ -55,7 +67,7 @@ struct AlgoInfo {
   std::array<std::string_view, 2> aliases;
   /// The kernel that runs it; the kernel says whether it pushes into the Lamport buffers (and so
   /// serves 16-bit types only, up to their size) and whether each rank works on one slice.
-  kernels::KernelId kernel;
+  kernels::AllReduceKernel kernel;
   /// Most blocks one rank's kernel may launch: the signal pad holds one flag row, operation
   /// count and start marker per block (`kMaxBlocks` of them).
   int max_blocks;
@@ -79,7 +91,7 @@ inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
      "one_shot",
      "barrier, then every rank reads every peer's input and writes the whole sum",
      {"oneshot", "1stage"},
-     kernels::KernelId::kOneShot,
+     {&kernels::all_reduce_one_shot, /*pushes=*/false, /*sliced=*/false},
      kMaxBlocks,
      BuiltIn{2, kUnbounded, (std::int64_t{512} << 10) - 1, (std::int64_t{256} << 10) - 1},
      BuiltIn{}},
@@ -87,7 +99,7 @@ inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
      "two_shot",
      "reduce-scatter, barrier, all-gather: about 2n bytes moved per rank",
      {"twoshot", "2stage"},
-     kernels::KernelId::kTwoShot,
+     {&kernels::all_reduce_two_shot, /*pushes=*/false, /*sliced=*/true},
      kMaxBlocks,
      BuiltIn{3, kUnbounded, kUnbounded, kUnbounded},
      BuiltIn{}},
@@ -96,7 +108,7 @@ inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
      "every rank pushes its input into every peer's receive buffer; the data is the flag "
      "(f16/bf16)",
      {},
-     kernels::KernelId::kLamport,
+     {&kernels::all_reduce_lamport, /*pushes=*/true, /*sliced=*/false},
      kMaxBlocks,
      BuiltIn{1, std::int64_t{256} << 10, std::int64_t{256} << 10, std::int64_t{64} << 10},
      BuiltIn{1, std::int64_t{2} << 20, std::int64_t{256} << 10, std::int64_t{128} << 10}},
@@ -104,7 +116,7 @@ inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
      "lamport_two_shot",
      "slices pushed to their owners, sums pushed back to every rank, no barrier (f16/bf16)",
      {},
-     kernels::KernelId::kLamportTwoShot,
+     {&kernels::all_reduce_lamport_two_shot, /*pushes=*/true, /*sliced=*/true},
      kMaxBlocks,
      BuiltIn{},
      BuiltIn{2, std::int64_t{2} << 20, std::int64_t{2} << 20, std::int64_t{1} << 20}},
@@ -141,7 +153,7 @@ constexpr std::optional<Algo> parse_algo(std::string_view s) noexcept {
 /// 16-bit type and room in the slots.
 constexpr bool fits(Algo a, std::int64_t bytes, DType dtype, int world_size,
                     std::int64_t lamport_slot_bytes) noexcept {
-  const kernels::KernelId k = info(a).kernel;
+  const kernels::AllReduceKernel& k = info(a).kernel;
   if (!kernels::pushes(k)) return true;
   return dtype_size(dtype) == 2 &&
          kernels::lamport_slot_need(k, bytes, world_size) <= lamport_slot_bytes;

@@ -44,6 +44,7 @@ TEST(Registry, EveryNameParsesBackToItsRow) {
 
 TEST(Registry, EveryRowHasAKernelForWhatItServes) {
   for (const AlgoInfo& a : kAlgorithms) {
+    ASSERT_NE(a.kernel.instance, nullptr) << a.name << ": its kernel file is not in libtpcomm";
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
       const bool served = !kernels::pushes(a.kernel) || dtype_size(t) == 2;
       for (int world = 2; world <= kMaxRanks; ++world)
