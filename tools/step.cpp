@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,6 +26,7 @@
 #include "tools/step_plan.hpp"
 #include "tools/step_report.hpp"
 #include "tpcomm/group.hpp"
+#include "tpcomm/moe.hpp"
 #include "tpcomm/norm.hpp"
 #include "tune/graph_timer.hpp"
 
@@ -61,6 +63,10 @@ bool in_part(StepOpKind k, Part p) {
 // which a skipped or repeated operation would change. gamma is zero, so every norm output is a
 // zero with its residual's sign: exact too, and an unwritten (poisoned) one is NaN. The LM head
 // exchanges `fill_data` shards, checked by `check_lm_head`.
+// A MoE layer's combine gives its input back exactly: token t's k-th expert row is a copy of row
+// t of A (or B), the router's weights are 1 (0 with a shared expert, whose output is row t
+// itself), then +1/2, -1/2, +1/4, -1/4, ... (a last one without its pair 0), so the weighted sum
+// is the row, exact in f32 for these small integers, and a weight or a row left out changes it.
 
 class StepRunner {
  public:
@@ -70,7 +76,9 @@ class StepRunner {
 
   ~StepRunner() {
     graph_.reset();
-    for (void* p : {xa_, xb_, residual_, normed_, gamma_, shards_, logits_}) cudaFree(p);
+    for (void* p : {xa_, xb_, residual_, normed_, gamma_, shards_, logits_, experts_a_, experts_b_,
+                    combined_, map_, weights_})
+      cudaFree(p);
     cudaFreeHost(wrong_host_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -172,6 +180,15 @@ class StepRunner {
     TPCOMM_CUDA_CHECK(cudaMemset(gamma_, 0, gamma_bytes));
     TPCOMM_CUDA_CHECK(cudaMalloc(&shards_, static_cast<std::size_t>(head.in_bytes)));
     TPCOMM_CUDA_CHECK(cudaMalloc(&logits_, static_cast<std::size_t>(head.out_bytes)));
+    if (model_.moe) {
+      const auto routed = static_cast<std::size_t>(max_tokens() * model_.top_k);
+      for (void** b : {&experts_a_, &experts_b_})
+        TPCOMM_CUDA_CHECK(cudaMalloc(
+            b, routed * static_cast<std::size_t>(model_.hidden) * dtype_size(model_.dtype)));
+      TPCOMM_CUDA_CHECK(cudaMalloc(&combined_, act));
+      TPCOMM_CUDA_CHECK(cudaMalloc(&map_, routed * sizeof(std::int32_t)));
+      TPCOMM_CUDA_CHECK(cudaMalloc(&weights_, routed * sizeof(float)));
+    }
     TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wrong_host_),
                                     sizeof(unsigned long long), cudaHostAllocMapped));
     TPCOMM_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&wrong_), wrong_host_, 0));
@@ -180,6 +197,50 @@ class StepRunner {
   TensorView act(void* p, const StepPlan& plan) const {
     return TensorView::contiguous(p, model_.dtype, {plan.tokens, model_.hidden}, device_);
   }
+  /// A MoE layer's combine inputs for input `x` (xa_ or xb_; NOTE [step data]).
+  MoeCombine moe_inputs(const void* x, const StepOp& op, const StepPlan& plan) const {
+    const std::int64_t routed = plan.tokens * op.top_k;
+    MoeCombine m;
+    m.experts = TensorView::contiguous(x == xa_ ? experts_a_ : experts_b_, model_.dtype,
+                                       {routed, model_.hidden}, device_);
+    m.map = TensorView::contiguous(map_, DType::kI32, {plan.tokens, op.top_k}, device_);
+    m.weights = TensorView::contiguous(weights_, DType::kF32, {plan.tokens, op.top_k}, device_);
+    if (op.shared) m.shared = act(const_cast<void*>(x), plan);
+    return m;
+  }
+
+  /// The combine's constant inputs for `plan` (NOTE [step data]), and every MoE input's expert
+  /// rows copied from A and B. After `xa_` and `xb_` are filled.
+  bool fill_moe(const StepPlan& plan) {
+    const std::int64_t k = model_.top_k;
+    const std::size_t routed = static_cast<std::size_t>(plan.tokens * k);
+    std::vector<std::int32_t> map(routed);
+    std::vector<float> weights(routed);
+    for (std::size_t i = 0; i < routed; ++i) {
+      const auto j = static_cast<std::int64_t>(i) % k;
+      map[i] = static_cast<std::int32_t>(i);
+      const float half = std::ldexp(1.f, -static_cast<int>((j + 1) / 2));
+      weights[i] = j == 0       ? (model_.shared_experts > 0 ? 0.f : 1.f)
+                   : j % 2 == 0 ? -half
+                   : j + 1 < k  ? half
+                                : 0.f;
+    }
+    // From pageable memory: each copy has read its source when it returns.
+    if (cudaMemcpyAsync(map_, map.data(), routed * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                        stream_) != cudaSuccess ||
+        cudaMemcpyAsync(weights_, weights.data(), routed * sizeof(float), cudaMemcpyHostToDevice,
+                        stream_) != cudaSuccess)
+      return false;
+    const std::size_t row = static_cast<std::size_t>(model_.hidden) * dtype_size(model_.dtype);
+    for (auto [from, to] : {std::pair{xa_, experts_a_}, std::pair{xb_, experts_b_}})
+      for (std::int64_t j = 0; j < k; ++j)
+        if (cudaMemcpy2DAsync(static_cast<char*>(to) + j * row, k * row, from, row, row,
+                              static_cast<std::size_t>(plan.tokens), cudaMemcpyDeviceToDevice,
+                              stream_) != cudaSuccess)
+          return false;
+    return true;
+  }
+
   TensorView shards(const StepPlan& plan) const {
     const StepOp& h = plan.ops.back();
     return TensorView::contiguous(shards_, model_.dtype, {h.rows * plan.tp, h.cols}, device_);
@@ -208,11 +269,20 @@ class StepRunner {
         const TensorView gamma = TensorView::flat(gamma_, model_.dtype, model_.hidden, device_);
         const TensorView res = act(residual_, plan);
         const TensorView out = act(normed_, plan);
-        if (v == Variant::kTpcomm) {
-          st = g->all_reduce_add_rmsnorm(act(x, plan), res, gamma, kEps, out, res, stream());
+        auto reduce = [&](const TensorView& in) {
+          if (v == Variant::kTpcomm)
+            return g->all_reduce_add_rmsnorm(in, res, gamma, kEps, out, res, stream());
+          const Status s = g->all_reduce(in, out, stream());
+          return s == Status::kOk ? add_rmsnorm(out, res, gamma, kEps, out, res, stream()) : s;
+        };
+        if (op.kind != StepOpKind::kMoeReduce) {
+          st = reduce(act(x, plan));
+        } else if (v == Variant::kTpcomm && o_.moe_fused) {
+          st = g->moe_finalize_all_reduce_add_rmsnorm(moe_inputs(x, op, plan), res, gamma, kEps,
+                                                      out, res, stream());
         } else {
-          st = g->all_reduce(act(x, plan), out, stream());
-          if (st == Status::kOk) st = add_rmsnorm(out, res, gamma, kEps, out, res, stream());
+          st = moe_combine(moe_inputs(x, op, plan), act(combined_, plan), stream());
+          if (st == Status::kOk) st = reduce(act(combined_, plan));
         }
       } else {
         st = g->lm_head_exchange(shards(plan), logits(plan), LmHeadLayout::equal(plan.tokens),
@@ -289,6 +359,7 @@ class StepRunner {
         kernels::negate_data(xb_, model_.dtype, n, stream()) == Status::kOk &&
         kernels::fill_data(shards_, model_.dtype, head.in_bytes / es, lm_seed, boot_.rank(),
                            ReduceOp::kSum, 0, stream()) == Status::kOk &&
+        (!model_.moe || fill_moe(plan)) &&
         cudaMemsetAsync(residual_, 0, static_cast<std::size_t>(n * es), stream_) == cudaSuccess &&
         kernels::poison(normed_, n * es, stream()) == Status::kOk &&
         kernels::poison(logits_, head.out_bytes, stream()) == Status::kOk;
@@ -360,6 +431,12 @@ class StepRunner {
   void* gamma_ = nullptr;
   void* shards_ = nullptr;
   void* logits_ = nullptr;
+  // MoE models: the experts' rows of A and B, the combine's output, the map and the weights.
+  void* experts_a_ = nullptr;
+  void* experts_b_ = nullptr;
+  void* combined_ = nullptr;
+  void* map_ = nullptr;
+  void* weights_ = nullptr;
   unsigned long long* wrong_host_ = nullptr;
   unsigned long long* wrong_ = nullptr;  // the device's view of `wrong_host_`
 };

@@ -24,6 +24,13 @@ void add_step_options(CLI::App& cmd, StepOptions& o, std::function<void()> on_va
                  "busy the GPU this many microseconds before each operation, standing in for the "
                  "GEMMs (0: communication only)")
       ->check(CLI::Range(0.0, 100000.0));
+  cmd.add_option_function<std::string>(
+         "--moe-combine", [&o](const std::string& v) { o.moe_fused = v == "fused"; },
+         "how tpcomm's variant runs a MoE layer's combine: fused (one call with the all-reduce "
+         "+ norm, moe_finalize_all_reduce_add_rmsnorm) or separate (moe_combine, then "
+         "all_reduce_add_rmsnorm); the other variants always run it separately")
+      ->default_str("fused")
+      ->check(CLI::IsMember({"fused", "separate"}));
   cmd.add_option("-n,--replays", o.replays, "timed replays of each graph (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));

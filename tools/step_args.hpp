@@ -21,6 +21,10 @@ struct StepOptions {
   /// --compute-us: microseconds of busy GPU before each operation, standing in for the GEMMs
   /// (0: none).
   double compute_us = 0;
+  /// --moe-combine: tpcomm's variant runs a MoE layer's combine and its all-reduce + norm as one
+  /// call (`moe_finalize_all_reduce_add_rmsnorm`; true, "fused") or launches `moe_combine` before
+  /// `all_reduce_add_rmsnorm` ("separate").
+  bool moe_fused = true;
   int replays = 20;        // -n: timed replays of each graph (median reported)
   int warmup = 3;          // -w: replays before the timed ones
   std::string json;        // --json FILE

@@ -75,6 +75,15 @@ ModelSpec parse_model(const nlohmann::json& j, const std::string& source) {
     if (!m.moe && m.first_dense_layers != 0)
       refuse(source, "field \"first_dense_layers\" needs \"moe\": true");
   }
+  if (m.moe) {
+    m.top_k = static_cast<int>(int_field(j, source, "num_experts_per_tok", 1, kMaxModelTopK));
+    if (j.contains("n_shared_experts"))
+      m.shared_experts = int_field(j, source, "n_shared_experts", 0, kMaxModelSharedExperts);
+  } else {
+    for (const char* name : {"num_experts_per_tok", "n_shared_experts"})
+      if (j.contains(name))
+        refuse(source, std::string("field \"") + name + "\" needs \"moe\": true");
+  }
   return m;
 }
 
@@ -190,9 +199,11 @@ StepPlan plan_step(const ModelSpec& model, int tp, std::int64_t tokens) {
   p.ops.reserve(static_cast<std::size_t>(2 * model.layers + 1));
   for (std::int64_t l = 0; l < model.layers; ++l) {
     p.ops.push_back({StepOpKind::kAttnReduce, l, tokens, model.hidden, act, act});
-    const bool moe = model.moe && l >= model.first_dense_layers;
-    p.ops.push_back(
-        {moe ? StepOpKind::kMoeReduce : StepOpKind::kMlpReduce, l, tokens, model.hidden, act, act});
+    if (model.moe && l >= model.first_dense_layers)
+      p.ops.push_back({StepOpKind::kMoeReduce, l, tokens, model.hidden, act, act, model.top_k,
+                       model.shared_experts > 0});
+    else
+      p.ops.push_back({StepOpKind::kMlpReduce, l, tokens, model.hidden, act, act});
   }
   const std::int64_t shard = (model.vocab + tp - 1) / tp;
   p.ops.push_back({StepOpKind::kLmHead, model.layers, tokens, shard, tokens * tp * shard * es,

@@ -26,6 +26,8 @@ namespace tpcomm::tools {
 /// | `dtype` | string | activations' type: `bfloat16` or `half` (any name `parse_dtype` knows) |
 /// | `moe` | boolean | whether the layers' MLP is a mixture of experts |
 /// | `first_dense_layers` | integer >= 0, optional | with `moe`: leading layers with a dense MLP |
+/// | `num_experts_per_tok` | integer 1..32, with `moe` | experts each token is routed to (top-k) |
+/// | `n_shared_experts` | integer >= 0, optional | with `moe`: shared experts (0: none) |
 ///
 /// Unknown fields are ignored (a model's own config may carry more).
 struct ModelSpec {
@@ -36,6 +38,10 @@ struct ModelSpec {
   DType dtype = DType::kBF16;
   bool moe = false;
   std::int64_t first_dense_layers = 0;
+  /// With `moe`: the experts each token is routed to, and whether a shared expert adds its
+  /// output to theirs (the combine's inputs, ahead of the layer's all-reduce).
+  int top_k = 0;
+  std::int64_t shared_experts = 0;
   /// Where the spec came from (a file path), for messages.
   std::string source;
 };
@@ -49,6 +55,10 @@ inline constexpr std::int64_t kMaxModelLayers = 4096;
 inline constexpr std::uintmax_t kMaxModelFileBytes = 1 << 20;
 inline constexpr int kMaxModelDepth = 8;
 inline constexpr std::int64_t kMaxModelVocab = std::int64_t{1} << 24;
+/// The most experts per token and shared experts a model file may give (the combine's top-k limit,
+/// `kernels::kMoeMaxTopK`).
+inline constexpr int kMaxModelTopK = 32;
+inline constexpr std::int64_t kMaxModelSharedExperts = 64;
 
 /// Validates and reads a model's JSON object. Throws `Error` (kInvalidArgument) whose message
 /// names `source` and the field: missing, of the wrong type, or out of range.
@@ -79,7 +89,8 @@ enum class StepOpKind : std::uint8_t {
   /// A dense MLP's all-reduce, fused with the residual add and the next layer's input norm (the
   /// final norm after the last layer).
   kMlpReduce,
-  /// The same for a mixture-of-experts layer (tensor-parallel experts: one all-reduce).
+  /// The same for a mixture-of-experts layer (tensor-parallel experts): the combine of every
+  /// token's top-k expert outputs (and the shared expert's), then the same all-reduce.
   kMoeReduce,
   /// The vocabulary-sharded LM head's exchange of the logits.
   kLmHead,
@@ -89,7 +100,9 @@ enum class StepOpKind : std::uint8_t {
 std::string_view to_string(StepOpKind k) noexcept;
 
 /// One operation of the plan, with its shapes (elements) and the bytes of one rank's input and
-/// output. Reductions: `[rows, cols]` = `[tokens, hidden]` in and out. LM head: input
+/// output of its collective. Reductions: `[rows, cols]` = `[tokens, hidden]` in and out; a MoE
+/// layer's combine before it reads `top_k` expert rows per token (and the shared expert's row
+/// with `shared`). LM head: input
 /// `[rows * tp, cols]` (every rank's tokens on this rank's vocabulary shard, `cols` =
 /// ceil(vocab / tp)), output `[rows, vocab]`.
 struct StepOp {
@@ -100,6 +113,9 @@ struct StepOp {
   std::int64_t cols = 0;
   std::int64_t in_bytes = 0;
   std::int64_t out_bytes = 0;
+  /// kMoeReduce: the model's experts per token and whether it has a shared expert.
+  int top_k = 0;
+  bool shared = false;
   friend bool operator==(const StepOp&, const StepOp&) = default;
 };
 

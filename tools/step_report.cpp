@@ -63,7 +63,9 @@ nlohmann::json model_json(const ModelSpec& m) {
           {"vocab_size", m.vocab},
           {"dtype", to_string(m.dtype)},
           {"moe", m.moe},
-          {"first_dense_layers", m.first_dense_layers}};
+          {"first_dense_layers", m.first_dense_layers},
+          {"num_experts_per_tok", m.top_k},
+          {"n_shared_experts", m.shared_experts}};
 }
 
 /// `s` quoted for /bin/sh.
@@ -90,6 +92,10 @@ nlohmann::json report(const StepOptions& o, const ModelSpec& model,
       static_cast<long long>(first.count(StepOpKind::kMlpReduce)),
       static_cast<long long>(first.count(StepOpKind::kMoeReduce)),
       static_cast<long long>(model.vocab));
+  if (model.moe)
+    std::printf("# MoE layers: the combine of %d experts per token%s first, %s in tpcomm's paths\n",
+                model.top_k, model.shared_experts > 0 ? " and the shared expert" : "",
+                o.moe_fused ? "in one call with the all-reduce + norm" : "a kernel of its own");
   if (o.compute_us > 0)
     std::printf("# compute gaps: %lld x %g us before the operations, measured alone %.1f us\n",
                 static_cast<long long>(gaps), o.compute_us, compute_us);
@@ -152,6 +158,7 @@ nlohmann::json report(const StepOptions& o, const ModelSpec& model,
           {"version", TPCOMM_VERSION},
           {"model", model_json(model)},
           {"tp", o.tp},
+          {"moe_combine", model.moe ? (o.moe_fused ? "fused" : "separate") : "none"},
           {"world_size", world},
           {"mode", mode},
           {"gpu", prop.name},

@@ -50,7 +50,9 @@ TEST(StepArgs, Flags) {
                          "-w",
                          "2",
                          "--seed",
-                         "9"},
+                         "9",
+                         "--moe-combine",
+                         "separate"},
                         &scheduled);
   EXPECT_TRUE(scheduled);
   EXPECT_EQ(o.model, "deepseek-v3");
@@ -63,6 +65,7 @@ TEST(StepArgs, Flags) {
   EXPECT_EQ(o.replays, 7);
   EXPECT_EQ(o.warmup, 2);
   EXPECT_EQ(o.seed, 9u);
+  EXPECT_FALSE(o.moe_fused);
   EXPECT_EQ(step_plot_json(o), "s.json");
 }
 
@@ -73,6 +76,8 @@ TEST(StepArgs, Defaults) {
   EXPECT_EQ(o.virtual_ranks, 0);
   EXPECT_EQ(o.compute_us, 0);
   EXPECT_TRUE(o.json.empty());
+  EXPECT_TRUE(o.moe_fused);
+  EXPECT_TRUE(parse({"--model", "m", "--tp", "2", "--moe-combine", "fused"}).moe_fused);
   // --plot alone: the JSON goes next to the picture.
   o.plot = "out/step.png";
   EXPECT_EQ(step_plot_json(o), "out/step.json");
@@ -96,6 +101,8 @@ TEST(StepArgs, BadInputIsRefusedBeforeTheCommandIsScheduled) {
            {"--model", "x", "--tp", "2", "--compute-us", "-nan"},
            {"--model", "x", "--tp", "2", "-n", "0"},
            {"--model", "x", "--tp", "2", "-w", "-1"},
+           {"--model", "x", "--tp", "2", "--moe-combine", "apart"},
+           {"--model", "x", "--tp", "2", "--moe-combine", ""},
            {"--model", "x", "--tp", "4", "--virtual-ranks", "2"},
            {"--model", "x", "--tp", "16", "--virtual-ranks", "16"},
            {"--model", "x", "--tp", "2", "-g", "4"},

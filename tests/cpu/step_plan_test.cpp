@@ -79,11 +79,13 @@ TEST(StepModels, PresetsHoldThePublishedShapes) {
     std::int64_t hidden, layers, vocab;
     bool moe;
     std::int64_t dense;
+    int top_k;
+    std::int64_t shared;
   };
-  for (const Row& r : {Row{"deepseek-v3", "DeepSeek-V3", 7168, 61, 129280, true, 3},
-                       Row{"llama-3.1-70b", "Llama-3.1-70B", 8192, 80, 128256, false, 0},
-                       Row{"qwen3-235b-a22b", "Qwen3-235B-A22B", 4096, 94, 151936, true, 0},
-                       Row{"gpt-oss-120b", "gpt-oss-120b", 2880, 36, 201088, true, 0}}) {
+  for (const Row& r : {Row{"deepseek-v3", "DeepSeek-V3", 7168, 61, 129280, true, 3, 8, 1},
+                       Row{"llama-3.1-70b", "Llama-3.1-70B", 8192, 80, 128256, false, 0, 0, 0},
+                       Row{"qwen3-235b-a22b", "Qwen3-235B-A22B", 4096, 94, 151936, true, 0, 8, 0},
+                       Row{"gpt-oss-120b", "gpt-oss-120b", 2880, 36, 201088, true, 0, 4, 0}}) {
     const ModelSpec m = load_model_file(find_model(r.preset, kRoots));
     EXPECT_EQ(m.name, r.name);
     EXPECT_EQ(m.hidden, r.hidden) << r.preset;
@@ -91,6 +93,8 @@ TEST(StepModels, PresetsHoldThePublishedShapes) {
     EXPECT_EQ(m.vocab, r.vocab) << r.preset;
     EXPECT_EQ(m.moe, r.moe) << r.preset;
     EXPECT_EQ(m.first_dense_layers, r.dense) << r.preset;
+    EXPECT_EQ(m.top_k, r.top_k) << r.preset;
+    EXPECT_EQ(m.shared_experts, r.shared) << r.preset;
   }
 }
 
@@ -156,6 +160,35 @@ TEST_F(ModelFiles, BadFilesAreRefusedNamingTheFileAndTheField) {
   }
 }
 
+TEST_F(ModelFiles, MoeFieldsAreCheckedAndNeedMoe) {
+  nlohmann::json moe = good();
+  moe["moe"] = true;
+  moe["num_experts_per_tok"] = 8;
+  const ModelSpec m = parse_model(moe, "test");
+  EXPECT_EQ(m.top_k, 8);
+  EXPECT_EQ(m.shared_experts, 0);  // optional
+  struct Case {
+    bool moe;
+    const char* field;
+    nlohmann::json value;  // null: the field is removed
+  };
+  for (const Case& c :
+       {Case{true, "num_experts_per_tok", nullptr}, Case{true, "num_experts_per_tok", 0},
+        Case{true, "num_experts_per_tok", kMaxModelTopK + 1},
+        Case{true, "num_experts_per_tok", "8"}, Case{true, "n_shared_experts", -1},
+        Case{true, "n_shared_experts", 1.5}, Case{false, "num_experts_per_tok", 8},
+        Case{false, "n_shared_experts", 1}}) {
+    nlohmann::json j = c.moe ? moe : good();
+    if (c.value.is_null())
+      j.erase(c.field);
+    else
+      j[c.field] = c.value;
+    const std::string what = refusal(j.dump());
+    EXPECT_NE(what.find(std::string("\"") + c.field + "\""), std::string::npos)
+        << c.field << " " << c.value << ": " << what;
+  }
+}
+
 TEST_F(ModelFiles, NotAModelIsRefusedNamingTheFile) {
   for (const char* text : {"", "{", "[1, 2]", "\"DeepSeek\"", "null"}) {
     const std::string what = refusal(text);
@@ -216,15 +249,21 @@ TEST(StepPlanTest, EveryPresetMatchesAHandTable) {
     std::int64_t shard;
     std::int64_t head_in, head_out;
     std::int64_t step_in;  // 2L x act + head_in
+    int top_k;             // of the MoE layers' combine
+    bool shared;
   };
   for (const Row& r : {
-           Row{"deepseek-v3", 8, 1, 61, 3, 58, 14336, 16160, 258560, 258560, 2007552},
-           Row{"deepseek-v3", 8, 128, 61, 3, 58, 1835008, 16160, 33095680, 33095680, 256966656},
-           Row{"llama-3.1-70b", 4, 8, 80, 80, 0, 131072, 32064, 2052096, 2052096, 23023616},
-           Row{"qwen3-235b-a22b", 8, 32, 94, 0, 94, 262144, 18992, 9723904, 9723904, 59006976},
-           Row{"gpt-oss-120b", 2, 128, 36, 0, 36, 737280, 100544, 51478528, 51478528, 104562688},
+           Row{"deepseek-v3", 8, 1, 61, 3, 58, 14336, 16160, 258560, 258560, 2007552, 8, true},
+           Row{"deepseek-v3", 8, 128, 61, 3, 58, 1835008, 16160, 33095680, 33095680, 256966656, 8,
+               true},
+           Row{"llama-3.1-70b", 4, 8, 80, 80, 0, 131072, 32064, 2052096, 2052096, 23023616, 0,
+               false},
+           Row{"qwen3-235b-a22b", 8, 32, 94, 0, 94, 262144, 18992, 9723904, 9723904, 59006976, 8,
+               false},
+           Row{"gpt-oss-120b", 2, 128, 36, 0, 36, 737280, 100544, 51478528, 51478528, 104562688, 4,
+               false},
            // A vocabulary that does not split evenly: the last shard is padded.
-           Row{"gpt-oss-120b", 3, 1, 36, 0, 36, 5760, 67030, 402180, 402176, 816900},
+           Row{"gpt-oss-120b", 3, 1, 36, 0, 36, 5760, 67030, 402180, 402176, 816900, 4, false},
        }) {
     const ModelSpec m = load_model_file(find_model(r.preset, kRoots));
     const StepPlan p = plan_step(m, r.tp, r.tokens);
@@ -243,7 +282,9 @@ TEST(StepPlanTest, EveryPresetMatchesAHandTable) {
       const StepOpKind ffn = l < r.mlp ? StepOpKind::kMlpReduce : StepOpKind::kMoeReduce;
       EXPECT_EQ(a,
                 (StepOp{StepOpKind::kAttnReduce, l, r.tokens, m.hidden, r.act_bytes, r.act_bytes}));
-      EXPECT_EQ(f, (StepOp{ffn, l, r.tokens, m.hidden, r.act_bytes, r.act_bytes}));
+      const bool moe = ffn == StepOpKind::kMoeReduce;
+      EXPECT_EQ(f, (StepOp{ffn, l, r.tokens, m.hidden, r.act_bytes, r.act_bytes, moe ? r.top_k : 0,
+                           moe && r.shared}));
     }
     EXPECT_EQ(p.ops.back(),
               (StepOp{StepOpKind::kLmHead, m.layers, r.tokens, r.shard, r.head_in, r.head_out}));
@@ -259,9 +300,9 @@ TEST(StepPlanTest, TheGpuTiersSmallModel) {
       {StepOpKind::kAttnReduce, 0, 3, 1000, 6000, 6000},
       {StepOpKind::kMlpReduce, 0, 3, 1000, 6000, 6000},
       {StepOpKind::kAttnReduce, 1, 3, 1000, 6000, 6000},
-      {StepOpKind::kMoeReduce, 1, 3, 1000, 6000, 6000},
+      {StepOpKind::kMoeReduce, 1, 3, 1000, 6000, 6000, 3, true},
       {StepOpKind::kAttnReduce, 2, 3, 1000, 6000, 6000},
-      {StepOpKind::kMoeReduce, 2, 3, 1000, 6000, 6000},
+      {StepOpKind::kMoeReduce, 2, 3, 1000, 6000, 6000, 3, true},
       // ceil(1001 / 4) = 251 columns per shard, the last one padded; 12 rows of them in.
       {StepOpKind::kLmHead, 3, 3, 251, 12 * 251 * 2, 3 * 1001 * 2},
   };
