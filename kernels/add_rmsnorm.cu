@@ -45,8 +45,8 @@ Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParam
     return Status::kInvalidArgument;
   return dispatch_float_dtype(dtype, [&]<class T>() {
     return dispatch_fusion_kind(fusion.kind, Status::kInvalidArgument, [&]<Fusion K>() {
-      if constexpr (K == Fusion::kNone) {
-        return Status::kInvalidArgument;  // nothing to do locally
+      if constexpr (K == Fusion::kNone || traits(K).combine) {
+        return Status::kInvalidArgument;  // nothing to do locally, or a prologue to push
       } else {
         constexpr int W = Pack<T>::kElems;
         int blocks = 1;

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   const bool in_aligned = is_aligned16(in);
   // The first input pack is loaded while the block reads the operation count.
   Pack<T> head{};
-  if (first < packs) head = load_pack(in, first, count, in_aligned);
+  if (first < packs) head = Epilogue::template input<T>(p, in, first, in_aligned);
   const LamportFrame f = lamport_frame(p);
   // A failed rank gives up at once (NOTE [bounded waits]): it pushes nothing, waits for nothing
   // and poisons its outputs in `lamport_end` (with a row epilogue, after the row step, whose
@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
     // Push this rank's input into slot `rank` of every rank's buffer.
     const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * slot_bytes;
     for (std::int64_t v = first; v < packs; v += stride) {
-      const uint4 x =
-          lamport_outgoing(v == first ? head.raw : load_pack(in, v, count, in_aligned).raw);
+      const uint4 x = lamport_outgoing(
+          v == first ? head.raw : Epilogue::template input<T>(p, in, v, in_aligned).raw);
 #pragma unroll
       for (int r = 0; r < R; ++r)
         st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + v * 16, x);

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
       for (int s = 0; s < R; ++s)
         if (const std::int64_t v = s * slice + i; v < packs)
           st_volatile(lamport_buffer(p, s, f.buffer) + own_slot + i * 16,
-                      lamport_outgoing(load_pack(in, v, count, in_aligned).raw));
+                      lamport_outgoing(Epilogue::template input<T>(p, in, v, in_aligned).raw));
     }
     lamport_refill<R>(p, f);
   }

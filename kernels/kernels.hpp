@@ -34,6 +34,10 @@ enum class Norm : std::uint8_t {
 /// add the residual (when the call gives one), normalise each row (its kind, times gamma), and
 /// how to store the normalised rows.
 struct FusionTraits {
+  /// The MoE combine is the prologue: each rank's input packs are combined from its experts'
+  /// outputs (`FusionParams::moe`, as `launch_moe_combine` does, rounded once into the input's
+  /// dtype) as the kernel pushes them, instead of read from its input.
+  bool combine = false;
   bool residual = false;
   Norm norm = Norm::kNone;
   Quant quant = Quant::kNone;
@@ -43,8 +47,9 @@ struct FusionTraits {
 };
 
 /// The epilogues that are instantiated, by name. The Lamport kernels carry every one but `kAdd`;
-/// the local kernel (`launch_add_rmsnorm`) every one but `kNone`. The forms of the norm that do
-/// not change what is stored (no residual, an f32 gamma, Gemma's `1 + gamma`) are arguments
+/// the local kernel (`launch_add_rmsnorm`) every one but `kNone` and those with the combine. The
+/// forms of the norm that do not change what is stored (no residual, an f32 gamma, Gemma's `1 +
+/// gamma`) are arguments
 /// (`FusionParams`), not epilogues.
 enum class Fusion : std::uint8_t {
   kNone,                // the plain all-reduce
@@ -53,23 +58,26 @@ enum class Fusion : std::uint8_t {
   kAddRmsNormFp8Token,  // the same, norm_out in f8e4m3 with per-row scales
   kAddRmsNormFp8Group,  // the same, norm_out in f8e4m3 with a scale per kFp8Group elements
   kAdd,                 // residual_out = sum + residual, no norm
+  kMoeAddRmsNorm,       // kAddRmsNorm of the sum of every rank's MoE combine (the prologue)
 };
-inline constexpr int kFusionCount = 6;
+inline constexpr int kFusionCount = 7;
 
 constexpr FusionTraits traits(Fusion f) noexcept {
   switch (f) {
     case Fusion::kNone:
       return {};
     case Fusion::kAddRmsNorm:
-      return {true, Norm::kRms, Quant::kNone};
+      return {false, true, Norm::kRms, Quant::kNone};
     case Fusion::kAddRmsNormFp8:
-      return {true, Norm::kRms, Quant::kFp8};
+      return {false, true, Norm::kRms, Quant::kFp8};
     case Fusion::kAddRmsNormFp8Token:
-      return {true, Norm::kRms, Quant::kFp8Token};
+      return {false, true, Norm::kRms, Quant::kFp8Token};
     case Fusion::kAddRmsNormFp8Group:
-      return {true, Norm::kRms, Quant::kFp8Group};
+      return {false, true, Norm::kRms, Quant::kFp8Group};
     case Fusion::kAdd:
-      return {true, Norm::kNone, Quant::kNone};
+      return {false, true, Norm::kNone, Quant::kNone};
+    case Fusion::kMoeAddRmsNorm:
+      return {true, true, Norm::kRms, Quant::kNone};
   }
   return {};
 }
@@ -115,6 +123,29 @@ inline constexpr int kFusedMaxThreads = 512;
 /// True for the epilogues the Lamport kernels carry.
 constexpr bool on_lamport(Fusion f) noexcept { return f != Fusion::kAdd; }
 
+/// Most experts per token the MoE combine takes (top-k).
+inline constexpr int kMoeMaxTopK = 32;
+
+/// The MoE layer's combine: `out[t] = sum over k of weights[t, k] * experts[map[t, k]]`, then
+/// `+ shared[t]` where given, per token t of `tokens` and element of `hidden`, accumulated in f32
+/// in that order and rounded once into `dtype` (f16, bf16 or f32). `experts` is
+/// [rows, hidden] and `shared` [tokens, hidden] in `dtype`; `map` is int32 [tokens, top_k];
+/// `weights` [tokens, top_k] in f32 (`weights_f32`) or `dtype`. A map entry outside [0, rows)
+/// makes that token's row NaN. Any alignment; `out` must not overlap the inputs.
+struct MoeCombineParams {
+  const void* experts;
+  const std::int32_t* map;
+  const void* weights;
+  const void* shared;
+  void* out;
+  std::int64_t tokens;
+  std::int64_t rows;
+  std::int64_t hidden;
+  int top_k;
+  bool weights_f32;
+};
+static_assert(std::is_trivially_copyable_v<MoeCombineParams>);
+
 /// The arguments of a fused operation over `count / hidden` rows of `hidden` elements; unused
 /// (zero) for the plain all-reduce. The sum (plus the residual) is the kernel's `output`
 /// (`residual_out`).
@@ -137,6 +168,9 @@ struct FusionParams {
   bool gamma_f32;
   /// The row is scaled by `1 + gamma` (Gemma's RMSNorm) instead of `gamma`.
   bool gamma_plus_one;
+  /// With the combine (`FusionTraits::combine`): its arguments (`out` unused; 16-bit experts,
+  /// `hidden` as above, `tokens * hidden` the message's count).
+  MoeCombineParams moe;
 };
 static_assert(std::is_trivially_copyable_v<FusionParams>);
 
@@ -224,29 +258,6 @@ Status launch_all_reduce(const AllReduceParams& params, const AllReduceKernel& k
 /// unsupported dtype or fusion; kCudaError when the launch fails.
 Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParams& fusion,
                           std::int64_t count, DType dtype, Stream stream) noexcept;
-
-/// Most experts per token the MoE combine takes (top-k).
-inline constexpr int kMoeMaxTopK = 32;
-
-/// The MoE layer's combine: `out[t] = sum over k of weights[t, k] * experts[map[t, k]]`, then
-/// `+ shared[t]` where given, per token t of `tokens` and element of `hidden`, accumulated in f32
-/// in that order and rounded once into `dtype` (f16, bf16 or f32). `experts` is
-/// [rows, hidden] and `shared` [tokens, hidden] in `dtype`; `map` is int32 [tokens, top_k];
-/// `weights` [tokens, top_k] in f32 (`weights_f32`) or `dtype`. A map entry outside [0, rows)
-/// makes that token's row NaN. Any alignment; `out` must not overlap the inputs.
-struct MoeCombineParams {
-  const void* experts;
-  const std::int32_t* map;
-  const void* weights;
-  const void* shared;
-  void* out;
-  std::int64_t tokens;
-  std::int64_t rows;
-  std::int64_t hidden;
-  int top_k;
-  bool weights_f32;
-};
-static_assert(std::is_trivially_copyable_v<MoeCombineParams>);
 
 /// Launches the MoE combine (one block per token). `tokens` 0 is a warm-up launch.
 /// kInvalidArgument for an unsupported dtype or top-k outside 1..kMoeMaxTopK; kCudaError when the

@@ -176,10 +176,13 @@ class Group {
                                               NormWeight weight = NormWeight::kGamma) noexcept;
   /// The end of a tensor-parallel MoE layer in one call: `x = moe_combine(moe)` (tpcomm/moe.hpp),
   /// then `all_reduce_add_rmsnorm(x, residual, gamma, eps, norm_out, residual_out, ...)` with its
-  /// arguments and rules. The combine is a kernel of its own, writing into `norm_out` where that
-  /// has the experts' dtype and overlaps no input (else into a stream-ordered temporary, which
-  /// graphs capture); the all-reduce + norm is served as `all_reduce_add_rmsnorm` is. Every rank
-  /// passes the same shapes; `experts` and `shared` are this rank's partial outputs.
+  /// arguments and rules. Where a Lamport kernel serves the fused norm without FP8 (16-bit, within
+  /// the fusion workspace), the combine is that kernel's prologue: each rank combines its packs
+  /// as it pushes them, and x is never stored. Elsewhere the combine is a kernel of its own,
+  /// writing into `norm_out` where that has the experts' dtype and overlaps no input (else into a
+  /// stream-ordered temporary, which graphs capture), and the all-reduce + norm is served as
+  /// `all_reduce_add_rmsnorm` is. Both give bitwise the same results. Every rank passes the same
+  /// shapes; `experts` and `shared` are this rank's partial outputs.
   [[nodiscard]] Status moe_finalize_all_reduce_add_rmsnorm(
       const MoeCombine& moe, const TensorView& residual, const TensorView& gamma, float eps,
       const TensorView& norm_out, const TensorView& residual_out, Stream stream,

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The epilogue slot of the all-reduce kernels, and the epilogues: the identity (plain
-// all-reduce) and the fused residual add + RMSNorm (+ FP8 quantisation).
+// all-reduce) and the fused residual add + RMSNorm (+ FP8 quantisation), with the prologue of the
+// MoE combine.
 #pragma once
 
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/common/sync.cuh"
@@ -26,24 +28,110 @@ namespace tpcomm::kernels {
 //   __device__ Pack<T> operator()(const Pack<T>& sum, std::int64_t first) const;
 //
 // where `first` is the index in the message of the pack's first element, and constants `kRows`
-// and `kMaxThreads` (the kernel's launch bound). An epilogue with `kRows` also needs whole rows:
-// the kernel then ends with `finish_rows` instead of storing packs as they come, one block per row
-// (the packs a kernel pushes and polls stay those of the flat message, so nothing else changes).
-// What an epilogue does is fixed at compile time by `FusionTraits` (kernels/kernels.hpp): residual
-// add in the pack step, the norm (`RowNorm` of its kind) and quantisation in the row step.
-// `Identity` stores the sum as it is and compiles to nothing: the kernels with it are the plain
-// all-reduce (measured before and after in docs/PERFORMANCE.md).
+// and `kMaxThreads` (the kernel's launch bound). It also gives the kernel this rank's input
+// packs, `input<T>(params, in, v, aligned)`: the prologue slot, where the Lamport kernels read
+// what they push. Most read it from `in`; the MoE finalize's (`FusionTraits::combine`) computes
+// each pack of the rank's combine there (`combine_pack`), and the combine is never stored. An
+// epilogue with `kRows` also needs whole rows: the kernel then ends with `finish_rows` instead of
+// storing packs as they come, one block per row (the packs a kernel pushes and polls stay those of
+// the flat message, so nothing else changes). What an epilogue does is fixed at compile time by
+// `FusionTraits` (kernels/kernels.hpp): residual add in the pack step, the norm (`RowNorm` of its
+// kind) and quantisation in the row step. `Identity` stores the sum as it is and compiles to
+// nothing: the kernels with it are the plain all-reduce (measured before and after in
+// docs/PERFORMANCE.md).
 struct Identity {
   static constexpr bool kRows = false;
   static constexpr int kMaxThreads = 1024;
 
   __device__ explicit Identity(const AllReduceParams& /*params*/) {}
 
+  /// Pack `v` of this rank's input (the prologue slot: NOTE [epilogues]).
+  template <class T>
+  __device__ __forceinline__ static Pack<T> input(const AllReduceParams& p, const T* in,
+                                                  std::int64_t v, bool in_aligned) {
+    return load_pack(in, v, p.count, in_aligned);
+  }
+
   template <class T>
   __device__ __forceinline__ Pack<T> operator()(const Pack<T>& sum, std::int64_t /*first*/) const {
     return sum;
   }
 };
+
+/// The router's weight `i` (`[tokens, top_k]` flat) of a combine, in f32.
+template <class T>
+__device__ __forceinline__ float moe_weight(const MoeCombineParams& m, std::int64_t i) {
+  return m.weights_f32 ? static_cast<const float*>(m.weights)[i]
+                       : to_float(static_cast<const T*>(m.weights)[i]);
+}
+
+/// Element `c` of token `t`'s row of the MoE combine in f32, as `launch_moe_combine` computes it
+/// (NOTE [moe combine] in kernels/moe_combine.cu): fmaf over k ascending, then `+ shared`; NaN
+/// when the token's map names a row outside the experts.
+template <class T>
+__device__ __forceinline__ float combine_element(const MoeCombineParams& m, std::int64_t t,
+                                                 std::int64_t c) {
+  const T* experts = static_cast<const T*>(m.experts);
+  float acc = 0.f;
+  for (int k = 0; k < m.top_k; ++k) {
+    const std::int64_t i = t * m.top_k + k;
+    const std::int32_t row = m.map[i];
+    if (row < 0 || row >= m.rows) return NAN;
+    acc = fmaf(moe_weight<T>(m, i), to_float(experts[row * m.hidden + c]), acc);
+  }
+  if (m.shared != nullptr) acc += to_float(static_cast<const T*>(m.shared)[t * m.hidden + c]);
+  return acc;
+}
+
+/// Pack `v` of a rank's MoE combine over `count` = tokens x hidden elements, rounded once into
+/// T (bitwise what `launch_moe_combine` stores there); zeros past `count`. Where the rows are
+/// whole packs (hidden a multiple of the pack, 16-byte aligned experts and shared), the pack lies
+/// in one token's row and each expert's part of it is one load.
+template <class T>
+__device__ __forceinline__ Pack<T> combine_pack(const MoeCombineParams& m, std::int64_t v,
+                                                std::int64_t count) {
+  constexpr int W = Pack<T>::kElems;
+  const std::int64_t e0 = v * W;
+  Pack<T> out;
+  out.raw = make_uint4(0, 0, 0, 0);
+  if (e0 >= count) return out;
+  const T* experts = static_cast<const T*>(m.experts);
+  const T* shared = static_cast<const T*>(m.shared);
+  if (m.hidden % W == 0 && e0 + W <= count && is_aligned16(experts) &&
+      (shared == nullptr || is_aligned16(shared))) {
+    const std::int64_t t = e0 / m.hidden, c = e0 - t * m.hidden;
+    float acc[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) acc[i] = 0.f;
+    bool bad = false;
+    for (int k = 0; k < m.top_k && !bad; ++k) {
+      const std::int64_t i = t * m.top_k + k;
+      const std::int32_t row = m.map[i];
+      bad = row < 0 || row >= m.rows;
+      if (bad) break;
+      const float w = moe_weight<T>(m, i);
+      Pack<T> x;
+      x.raw = *reinterpret_cast<const uint4*>(experts + row * m.hidden + c);
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc[j] = fmaf(w, to_float(x[j]), acc[j]);
+    }
+    if (shared != nullptr && !bad) {
+      Pack<T> x;
+      x.raw = *reinterpret_cast<const uint4*>(shared + e0);
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc[j] += to_float(x[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < W; ++j) out[j] = from_float<T>(bad ? NAN : acc[j]);
+    return out;
+  }
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    const std::int64_t e = e0 + j;
+    if (e < count) out[j] = from_float<T>(combine_element<T>(m, e / m.hidden, e % m.hidden));
+  }
+  return out;
+}
 
 /// The fused epilogue `K` (named by its `Fusion`, since a kernel's template arguments cannot be
 /// class values), whose traits `F` decide: with `F.residual`, the pack step adds the residual when
@@ -63,6 +151,17 @@ struct Fused {
   __device__ explicit Fused(const AllReduceParams& p) : Fused(p.fusion, p.count) {}
   __device__ Fused(const FusionParams& fusion, std::int64_t elements)
       : f(fusion), count(elements), residual_aligned(is_aligned16(fusion.residual)) {}
+
+  /// Pack `v` of this rank's input: read from `in`, or with `F.combine` combined from its
+  /// experts' outputs (`combine_pack`).
+  template <class T>
+  __device__ __forceinline__ static Pack<T> input(const AllReduceParams& p, const T* in,
+                                                  std::int64_t v, bool in_aligned) {
+    if constexpr (F.combine)
+      return combine_pack<T>(p.fusion.moe, v, p.count);
+    else
+      return load_pack(in, v, p.count, in_aligned);
+  }
 
   template <class T>
   __device__ __forceinline__ Pack<T> operator()(const Pack<T>& sum, std::int64_t first) const {

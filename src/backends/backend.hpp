@@ -39,8 +39,9 @@ enum class Op : std::uint8_t {
   kLmHeadExchange,
   /// Every rank's input concatenated on rank `Request::peer` (`out` there; empty elsewhere).
   kGather,
-  /// The MoE combine (`Request::moe`) into `in`, then kAllReduceAddRmsNorm of it; served by the
-  /// composite that runs the combine first (ops/moe.hpp).
+  /// The MoE combine (`Request::moe`), then kAllReduceAddRmsNorm of it: served by the custom
+  /// backend with the combine as the Lamport kernels' prologue, else by the composite that runs
+  /// the combine into `in` first (ops/moe.hpp).
   kMoeFinalize,
 };
 

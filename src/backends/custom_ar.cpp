@@ -53,6 +53,7 @@ Status launch_every_kernel(int world, Stream stream) noexcept {
   // The local add + RMSNorm of the fused operation's fallback.
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int f = 1; f < kernels::kFusionCount; ++f) {
+      if (kernels::traits(static_cast<kernels::Fusion>(f)).combine) continue;  // Lamport only
       kernels::FusionParams none{};
       none.kind = static_cast<kernels::Fusion>(f);
       TPCOMM_TRY(kernels::launch_add_rmsnorm(nullptr, nullptr, none, 0, t, stream));

@@ -23,6 +23,11 @@ Plan CustomArBackend::plan(const Request& r) const noexcept {
         return Plan::no("input larger than the exchange's staging (Group::prepare_exchange)");
       return Plan::yes({this, Algo::kNone, c.algo, c.shape()});
     }
+    case Op::kMoeFinalize:
+      // The combine is a prologue of the kernels that carry kAddRmsNorm (16-bit, no FP8).
+      if (r.fusion->kind != kernels::Fusion::kAddRmsNorm)
+        return Plan::no("the combine rides on the fused norm without FP8 only");
+      [[fallthrough]];
     case Op::kAllReduceAddRmsNorm: {
       const char* why = nullptr;
       const Choice c = select_add_rmsnorm(r.in.numel() / r.fusion->hidden, r.fusion->hidden,
@@ -37,7 +42,7 @@ Plan CustomArBackend::plan(const Request& r) const noexcept {
       return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
     }
     default:
-      return Plan::no("only the all-reduce, the fused norm and the exchanges");
+      return Plan::no("only the all-reduce, the fused norm, the MoE finalize and the exchanges");
   }
 }
 
@@ -47,8 +52,15 @@ Status CustomArBackend::run(const Request& r, const Plan& plan, Stream stream) n
     return ar_->exchange(*r.plan, r.in, r.out,
                          ExchangeChoice{s.exchange, s.shape.blocks, s.shape.threads}, r.capturing,
                          stream, r.tag);
-  return ar_->run(r.in, r.out, Choice{s.algo, s.shape.blocks, s.shape.threads}, r.capturing, stream,
-                  r.tag, r.fusion);
+  const Choice choice{s.algo, s.shape.blocks, s.shape.threads};
+  if (r.op == Op::kMoeFinalize) {
+    // Each rank's input is its combine, computed as it is pushed: `r.in` is never read or written.
+    kernels::FusionParams fusion = *r.fusion;
+    fusion.kind = kernels::Fusion::kMoeAddRmsNorm;
+    fusion.moe = *r.moe;
+    return ar_->run(r.in, r.out, choice, r.capturing, stream, r.tag, &fusion);
+  }
+  return ar_->run(r.in, r.out, choice, r.capturing, stream, r.tag, r.fusion);
 }
 
 std::string CustomArBackend::describe(const Plan& plan) const {

@@ -121,7 +121,8 @@ Status check_add_rmsnorm(const TensorView& x, const TensorView& residual, const 
                                        eps,
                                        hidden,
                                        /*gamma_f32=*/gamma.dtype != x.dtype,
-                                       /*gamma_plus_one=*/weight == NormWeight::kOnePlusGamma};
+                                       /*gamma_plus_one=*/weight == NormWeight::kOnePlusGamma,
+                                       /*moe=*/{}};
   call->rows = rows;
   call->dtype = x.dtype;
   call->x = x;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The end of a tensor-parallel MoE layer: the combine's checks (tpcomm/moe.hpp says the rules),
-// `Group::moe_finalize_all_reduce_add_rmsnorm`'s request, and its path, the combine first.
+// `Group::moe_finalize_all_reduce_add_rmsnorm`'s request, and its path where no kernel carries
+// the combine as its prologue: the combine first.
 #pragma once
 
 #include <memory>

@@ -264,6 +264,90 @@ TEST(Moe, FinalizeMatchesTheReferenceOnEveryRank) {
   }
 }
 
+// Where a Lamport kernel serves the fused norm, the combine is its prologue: bitwise what the
+// combine kernel and then the fused call give, in both of its forms (whole packs of a row, and
+// element by element where rows are not whole packs or the experts are not 16-byte aligned).
+TEST(Moe, ThePrologueEqualsTheCombineThenTheFusedCall) {
+  constexpr std::int64_t kMaxTokens = 3, kMaxHidden = 7168;
+  constexpr int kMaxTopK = 8;
+  for (int world : {2, 3, 8}) {
+    std::vector<MoeCase> cases;
+    for (std::int64_t hidden : {kMaxHidden, std::int64_t{1001}})
+      for (int top_k : {1, 8})
+        for (bool shared : {false, true})
+          for (std::int64_t tokens : {std::int64_t{1}, kMaxTokens})
+            cases.push_back({world, tokens, hidden, top_k, shared, DType::kBF16});
+    std::vector<std::uint64_t> seeds;
+    for (std::size_t i = 0; i < cases.size() * 2; ++i) seeds.push_back(fresh_seed());
+    run_ranks(world, [&](int rank, Bootstrap& boot) {
+      Group g(boot, 0, options_for("auto"));
+      StreamHolder stream;
+      const cudaStream_t cs = stream.get();
+      const Stream s = stream.stream();
+      const std::int64_t most = kMaxTokens * kMaxHidden * 2;
+      DeviceBuffer experts((kMaxTokens * kMaxTopK + kSpareRows) * kMaxHidden * 2 + 16),
+          map(kMaxTokens * kMaxTopK * 4), weights(kMaxTokens * kMaxTopK * 4), shared(most),
+          residual(most), gamma(kMaxHidden * 2), x(most), norm_a(most), residual_a(most),
+          norm_b(most), residual_b(most);
+      for (std::size_t si = 0; si < seeds.size(); ++si) {
+        const MoeCase& c = cases[si / 2];
+        const bool aligned = si % 2 == 0;  // the experts 2 bytes off 16-byte alignment otherwise
+        const Inputs in = make_inputs(c, seeds[si]);
+        const auto r = static_cast<std::size_t>(rank);
+        const std::string what = c.name() + (aligned ? "" : " misaligned experts");
+        auto at = [&](void* p, DType t, std::int64_t rows, std::int64_t cols) {
+          return TensorView::contiguous(p, t, {rows, cols}, 0);
+        };
+        char* e = static_cast<char*>(experts.get()) + (aligned ? 0 : 2);
+        const MoeCombine moe{
+            at(e, c.dtype, c.rows(), c.hidden), at(map.get(), DType::kI32, c.tokens, c.top_k),
+            at(weights.get(), DType::kF32, c.tokens, c.top_k),
+            c.shared ? at(shared.get(), c.dtype, c.tokens, c.hidden) : TensorView{}};
+        const TensorView res = at(residual.get(), c.dtype, c.tokens, c.hidden);
+        const TensorView gam = TensorView::flat(gamma.get(), c.dtype, c.hidden, 0);
+        const TensorView xv = at(x.get(), c.dtype, c.tokens, c.hidden);
+        ASSERT_NE(g.backend_for_add_rmsnorm(xv, xv).find("custom_ar:lamport"), std::string::npos)
+            << what << ": not a case of the prologue";
+        auto upload = [&](void* p, const std::vector<unsigned char>& bytes) {
+          ASSERT_EQ(cudaMemcpyAsync(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, cs),
+                    cudaSuccess);
+        };
+        upload(e, encode(in.experts[r], c.dtype));
+        std::vector<unsigned char> map_bytes(in.map.size() * 4);
+        std::memcpy(map_bytes.data(), in.map.data(), map_bytes.size());
+        upload(map.get(), map_bytes);
+        upload(weights.get(), encode(in.weights[r], DType::kF32));
+        upload(shared.get(), encode(in.shared[r], c.dtype));
+        upload(residual.get(), encode(in.residual, c.dtype));
+        upload(gamma.get(), encode(in.gamma, c.dtype));
+        for (DeviceBuffer* out : {&norm_a, &residual_a, &norm_b, &residual_b})
+          ASSERT_EQ(cudaMemsetAsync(out->get(), 0xFF, most, cs), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+        const TensorView na = at(norm_a.get(), c.dtype, c.tokens, c.hidden);
+        const TensorView ra = at(residual_a.get(), c.dtype, c.tokens, c.hidden);
+        const TensorView nb = at(norm_b.get(), c.dtype, c.tokens, c.hidden);
+        const TensorView rb = at(residual_b.get(), c.dtype, c.tokens, c.hidden);
+        ASSERT_EQ(g.moe_finalize_all_reduce_add_rmsnorm(moe, res, gam, kEps, na, ra, s),
+                  Status::kOk)
+            << what << ": " << g.last_error();
+        ASSERT_EQ(moe_combine(moe, xv, s), Status::kOk) << what;
+        ASSERT_EQ(g.all_reduce_add_rmsnorm(xv, res, gam, kEps, nb, rb, s), Status::kOk)
+            << what << ": " << g.last_error();
+        ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+        ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+        const auto bytes = static_cast<std::size_t>(ra.nbytes());
+        const auto got_residual = testing::to_host(residual_a.get(), bytes);
+        const auto got_norm = testing::to_host(norm_a.get(), bytes);
+        EXPECT_EQ(got_residual, testing::to_host(residual_b.get(), bytes))
+            << what << " rank " << rank;
+        EXPECT_EQ(got_norm, testing::to_host(norm_b.get(), bytes)) << what << " rank " << rank;
+        EXPECT_EQ(off(c, in, got_residual, got_norm), 0) << what << " rank " << rank;
+        boot.barrier();
+      }
+    });
+  }
+}
+
 // What the combine cannot serve is refused before anything runs, naming the argument.
 TEST(Moe, BadArgumentsAreRefusedAndLoseNothing) {
   run_ranks(2, [&](int, Bootstrap& boot) {
