@@ -200,6 +200,13 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = moe ]; then
       --shared-expert -b 14336 -e $((14336 * 128)) -f 2 -d bfloat16 --graph -n 20 -w 3 \
       --graph-replays 10 --algo auto,unfused,allreduce --json "$out/moe-h7168-w$r.json"
   done
+  # The MoE presets' decode step at 8 ranks with the combine in the fused call and apart from it.
+  for model in deepseek-v3 qwen3-235b-a22b; do
+    for combine in fused separate; do
+      step moe "$bin/tpcomm" step --model "$model" --tp 8 --virtual-ranks 8 --tokens 1,128 \
+        --moe-combine "$combine" --json "$out/step-$model-vr8-$combine.json"
+    done
+  done
 fi
 
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = exchange ]; then
