@@ -12,6 +12,7 @@
 #include "backends/backend.hpp"
 #include "backends/exchange_plan.hpp"
 #include "ops/call.hpp"
+#include "ops/composite.hpp"
 #include "tpcomm/lm_head.hpp"
 
 namespace tpcomm {
@@ -42,8 +43,9 @@ Status make_lm_head_exchange(const GroupShape& g, const TensorView& shard_logits
 /// the shards all-gathered through the chain into a temporary ([world, T, S]), then this rank's
 /// rows of each shard copied into its columns (SGLang's path). Every rank runs the same
 /// all-gather, so the ranks' paths agree.
-class GatherCopyBackend : public Backend {
+class GatherCopyBackend : public Composite {
  public:
+  using Composite::Composite;
   /// Keeps a temporary for the gathered shards of inputs of up to `shard_bytes` bytes, so that
   /// those calls allocate nothing; larger ones take a stream-ordered allocation of their own.
   /// Not graph-safe (it allocates and frees); never shrinks. Throws `Error` when the allocation

@@ -16,7 +16,10 @@ namespace {
 
 class GatherCopy final : public GatherCopyBackend {
  public:
-  GatherCopy(BackendChain& chain, const GroupShape& g) noexcept : chain_(chain), g_(g) {}
+  GatherCopy(BackendChain& chain, const GroupShape& g) noexcept
+      : GatherCopyBackend(chain, Op::kLmHeadExchange, "only the LM-head exchange",
+                          "lm_head_exchange", "all_gather:", "+copy"),
+        g_(g) {}
   ~GatherCopy() override { cudaFree(prepared_); }
   GatherCopy(const GatherCopy&) = delete;
   GatherCopy& operator=(const GatherCopy&) = delete;
@@ -33,20 +36,6 @@ class GatherCopy final : public GatherCopyBackend {
 
   std::string_view name() const noexcept override { return "all_gather+copy"; }
 
-  Plan plan(const Request& r) const noexcept override {
-    if (r.op != Op::kLmHeadExchange) return Plan::no("only the LM-head exchange");
-    ExchangePlan exchange;
-    const Plan inner = chain_.plan(gather(r, r.in.data, &exchange));
-    if (!inner.ok()) return Plan::no(inner.refusal);
-    return Plan::yes({this}, inner.step);
-  }
-
-  std::string describe(const Plan& plan) const override {
-    return "all_gather:" + BackendChain::describe(Plan::yes(plan.inner)) + "+copy";
-  }
-
-  std::string last_error() const override { return error_; }
-
   Status run(const Request& r, const Plan& plan, Stream stream) noexcept override {
     const auto s = reinterpret_cast<cudaStream_t>(stream);
     const TensorView& shards = r.in;
@@ -58,26 +47,23 @@ class GatherCopy final : public GatherCopyBackend {
     if (own && cudaMallocAsync(&gathered, static_cast<std::size_t>(bytes), s) != cudaSuccess)
       return failed(Status::kCudaError, "allocating the gathered shards failed");
     ExchangePlan exchange;
-    const Backend* served = nullptr;
-    Status status =
-        chain_.run(gather(r, gathered, &exchange), Plan::yes(plan.inner), stream, &served);
-    if (status != Status::kOk)
-      error_ = served != nullptr ? served->last_error() : std::string();
-    else
-      status = copy_rows(r, static_cast<const char*>(gathered), stream);
+    Status status = run_inner(gather(r, gathered, &exchange), plan, stream);
+    if (status == Status::kOk) status = copy_rows(r, static_cast<const char*>(gathered), stream);
     if (own && cudaFreeAsync(gathered, s) != cudaSuccess && status == Status::kOk)
       status = failed(Status::kCudaError, "freeing the gathered shards failed");
     return status;
   }
 
  private:
-  /// The all-gather of the shards into `gathered` ([world, T, S]), with the call's tag.
+  Request planned(const Request& r, ExchangePlan* scratch) const noexcept override {
+    return gather(r, r.in.data, scratch);
+  }
+
+  /// The all-gather of the shards into `gathered` ([world, T, S]).
   Request gather(const Request& r, void* gathered, ExchangePlan* exchange) const noexcept {
     const TensorView flat = r.in.flattened();
-    Request req{Op::kAllGather, flat,
-                TensorView::flat(gathered, flat.dtype, g_.world * flat.numel(), g_.device)};
-    req.capturing = r.capturing;
-    req.tag = r.tag;
+    Request req = inner(r, Op::kAllGather, flat,
+                        TensorView::flat(gathered, flat.dtype, g_.world * flat.numel(), g_.device));
     if (g_.world >= 2 && g_.world <= kMaxRanks) {
       *exchange = plan_all_gather(flat.nbytes(), g_.world, g_.rank);
       req.plan = exchange;
@@ -111,14 +97,7 @@ class GatherCopy final : public GatherCopyBackend {
     return Status::kOk;
   }
 
-  Status failed(Status s, const char* what) noexcept {
-    error_ = detail::concat("lm_head_exchange: ", what);
-    return s;
-  }
-
-  BackendChain& chain_;
   GroupShape g_;
-  std::string error_;
   void* prepared_ = nullptr;
   std::int64_t prepared_bytes_ = 0;
 };

@@ -10,6 +10,7 @@
 #include "core/overlap.hpp"
 #include "kernels/kernels.hpp"
 #include "ops/call.hpp"
+#include "ops/composite.hpp"
 #include "ops/fused_norm.hpp"
 #include "tpcomm/norm.hpp"
 
@@ -33,24 +34,14 @@ Status add_rmsnorm(const TensorView& x, const TensorView& residual, const Tensor
 
 namespace {
 
-class UnfusedNorm final : public Backend {
+class UnfusedNorm final : public Composite {
  public:
-  UnfusedNorm(BackendChain& chain, const GroupShape& g) noexcept : chain_(chain), g_(g) {}
+  UnfusedNorm(BackendChain& chain, const GroupShape& g) noexcept
+      : Composite(chain, Op::kAllReduceAddRmsNorm, "only the fused norm", "all_reduce_add_rmsnorm",
+                  "", "+add_rmsnorm"),
+        g_(g) {}
 
   std::string_view name() const noexcept override { return "all_reduce+add_rmsnorm"; }
-
-  Plan plan(const Request& r) const noexcept override {
-    if (r.op != Op::kAllReduceAddRmsNorm) return Plan::no("only the fused norm");
-    const Plan inner = chain_.plan(reduce(r, r.in, r.in));
-    if (!inner.ok()) return Plan::no(inner.refusal);
-    return Plan::yes({this}, inner.step);
-  }
-
-  std::string describe(const Plan& plan) const override {
-    return BackendChain::describe(Plan::yes(plan.inner)) + "+add_rmsnorm";
-  }
-
-  std::string last_error() const override { return error_; }
 
   Status run(const Request& r, const Plan& plan, Stream stream) noexcept override {
     const TensorView& x = r.in;
@@ -58,10 +49,7 @@ class UnfusedNorm final : public Backend {
     const std::int64_t count = x.numel();
     kernels::FusionParams f = *r.fusion;
     auto all_reduce = [&](const TensorView& in, const TensorView& out) {
-      const Backend* served = nullptr;
-      const Status s = chain_.run(reduce(r, in, out), Plan::yes(plan.inner), stream, &served);
-      if (s != Status::kOk) error_ = served != nullptr ? served->last_error() : std::string();
-      return s;
+      return run_inner(inner(r, Op::kAllReduce, in, out), plan, stream);
     };
     auto local = [&](const void* sum) {
       const Status s =
@@ -99,22 +87,12 @@ class UnfusedNorm final : public Backend {
   }
 
  private:
-  /// The all-reduce of the fused call's `in` into `out`, with the call's tag.
-  static Request reduce(const Request& r, const TensorView& in, const TensorView& out) noexcept {
-    Request req{Op::kAllReduce, in, out, ReduceOp::kSum};
-    req.capturing = r.capturing;
-    req.tag = r.tag;
-    return req;
+  /// The all-reduce of the fused call's `in`.
+  Request planned(const Request& r, ExchangePlan* /*scratch*/) const noexcept override {
+    return inner(r, Op::kAllReduce, r.in, r.in);
   }
 
-  Status failed(Status s, const char* what) noexcept {
-    error_ = detail::concat("all_reduce_add_rmsnorm: ", what);
-    return s;
-  }
-
-  BackendChain& chain_;
   GroupShape g_;
-  std::string error_;
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "core/check.hpp"
 #include "core/log.hpp"
+#include "ops/composite.hpp"
 #include "ops/moe.hpp"
 
 namespace tpcomm {
@@ -29,24 +30,13 @@ Status moe_combine(const MoeCombine& moe, const TensorView& out, Stream stream) 
 
 namespace {
 
-class MoeCombineFirst final : public Backend {
+class MoeCombineFirst final : public Composite {
  public:
-  explicit MoeCombineFirst(BackendChain& chain) noexcept : chain_(chain) {}
+  explicit MoeCombineFirst(BackendChain& chain) noexcept
+      : Composite(chain, Op::kMoeFinalize, "only the MoE finalize",
+                  "moe_finalize_all_reduce_add_rmsnorm", "moe_combine+", "") {}
 
   std::string_view name() const noexcept override { return "moe_combine"; }
-
-  Plan plan(const Request& r) const noexcept override {
-    if (r.op != Op::kMoeFinalize) return Plan::no("only the MoE finalize");
-    const Plan inner = chain_.plan(fused(r, r.in));
-    if (!inner.ok()) return Plan::no(inner.refusal);
-    return Plan::yes({this}, inner.step);
-  }
-
-  std::string describe(const Plan& plan) const override {
-    return "moe_combine+" + BackendChain::describe(Plan::yes(plan.inner));
-  }
-
-  std::string last_error() const override { return error_; }
 
   Status run(const Request& r, const Plan& plan, Stream stream) noexcept override {
     const auto s = reinterpret_cast<cudaStream_t>(stream);
@@ -57,37 +47,28 @@ class MoeCombineFirst final : public Backend {
     kernels::MoeCombineParams combine = *r.moe;
     combine.out = x.data;
     Status status = kernels::launch_moe_combine(combine, x.dtype, stream);
-    if (status != Status::kOk) {
+    if (status != Status::kOk)
       status = failed(status, "launching the combine failed");
-    } else {
-      const Backend* served = nullptr;
-      status = chain_.run(fused(r, x), Plan::yes(plan.inner), stream, &served);
-      if (status != Status::kOk) error_ = served != nullptr ? served->last_error() : std::string();
-    }
+    else
+      status = run_inner(fused(r, x), plan, stream);
     if (own && cudaFreeAsync(x.data, s) != cudaSuccess && status == Status::kOk)
       status = failed(Status::kCudaError, "freeing the combined output failed");
     return status;
   }
 
  private:
-  /// The fused all-reduce + norm of `x`, with the call's arguments and tag.
+  Request planned(const Request& r, ExchangePlan* /*scratch*/) const noexcept override {
+    return fused(r, r.in);
+  }
+
+  /// The fused all-reduce + norm of `x`, with the call's arguments.
   static Request fused(const Request& r, const TensorView& x) noexcept {
-    Request req{Op::kAllReduceAddRmsNorm, x, r.out};
+    Request req = inner(r, Op::kAllReduceAddRmsNorm, x, r.out);
     req.fusion = r.fusion;
     req.residual = r.residual;
     req.norm_out = r.norm_out;
-    req.capturing = r.capturing;
-    req.tag = r.tag;
     return req;
   }
-
-  Status failed(Status s, const char* what) noexcept {
-    error_ = detail::concat("moe_finalize_all_reduce_add_rmsnorm: ", what);
-    return s;
-  }
-
-  BackendChain& chain_;
-  std::string error_;
 };
 
 }  // namespace

@@ -5,30 +5,20 @@
 
 #include <string>
 
-#include "core/check.hpp"
+#include "ops/composite.hpp"
 #include "ops/reduce.hpp"
 
 namespace tpcomm {
 namespace {
 
-class ReduceSlice final : public Backend {
+class ReduceSlice final : public Composite {
  public:
-  ReduceSlice(BackendChain& chain, const GroupShape& g) noexcept : chain_(chain), g_(g) {}
+  ReduceSlice(BackendChain& chain, const GroupShape& g) noexcept
+      : Composite(chain, Op::kReduceScatter, "only the reduce-scatter", "reduce_scatter", "",
+                  "+slice"),
+        g_(g) {}
 
   std::string_view name() const noexcept override { return "all_reduce+slice"; }
-
-  Plan plan(const Request& r) const noexcept override {
-    if (r.op != Op::kReduceScatter) return Plan::no("only the reduce-scatter");
-    const Plan inner = chain_.plan(reduce(r, r.in.data));
-    if (!inner.ok()) return Plan::no(inner.refusal);
-    return Plan::yes({this}, inner.step);
-  }
-
-  std::string describe(const Plan& plan) const override {
-    return BackendChain::describe(Plan::yes(plan.inner)) + "+slice";
-  }
-
-  std::string last_error() const override { return error_; }
 
   Status run(const Request& r, const Plan& plan, Stream stream) noexcept override {
     const auto s = reinterpret_cast<cudaStream_t>(stream);
@@ -36,11 +26,8 @@ class ReduceSlice final : public Backend {
     void* sum = nullptr;
     if (cudaMallocAsync(&sum, bytes, s) != cudaSuccess)
       return failed(Status::kCudaError, "allocating the reduced input failed");
-    const Backend* served = nullptr;
-    Status status = chain_.run(reduce(r, sum), Plan::yes(plan.inner), stream, &served);
-    if (status != Status::kOk) {
-      error_ = served != nullptr ? served->last_error() : std::string();
-    } else {
+    Status status = run_inner(reduce(r, sum), plan, stream);
+    if (status == Status::kOk) {
       const auto part = static_cast<std::size_t>(r.out.nbytes());
       if (cudaMemcpyAsync(r.out.data, static_cast<const char*>(sum) + g_.rank * part, part,
                           cudaMemcpyDeviceToDevice, s) != cudaSuccess)
@@ -52,24 +39,20 @@ class ReduceSlice final : public Backend {
   }
 
  private:
-  /// The all-reduce of the call's whole input into `sum`, with the call's op and tag.
+  Request planned(const Request& r, ExchangePlan* /*scratch*/) const noexcept override {
+    return reduce(r, r.in.data);
+  }
+
+  /// The all-reduce of the call's whole input into `sum`, with the call's op.
   static Request reduce(const Request& r, void* sum) noexcept {
     const TensorView flat = r.in.flattened();
-    Request req{Op::kAllReduce, flat, TensorView::flat(sum, flat.dtype, flat.numel(), flat.device),
-                r.reduce};
-    req.capturing = r.capturing;
-    req.tag = r.tag;
+    Request req = inner(r, Op::kAllReduce, flat,
+                        TensorView::flat(sum, flat.dtype, flat.numel(), flat.device));
+    req.reduce = r.reduce;
     return req;
   }
 
-  Status failed(Status s, const char* what) noexcept {
-    error_ = detail::concat("reduce_scatter: ", what);
-    return s;
-  }
-
-  BackendChain& chain_;
   GroupShape g_;
-  std::string error_;
 };
 
 }  // namespace
