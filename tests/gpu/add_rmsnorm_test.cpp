@@ -500,26 +500,20 @@ TEST(AllReduceAddRmsNorm, GraphReplayWithNewInputs) {
         const cudaStream_t s = stream.get();
         RankBuffers b(c.count(), c.hidden, c.tokens);
         const CaseCall call = call_of(c, b);
-        cudaGraph_t graph = nullptr;
         {
-          auto scope = g.capture(stream.stream());
-          ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-          EXPECT_EQ(call.run(g, stream.stream()), Status::kOk) << g.last_error();
-          ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-          ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+          const testing::CapturedGraph graph(g, stream.stream(), [&] {
+            EXPECT_EQ(call.run(g, stream.stream()), Status::kOk) << g.last_error();
+          });
+          ASSERT_TRUE(graph.ok());
+          for (const Reference& ref : refs) {
+            upload(c, rank, ref, b, stream.stream());
+            ASSERT_EQ(graph.launch(), cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+            ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+            EXPECT_EQ(wrong_elements(c, ref, download(c, call)), 0)
+                << algo << " " << c.name() << " rank " << rank;
+          }
         }
-        cudaGraphExec_t exec = nullptr;
-        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-        for (const Reference& ref : refs) {
-          upload(c, rank, ref, b, stream.stream());
-          ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-          ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-          ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
-          EXPECT_EQ(wrong_elements(c, ref, download(c, call)), 0)
-              << algo << " " << c.name() << " rank " << rank;
-        }
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
         boot.barrier();
       });
     }

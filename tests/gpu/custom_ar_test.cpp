@@ -128,7 +128,6 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
       o.custom_ar_register_min_bytes = register_min;
       Group g(boot, 0, o);
       StreamHolder stream;
-      cudaStream_t s = stream.get();
       std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
       std::vector<void*> in_ptr, out_ptr;
       for (const Case& c : cases) {
@@ -139,10 +138,7 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
         out_ptr.push_back(c.in_place ? in_ptr.back()
                                      : outs.back()->bytes_ptr() + c.out_offset * es);
       }
-      cudaGraph_t graph = nullptr;
-      {
-        auto scope = g.capture(stream.stream());
-        ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      const testing::CapturedGraph graph(g, stream.stream(), [&] {
         for (std::size_t i = 0; i < cases.size(); ++i) {
           const Case& c = cases[i];
           EXPECT_EQ(
@@ -151,11 +147,8 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
               Status::kOk)
               << g.last_error();
         }
-        ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-        ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-      }
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      });
+      ASSERT_TRUE(graph.ok());
       DeviceBuffer wrong(sizeof(unsigned long long));
       for (int replay = 0; replay < 3; ++replay) {
         const std::uint64_t seed =
@@ -168,7 +161,7 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
                                        ReduceOp::kSum, 0, stream.stream()),
                     Status::kOk);
         }
-        ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+        ASSERT_EQ(graph.launch(), cudaSuccess);
         unsigned long long bad = 0;
         for (std::size_t i = 0; i < cases.size(); ++i)
           bad += wrong_elements(wrong, out_ptr[i], cases[i].dtype, cases[i].count, seed + i, rank,
@@ -177,8 +170,6 @@ TEST(CustomAllReduce, GraphCaptureAndReplayWithChangingInputs) {
         EXPECT_EQ(bad, 0u) << "rank " << rank << " replay " << replay << " register_min "
                            << register_min;
       }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
     });
   }
 }
@@ -212,23 +203,16 @@ TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
     boot.barrier();
     cudaEvent_t marker = nullptr;
     ASSERT_EQ(cudaEventCreate(&marker), cudaSuccess);
-    cudaGraph_t graph = nullptr;
-    {
-      auto scope = g.capture(stream.stream());
-      ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const testing::CapturedGraph graph(g, stream.stream(), [&] {
       for (int i = 0; i < ops; ++i) ASSERT_EQ(g.all_reduce(iv, ov, stream.stream()), Status::kOk);
       if (event_in_graph) {
         ASSERT_EQ(cudaEventRecord(marker, s), cudaSuccess);
       }
-      ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-      ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-    }
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    ASSERT_EQ(cudaGraphUpload(exec, s), cudaSuccess);
+    });
+    ASSERT_TRUE(graph.ok());
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     boot.barrier();
-    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(graph.launch(), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
     boot.barrier();
@@ -236,7 +220,7 @@ TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
     for (auto& e : events) ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
     ASSERT_EQ(cudaEventRecord(events[0], s), cudaSuccess);
     for (int r = 0; r < replays; ++r) {
-      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+      ASSERT_EQ(graph.launch(), cudaSuccess);
       ASSERT_EQ(cudaEventRecord(events[static_cast<std::size_t>(r) + 1], s), cudaSuccess);
     }
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -249,8 +233,6 @@ TEST_P(GraphReplays, BackToBackAfterEagerCalls) {
     for (auto& e : events) cudaEventDestroy(e);
     cudaEventDestroy(marker);
     boot.barrier();  // no rank destroys its graph while a peer's replay may still need it
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   });
 }
 

@@ -262,37 +262,31 @@ TEST(LmHeadExchange, GraphReplayWithNewInputs) {
           EXPECT_EQ(g.backend_for_lm_head_exchange(shards, result, layout),
                     std::string("custom_ar:") + exchange);
         }
-        cudaGraph_t graph = nullptr;
-        {
-          auto scope = g.capture(stream.stream());
-          ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-          EXPECT_EQ(g.lm_head_exchange(shards, result, layout, stream.stream()), Status::kOk)
-              << g.last_error();
-          ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-          ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-        }
         // NOTE [graphs of virtual ranks] (tune/graph_timer.hpp): every rank instantiates and
-        // uploads, and fills its inputs, before any rank replays.
-        cudaGraphExec_t exec = nullptr;
-        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-        ASSERT_EQ(cudaGraphUpload(exec, s), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        for (std::uint64_t seed : seeds) {
-          const auto host = input_of(seed, rank, total * cols, 2);
-          ASSERT_EQ(upload(in.get(), host, s), cudaSuccess);
-          ASSERT_EQ(kernels::poison(out.get(), mine * c.vocab * 2, stream.stream()), Status::kOk);
+        // uploads, and fills its inputs, before any rank replays; and destroys its graph before
+        // any rank goes on.
+        {
+          const testing::CapturedGraph graph(g, stream.stream(), [&] {
+            EXPECT_EQ(g.lm_head_exchange(shards, result, layout, stream.stream()), Status::kOk)
+                << g.last_error();
+          });
+          ASSERT_TRUE(graph.ok());
           ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-          boot.barrier();
-          ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-          ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-          ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
-          const auto got =
-              testing::to_host(out.get(), static_cast<std::size_t>(mine * c.vocab * 2));
-          EXPECT_EQ(lm_head_wrong(got, c, rows, world, rank, seed), 0) << "rank " << rank;
-          boot.barrier();  // every rank has checked before the next inputs go in
+          for (std::uint64_t seed : seeds) {
+            const auto host = input_of(seed, rank, total * cols, 2);
+            ASSERT_EQ(upload(in.get(), host, s), cudaSuccess);
+            ASSERT_EQ(kernels::poison(out.get(), mine * c.vocab * 2, stream.stream()), Status::kOk);
+            ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+            boot.barrier();
+            ASSERT_EQ(graph.launch(), cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+            ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+            const auto got =
+                testing::to_host(out.get(), static_cast<std::size_t>(mine * c.vocab * 2));
+            EXPECT_EQ(lm_head_wrong(got, c, rows, world, rank, seed), 0) << "rank " << rank;
+            boot.barrier();  // every rank has checked before the next inputs go in
+          }
         }
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
         boot.barrier();
       });
     }
@@ -378,24 +372,14 @@ TEST(Exchange, AllGatherAndAllToAll) {
                 return g.all_to_all(iv, ov, counts, stream.stream());
               };
               if (captured) {
-                cudaGraph_t graph = nullptr;
-                {
-                  auto scope = g.capture(stream.stream());
-                  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
-                            cudaSuccess);
+                const testing::CapturedGraph graph(g, stream.stream(), [&] {
                   EXPECT_EQ(call(), Status::kOk) << what << ": " << g.last_error();
-                  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-                  ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-                }
-                cudaGraphExec_t exec = nullptr;
-                ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-                ASSERT_EQ(cudaGraphUpload(exec, s), cudaSuccess);
+                });
+                ASSERT_TRUE(graph.ok());
                 ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
                 boot.barrier();  // NOTE [graphs of virtual ranks]
-                ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+                ASSERT_EQ(graph.launch(), cudaSuccess);
                 ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-                cudaGraphExecDestroy(exec);
-                cudaGraphDestroy(graph);
               } else {
                 ASSERT_EQ(call(), Status::kOk) << what << ": " << g.last_error();
                 ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -491,25 +475,15 @@ TEST(Exchange, GatherToEveryRoot) {
                 expect_path(g.backend_for_gather(iv, ov, root), exchange, "", "", what,
                             &mine_pushed);
               if (captured) {
-                cudaGraph_t graph = nullptr;
-                {
-                  auto scope = g.capture(stream.stream());
-                  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
-                            cudaSuccess);
+                const testing::CapturedGraph graph(g, stream.stream(), [&] {
                   EXPECT_EQ(g.gather(iv, ov, root, stream.stream()), Status::kOk)
                       << what << ": " << g.last_error();
-                  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-                  ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-                }
-                cudaGraphExec_t exec = nullptr;
-                ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-                ASSERT_EQ(cudaGraphUpload(exec, s), cudaSuccess);
+                });
+                ASSERT_TRUE(graph.ok());
                 ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
                 boot.barrier();  // NOTE [graphs of virtual ranks]
-                ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+                ASSERT_EQ(graph.launch(), cudaSuccess);
                 ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-                cudaGraphExecDestroy(exec);
-                cudaGraphDestroy(graph);
               } else {
                 ASSERT_EQ(g.gather(iv, ov, root, stream.stream()), Status::kOk)
                     << what << ": " << g.last_error();

@@ -275,21 +275,13 @@ TEST(Faults, GraphReplaysAfterAPeerStopsArePoisonedAndReported) {
           report.at = Clock::now();
         });
       b.reset(stream.stream(), rank);
-      cudaGraph_t graph = nullptr;
-      {
-        auto scope = g.capture(stream.stream());
-        ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
-                  cudaSuccess);
+      const testing::CapturedGraph graph(g, stream.stream(), [&] {
         for (int i = 0; i < 4; ++i)
           ASSERT_EQ(issue(g, k.call, b, stream.stream()), Status::kOk) << g.last_error();
-        ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
-        ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-      }
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      cudaGraphDestroy(graph);
+      });
+      ASSERT_TRUE(graph.ok());
       for (int i = 0; i < 3; ++i) {
-        ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+        ASSERT_EQ(graph.launch(), cudaSuccess);
         ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
         EXPECT_EQ(
             not_poisoned(b, k.call, 2),
@@ -302,7 +294,7 @@ TEST(Faults, GraphReplaysAfterAPeerStopsArePoisonedAndReported) {
         // Rank 1 launches nothing more.
         const auto fault = Clock::now();
         for (int i = 0; i < 5; ++i) {
-          ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+          ASSERT_EQ(graph.launch(), cudaSuccess);
           ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
           EXPECT_EQ(not_poisoned(b, k.call, 2), 0u) << "replay " << i;
         }
@@ -325,7 +317,6 @@ TEST(Faults, GraphReplaysAfterAPeerStopsArePoisonedAndReported) {
                     report.message.c_str());
         EXPECT_EQ(g.health(), Status::kTimeout);
       }
-      cudaGraphExecDestroy(exec);
     });
   }
 }

@@ -174,30 +174,22 @@ TEST_P(CallerKernels, BetweenCollectivesWarmedUpAsTheReadmeSays) {
     ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
     EXPECT_EQ(pairs.wrong(seed), 0) << "eager, rank " << rank;
 
-    cudaGraph_t graph = nullptr;
     {
-      auto scope = g.capture(stream.stream());
-      ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      pairs.enqueue(g, s, testing::add_residual);
-      ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-      ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+      const testing::CapturedGraph graph(g, stream.stream(),
+                                         [&] { pairs.enqueue(g, s, testing::add_residual); });
+      ASSERT_TRUE(graph.ok());
+      for (int replay = 0; replay < 2; ++replay) {
+        const std::uint64_t replay_seed = seed + 1 + static_cast<std::uint64_t>(replay);
+        pairs.refill(replay_seed, s);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        boot.barrier();  // every rank's graph uploaded, every input in place
+        ASSERT_EQ(graph.launch(), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+        EXPECT_EQ(pairs.wrong(replay_seed), 0) << "graph replay " << replay << ", rank " << rank;
+      }
+      boot.barrier();
     }
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    ASSERT_EQ(cudaGraphUpload(exec, s), cudaSuccess);
-    for (int replay = 0; replay < 2; ++replay) {
-      const std::uint64_t replay_seed = seed + 1 + static_cast<std::uint64_t>(replay);
-      pairs.refill(replay_seed, s);
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      boot.barrier();  // every rank's graph uploaded, every input in place
-      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
-      EXPECT_EQ(pairs.wrong(replay_seed), 0) << "graph replay " << replay << ", rank " << rank;
-    }
-    boot.barrier();
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   });
 }
 

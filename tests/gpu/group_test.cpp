@@ -206,24 +206,14 @@ TEST(Group, ReduceScatterWithoutNcclIsTheAllReduceAndASlice) {
                 Status::kOk);
             ASSERT_EQ(kernels::poison(out.get(), most * 4, s), Status::kOk);
             if (captured) {
-              cudaGraph_t graph = nullptr;
-              {
-                auto scope = g.capture(s);
-                ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal),
-                          cudaSuccess);
+              const testing::CapturedGraph graph(g, s, [&] {
                 EXPECT_EQ(g.reduce_scatter(iv, ov, s), Status::kOk) << what << g.last_error();
-                ASSERT_EQ(cudaStreamEndCapture(cs, &graph), cudaSuccess);
-                ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-              }
-              cudaGraphExec_t exec = nullptr;
-              ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-              ASSERT_EQ(cudaGraphUpload(exec, cs), cudaSuccess);
+              });
+              ASSERT_TRUE(graph.ok());
               ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
               boot.barrier();  // NOTE [graphs of virtual ranks]
-              ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+              ASSERT_EQ(graph.launch(), cudaSuccess);
               ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
-              cudaGraphExecDestroy(exec);
-              cudaGraphDestroy(graph);
             } else {
               ASSERT_EQ(g.reduce_scatter(iv, ov, s), Status::kOk) << what << g.last_error();
             }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -206,20 +207,14 @@ TEST(Moe, FinalizeMatchesTheReferenceOnEveryRank) {
                 cudaSuccess);
           };
           const auto r = static_cast<std::size_t>(rank);
-          cudaGraphExec_t exec = nullptr;
+          std::optional<testing::CapturedGraph> graph;
           if (captured) {  // captured before the inputs are written: the replay reads new ones
-            cudaGraph_t graph = nullptr;
-            {
-              auto scope = g.capture(s);
-              ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+            graph.emplace(g, s, [&] {
               EXPECT_EQ(g.moe_finalize_all_reduce_add_rmsnorm(moe, res, gam, kEps, nout, rout, s),
                         Status::kOk)
                   << what << ": " << g.last_error();
-              ASSERT_EQ(cudaStreamEndCapture(cs, &graph), cudaSuccess);
-              ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-            }
-            ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-            cudaGraphDestroy(graph);
+            });
+            ASSERT_TRUE(graph->ok());
           }
           upload(experts, encode(in.experts[r], c.dtype));
           std::vector<unsigned char> map_bytes(in.map.size() * 4);
@@ -233,15 +228,14 @@ TEST(Moe, FinalizeMatchesTheReferenceOnEveryRank) {
           ASSERT_EQ(cudaMemsetAsync(residual_out.get(), 0xFF, most, cs), cudaSuccess);
           ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
           boot.barrier();  // NOTE [graphs of virtual ranks]
-          if (captured) {
-            ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+          if (graph) {
+            ASSERT_EQ(graph->launch(), cudaSuccess);
           } else {
             ASSERT_EQ(g.moe_finalize_all_reduce_add_rmsnorm(moe, res, gam, kEps, nout, rout, s),
                       Status::kOk)
                 << what << ": " << g.last_error();
           }
           ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
-          if (exec != nullptr) cudaGraphExecDestroy(exec);
           ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
           const std::size_t bytes = static_cast<std::size_t>(rout.nbytes());
           const auto got_residual = testing::to_host(residual_out.get(), bytes);

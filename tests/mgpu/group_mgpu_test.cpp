@@ -200,19 +200,13 @@ TEST(MultiProcess, RegistrationAfterCapture) {
   StreamHolder stream;
   const std::int64_t count = 65536 + 11;
   DeviceBuffer in(count * 2 + 64), out(count * 2 + 64);
-  cudaGraph_t graph = nullptr;
-  {
-    auto scope = g.capture(stream.stream());
-    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const testing::CapturedGraph graph(g, stream.stream(), [&] {
     ASSERT_EQ(
         g.all_reduce(TensorView::flat(in.get(), DType::kBF16, count, g_device),
                      TensorView::flat(out.get(), DType::kBF16, count, g_device), stream.stream()),
         Status::kOk);
-    ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
-    ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-  }
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  });
+  ASSERT_TRUE(graph.ok());
   for (int replay = 0; replay < 2; ++replay) {
     const std::uint64_t seed = 9000 + static_cast<std::uint64_t>(replay);
     ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, count, seed, rank, ReduceOp::kSum, 0,
@@ -220,15 +214,13 @@ TEST(MultiProcess, RegistrationAfterCapture) {
               Status::kOk);
     ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), stream.stream()),
               Status::kOk);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+    ASSERT_EQ(graph.launch(), cudaSuccess);
     EXPECT_EQ(count_wrong(out.get(), DType::kBF16, count, seed, kernels::Collective::kAllReduce, 0,
                           stream.stream()),
               0u)
         << "replay " << replay;
     EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 /// Sum over ranks of the wrong elements of this rank's LM-head exchange output.
@@ -309,17 +301,10 @@ TEST(MultiProcess, LmHeadExchangeAndExchanges) {
       EXPECT_EQ(lm_head_wrong(out.get(), DType::kBF16, mine, vocab, cols, first, seed, s), 0u)
           << path << (equal ? " equal" : " uneven");
       // Captured once, replayed with new data.
-      cudaGraph_t graph = nullptr;
-      {
-        auto scope = g.capture(s);
-        ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
-                  cudaSuccess);
+      const testing::CapturedGraph graph(g, s, [&] {
         ASSERT_EQ(g.lm_head_exchange(shards, result, layout, s), Status::kOk) << g.last_error();
-        ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
-        ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
-      }
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      });
+      ASSERT_TRUE(graph.ok());
       for (int replay = 0; replay < 2; ++replay) {
         const std::uint64_t fresh = seed + 10 + static_cast<std::uint64_t>(replay);
         ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, total * cols, fresh, rank,
@@ -327,13 +312,11 @@ TEST(MultiProcess, LmHeadExchangeAndExchanges) {
                   Status::kOk);
         ASSERT_EQ(kernels::poison(out.get(), static_cast<std::int64_t>(out.size()), s),
                   Status::kOk);
-        ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+        ASSERT_EQ(graph.launch(), cudaSuccess);
         EXPECT_EQ(lm_head_wrong(out.get(), DType::kBF16, mine, vocab, cols, first, fresh, s), 0u)
             << path << " replay " << replay;
         EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
       }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
     }
     // The plain exchanges over the same peer memory.
     const std::int64_t n = 100003;

@@ -15,6 +15,7 @@
 
 #include "kernels/test_data.hpp"
 #include "tpcomm/bootstrap.hpp"
+#include "tpcomm/group.hpp"
 #include "tpcomm/types.hpp"
 
 namespace tpcomm::testing {
@@ -79,6 +80,48 @@ class StreamHolder {
 
  private:
   cudaStream_t s_ = nullptr;
+};
+
+/// A CUDA graph of what `enqueue()` launches on `stream`, captured (thread-local mode) inside a
+/// capture scope of `g`, then instantiated and uploaded; destroyed with the scope. A step that
+/// fails is a test failure (and `ok()` false where nothing can be launched). Before its first
+/// launch every rank sharing the GPU must have uploaded its graph (NOTE [graphs of virtual ranks]
+/// in tune/graph_timer.hpp): synchronise the stream and meet at a barrier.
+class CapturedGraph {
+ public:
+  template <class F>
+  CapturedGraph(Group& g, Stream stream, F&& enqueue)
+      : stream_(reinterpret_cast<cudaStream_t>(stream)) {
+    make(g, stream, enqueue);
+  }
+  ~CapturedGraph() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+
+  [[nodiscard]] bool ok() const { return exec_ != nullptr; }
+  /// One replay on the stream it was captured on.
+  [[nodiscard]] cudaError_t launch() const { return cudaGraphLaunch(exec_, stream_); }
+
+ private:
+  template <class F>
+  void make(Group& g, Stream stream, F& enqueue) {
+    {
+      auto scope = g.capture(stream);
+      ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      enqueue();
+      ASSERT_EQ(cudaStreamEndCapture(stream_, &graph_), cudaSuccess);
+      ASSERT_EQ(scope.close(), Status::kOk) << g.last_error();
+    }
+    ASSERT_EQ(cudaGraphInstantiate(&exec_, graph_, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphUpload(exec_, stream_), cudaSuccess);
+  }
+
+  cudaStream_t stream_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 #define TPCOMM_EXPECT_CUDA(expr) EXPECT_EQ((expr), cudaSuccess) << #expr
