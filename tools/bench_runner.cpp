@@ -115,7 +115,8 @@ std::string Runner::served_by(const Shape& s) const {
     const auto x = rows(reinterpret_cast<void*>(256), s.in);
     const std::string combine = o_.moe ? "moe_combine+" : "";
     if (algo_.kind == BenchAlgo::Kind::kGroup)
-      return combine + group_->backend_for_add_rmsnorm(x, x, o_.graph);
+      return o_.moe ? group_->backend_for_moe_finalize(x, x, o_.graph)
+                    : group_->backend_for_add_rmsnorm(x, x, o_.graph);
     const std::string reduce = group_->backend_for_all_reduce(x, x, o_.graph);
     return algo_.kind == BenchAlgo::Kind::kUnfused ? combine + reduce + "+add_rmsnorm" : reduce;
   }

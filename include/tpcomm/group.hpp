@@ -243,6 +243,14 @@ class Group {
   [[nodiscard]] std::string backend_for_add_rmsnorm(const TensorView& x, const TensorView& norm_out,
                                                     bool capturing = false) const noexcept;
 
+  /// The path that would serve this `moe_finalize_all_reduce_add_rmsnorm` (`x` is the combine's
+  /// output, [tokens, hidden] in the experts' dtype): "custom_ar:<name>" (the combine the fused
+  /// kernel's prologue), or "moe_combine+" and the path of the fused call after it, or "none".
+  /// Pure.
+  [[nodiscard]] std::string backend_for_moe_finalize(const TensorView& x,
+                                                     const TensorView& norm_out,
+                                                     bool capturing = false) const noexcept;
+
   /// The backend that would serve this `all_gather` / equal-split `all_to_all`:
   /// "custom_ar:<name>" with the exchange algorithm, "local", "nccl" or "none". Pure.
   [[nodiscard]] std::string backend_for_all_gather(const TensorView& in,

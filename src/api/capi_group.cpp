@@ -123,6 +123,9 @@ tpcomm_status tpcomm_group_backend_for(tpcomm_group group, int op, const tpcomm_
       case TPCOMM_OP_ALL_REDUCE_ADD_RMSNORM:
         name = g.backend_for_add_rmsnorm(i, o, capturing != 0);
         break;
+      case TPCOMM_OP_MOE_FINALIZE:
+        name = g.backend_for_moe_finalize(i, o, capturing != 0);
+        break;
       case TPCOMM_OP_ALL_GATHER:
         name = g.backend_for_all_gather(i, o);
         break;
@@ -266,16 +269,6 @@ tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* re
   });
 }
 
-namespace {
-
-tpcomm::MoeCombine moe_of(const tpcomm_tensor* experts, const tpcomm_tensor* map,
-                          const tpcomm_tensor* weights, const tpcomm_tensor* shared) {
-  return {tpcomm::capi::view_of(experts, "experts"), tpcomm::capi::view_of(map, "map"),
-          tpcomm::capi::view_of(weights, "weights"), tpcomm::capi::optional_view(shared, "shared")};
-}
-
-}  // namespace
-
 tpcomm_status tpcomm_moe_finalize_all_reduce_add_rmsnorm(
     tpcomm_group group, const tpcomm_tensor* experts, const tpcomm_tensor* map,
     const tpcomm_tensor* weights, const tpcomm_tensor* shared, const tpcomm_tensor* residual,
@@ -286,7 +279,7 @@ tpcomm_status tpcomm_moe_finalize_all_reduce_add_rmsnorm(
   return tpcomm::capi::group_call(
       "tpcomm_moe_finalize_all_reduce_add_rmsnorm", group, [&](tpcomm::Group& g) {
         return g.moe_finalize_all_reduce_add_rmsnorm(
-            moe_of(experts, map, weights, shared),
+            tpcomm::capi::moe_of(experts, map, weights, shared),
             tpcomm::capi::optional_view(residual, "residual"),
             tpcomm::capi::view_of(gamma, "gamma"), eps, tpcomm::capi::view_of(norm_out, "norm_out"),
             tpcomm::capi::view_of(residual_out, "residual_out"), tpcomm::capi::stream_of(stream),
@@ -299,7 +292,7 @@ tpcomm_status tpcomm_moe_combine(const tpcomm_tensor* experts, const tpcomm_tens
                                  const tpcomm_tensor* weights, const tpcomm_tensor* shared,
                                  const tpcomm_tensor* out, void* stream) {
   return guarded("tpcomm_moe_combine", nullptr, [&] {
-    const tpcomm::MoeCombine moe = moe_of(experts, map, weights, shared);
+    const tpcomm::MoeCombine moe = tpcomm::capi::moe_of(experts, map, weights, shared);
     const tpcomm::TensorView ov = tpcomm::capi::view_of(out, "out");
     // The checks again, for their message (moe_combine only logs it).
     tpcomm::kernels::MoeCombineParams params{};

@@ -113,6 +113,12 @@ Fp8Scales fp8_of(const tpcomm_tensor* scale, const tpcomm_tensor* row_scales,
           optional_view(group_scales, "fp8_group_scales")};
 }
 
+MoeCombine moe_of(const tpcomm_tensor* experts, const tpcomm_tensor* map,
+                  const tpcomm_tensor* weights, const tpcomm_tensor* shared) {
+  return {view_of(experts, "experts"), view_of(map, "map"), view_of(weights, "weights"),
+          optional_view(shared, "shared")};
+}
+
 NormWeight weight_of(int weight) {
   TPCOMM_C_REQUIRE(weight == TPCOMM_WEIGHT_GAMMA || weight == TPCOMM_WEIGHT_ONE_PLUS_GAMMA,
                    "weight ", weight, " is not a tpcomm_norm_weight (0 or 1)");

@@ -12,6 +12,7 @@
 #include "core/check.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/group.hpp"
+#include "tpcomm/moe.hpp"
 #include "tpcomm/norm.hpp"
 #include "tpcomm/status.hpp"
 #include "tpcomm/tensor.hpp"
@@ -80,6 +81,10 @@ TensorView view_of(const tpcomm_tensor* t, const char* what);
 TensorView optional_view(const tpcomm_tensor* t, const char* what);
 Fp8Scales fp8_of(const tpcomm_tensor* scale, const tpcomm_tensor* row_scales,
                  const tpcomm_tensor* group_scales);
+/// The routed experts' outputs, the token map, the weights and the shared experts' output
+/// (NULL: none) of an MoE combine.
+MoeCombine moe_of(const tpcomm_tensor* experts, const tpcomm_tensor* map,
+                  const tpcomm_tensor* weights, const tpcomm_tensor* shared);
 NormWeight weight_of(int weight);
 ReduceOp reduce_op_of(int op);
 /// The store key of a user's `key`, in the bootstrap's namespace.

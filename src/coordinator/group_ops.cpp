@@ -3,6 +3,8 @@
 // `Group::Impl::call`; `backend_for_*` name the path a call would take, from the same plan.
 #include <cuda_runtime.h>
 
+#include <optional>
+
 #include "coordinator/group_impl.hpp"
 #include "core/cuda_check.hpp"
 #include "ops/exchange.hpp"
@@ -99,18 +101,38 @@ std::string Group::backend_for_all_reduce(const TensorView& in, const TensorView
   return impl_->describe(req);
 }
 
-std::string Group::backend_for_add_rmsnorm(const TensorView& x, const TensorView& norm_out,
-                                           bool capturing) const noexcept {
-  if (x.ndim < 1 || x.shape[x.ndim - 1] < 1) return "none";
-  kernels::FusionParams f{};
+namespace {
+
+/// The request of a fused call (`op`: kAllReduceAddRmsNorm or kMoeFinalize) of `x` into
+/// `norm_out` as the chain plans it, its epilogue's arguments in `f`; nullopt for an `x` of no
+/// columns.
+std::optional<Request> fused_request(Op op, const TensorView& x, const TensorView& norm_out,
+                                     bool capturing, kernels::FusionParams& f) {
+  if (x.ndim < 1 || x.shape[x.ndim - 1] < 1) return std::nullopt;
   f.kind = norm_out.dtype == DType::kF8E4M3 ? kernels::Fusion::kAddRmsNormFp8
                                             : kernels::Fusion::kAddRmsNorm;
   f.hidden = x.shape[x.ndim - 1];
-  Request req{Op::kAllReduceAddRmsNorm, x, x};
+  Request req{op, x, x};
   req.capturing = capturing;
   req.fusion = &f;
   req.norm_out = &norm_out;
-  return impl_->describe(req);
+  return req;
+}
+
+}  // namespace
+
+std::string Group::backend_for_add_rmsnorm(const TensorView& x, const TensorView& norm_out,
+                                           bool capturing) const noexcept {
+  kernels::FusionParams f{};
+  const auto req = fused_request(Op::kAllReduceAddRmsNorm, x, norm_out, capturing, f);
+  return req ? impl_->describe(*req) : "none";
+}
+
+std::string Group::backend_for_moe_finalize(const TensorView& x, const TensorView& norm_out,
+                                            bool capturing) const noexcept {
+  kernels::FusionParams f{};
+  const auto req = fused_request(Op::kMoeFinalize, x, norm_out, capturing, f);
+  return req ? impl_->describe(*req) : "none";
 }
 
 std::string Group::backend_for_all_gather(const TensorView& in,

@@ -196,6 +196,10 @@ TEST(Moe, FinalizeMatchesTheReferenceOnEveryRank) {
         const TensorView gam = TensorView::flat(gamma.get(), c.dtype, c.hidden, 0);
         const TensorView nout = flat(norm_out, c.dtype, c.tokens, c.hidden);
         const TensorView rout = flat(residual_out, c.dtype, c.tokens, c.hidden);
+        if (c.dtype == DType::kF32) {  // no fused kernel: the combine, then the fused call
+          EXPECT_EQ(g.backend_for_moe_finalize(nout, nout).rfind("moe_combine+", 0), 0u)
+              << c.name() << ": " << g.backend_for_moe_finalize(nout, nout);
+        }
         for (int run = 0; run < 2; ++run) {
           const bool captured = run == 1;
           const std::size_t si = ci * 2 + static_cast<std::size_t>(run);
@@ -300,8 +304,8 @@ TEST(Moe, ThePrologueEqualsTheCombineThenTheFusedCall) {
         const TensorView res = at(residual.get(), c.dtype, c.tokens, c.hidden);
         const TensorView gam = TensorView::flat(gamma.get(), c.dtype, c.hidden, 0);
         const TensorView xv = at(x.get(), c.dtype, c.tokens, c.hidden);
-        ASSERT_NE(g.backend_for_add_rmsnorm(xv, xv).find("custom_ar:lamport"), std::string::npos)
-            << what << ": not a case of the prologue";
+        ASSERT_EQ(g.backend_for_moe_finalize(xv, xv).rfind("custom_ar:lamport", 0), 0u)
+            << what << ": not a case of the prologue: " << g.backend_for_moe_finalize(xv, xv);
         auto upload = [&](void* p, const std::vector<unsigned char>& bytes) {
           ASSERT_EQ(cudaMemcpyAsync(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, cs),
                     cudaSuccess);
