@@ -7,13 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/common/host_device.hpp"
 #include "kernels/kernels.hpp"
-
-#ifdef __CUDACC__
-#define TPCOMM_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define TPCOMM_HOST_DEVICE inline
-#endif
 
 namespace tpcomm::kernels {
 

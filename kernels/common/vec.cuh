@@ -1,11 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// 16-byte packs of elements: the unit every all-reduce kernel loads, reduces and stores.
+// 16-byte packs of elements: the unit every all-reduce kernel loads, reduces and stores. The
+// packs, the conversions and `load_pack` are host code too (for the cpu tier's runs of the
+// kernels' arithmetic: kernels/common/combine.hpp).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <vector_functions.h>
+#include <vector_types.h>
 
 #include <cstdint>
+
+#include "kernels/common/host_device.hpp"
 
 namespace tpcomm::kernels {
 
@@ -15,30 +21,32 @@ template <class T>
 struct alignas(16) Pack {
   static constexpr int kElems = 16 / static_cast<int>(sizeof(T));
   uint4 raw;
-  __device__ T& operator[](int i) { return reinterpret_cast<T*>(&raw)[i]; }
-  __device__ const T& operator[](int i) const { return reinterpret_cast<const T*>(&raw)[i]; }
+  TPCOMM_HOST_DEVICE T& operator[](int i) { return reinterpret_cast<T*>(&raw)[i]; }
+  TPCOMM_HOST_DEVICE const T& operator[](int i) const {
+    return reinterpret_cast<const T*>(&raw)[i];
+  }
 };
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+TPCOMM_HOST_DEVICE float to_float(float x) { return x; }
+TPCOMM_HOST_DEVICE float to_float(__half x) { return __half2float(x); }
+TPCOMM_HOST_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <class T>
-__device__ __forceinline__ T from_float(float x);
+TPCOMM_HOST_DEVICE T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) {
+TPCOMM_HOST_DEVICE float from_float<float>(float x) {
   return x;
 }
 template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
+TPCOMM_HOST_DEVICE __half from_float<__half>(float x) {
   return __float2half_rn(x);
 }
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+TPCOMM_HOST_DEVICE __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-__device__ __forceinline__ bool is_aligned16(const void* p) {
+TPCOMM_HOST_DEVICE bool is_aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
 }
 
@@ -46,8 +54,7 @@ __device__ __forceinline__ bool is_aligned16(const void* p) {
 /// last pack may be partial; its missing elements read as zero and nothing past `count` is
 /// touched. `aligned` says whether `p` is 16-byte aligned.
 template <class T>
-__device__ __forceinline__ Pack<T> load_pack(const T* p, std::int64_t v, std::int64_t count,
-                                             bool aligned) {
+TPCOMM_HOST_DEVICE Pack<T> load_pack(const T* p, std::int64_t v, std::int64_t count, bool aligned) {
   constexpr int W = Pack<T>::kElems;
   const std::int64_t first = v * W;
   Pack<T> out;
@@ -56,7 +63,7 @@ __device__ __forceinline__ Pack<T> load_pack(const T* p, std::int64_t v, std::in
     return out;
   }
   out.raw = make_uint4(0, 0, 0, 0);
-#pragma unroll
+  TPCOMM_UNROLL
   for (int i = 0; i < W; ++i)
     if (first + i < count) out[i] = p[first + i];
   return out;
@@ -72,7 +79,7 @@ __device__ __forceinline__ void store_pack(T* p, std::int64_t v, std::int64_t co
     *reinterpret_cast<uint4*>(p + first) = x.raw;
     return;
   }
-#pragma unroll
+  TPCOMM_UNROLL
   for (int i = 0; i < W; ++i)
     if (first + i < count) p[first + i] = x[i];
 }

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -55,13 +56,15 @@ constexpr milliseconds kWatchStopGrace{200};
 // NOTE [store memory bounds]
 // What clients can make the server hold is bounded:
 // 1. A request's key and value are read in pieces of at most `kPiece` bytes as they arrive, so
-//    a header that announces 64 MiB costs nothing until the bytes come.
-// 2. Each piece, and the copy of a value that a GET replies with, is counted against
-//    `max_inflight_bytes` (over all connections) before it is read or copied, and given back
-//    when the request is stored or the reply sent. A request that finds no room is read to its
-//    end and discarded; a GET that finds none is not copied; both are answered kOverLimit and
-//    the connection stays open. One request is in flight per connection, so a connection holds
-//    at most `max_key_bytes + max_value_bytes`.
+//    a header that announces 64 MiB allocates nothing until the bytes come.
+// 2. A request's key and value are counted against `max_inflight_bytes` (over all connections)
+//    when its header arrives, whole, and given back when the request is stored; the copy of a
+//    value that a GET replies with is counted before it is copied and given back when the reply
+//    is sent. A request that finds no room holds nothing: it is read to its end and discarded,
+//    and answered kOverLimit (the connection stays open); a GET that finds none is not copied
+//    and answered the same. So a request being received keeps its room to the end: requests
+//    arriving after it, retried however often, cannot take it away. One request is in flight
+//    per connection, so a connection holds at most `max_key_bytes + max_value_bytes`.
 // 3. A reply is sent in pieces; a client that does not take one within `kReplyStall` is
 //    dropped (and counted as rejected), so a slow or stopped reader frees what it holds soon.
 // 4. Stored keys and bytes are bounded by `max_keys` and `max_stored_bytes`.
@@ -198,9 +201,11 @@ bool TcpStoreServer::Impl::displace_oldest_unauthenticated() {
   // `conns` is in the order of acceptance: the first one waiting is the oldest.
   for (auto& c : conns) {
     if (c->auth.load() != Auth::kWaiting) continue;
-    // Bytes waiting to be read: its HELLO is here, and its thread is about to read it.
-    pollfd p{c->sock.get(), POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0) continue;
+    // Bytes waiting to be read: its HELLO is here, and its thread is about to read it. One whose
+    // peer has closed it (readable, with nothing to read) is gone: it is displaced like a silent
+    // one, though its thread has not seen the end yet.
+    int pending = 0;
+    if (::ioctl(c->sock.get(), FIONREAD, &pending) == 0 && pending > 0) continue;
     if (!leave_waiting(*c, Auth::kDisplaced)) continue;
     ++displaced;
     TPCOMM_LOG_DEBUG("store: closed the connection from ", c->peer,
@@ -303,24 +308,19 @@ bool TcpStoreServer::Impl::send_reply(int fd, const wire::ReplyHeader& h,
   return r.status == Io::kOk;
 }
 
-IoResult TcpStoreServer::Impl::read_payload(int fd, std::size_t n, Deadline deadline, Held& held,
-                                            Bytes& out, bool& over_limit) {
+IoResult TcpStoreServer::Impl::read_payload(int fd, std::size_t n, Deadline deadline, Bytes* out) {
   std::array<std::byte, kPiece> piece;
   IoResult total;
   while (n > 0) {
     const std::size_t k = std::min(n, piece.size());
-    if (!over_limit && !held.take(k)) {
-      over_limit = true;
-      held.release();
-      Bytes().swap(out);
-    }
     IoResult r = net::recv_all(fd, std::span(piece.data(), k), deadline);
     total.bytes += r.bytes;
     if (r.status != Io::kOk) {
       r.bytes = total.bytes;
       return r;
     }
-    if (!over_limit) out.insert(out.end(), piece.begin(), piece.begin() + static_cast<long>(k));
+    if (out != nullptr)
+      out->insert(out->end(), piece.begin(), piece.begin() + static_cast<long>(k));
     n -= k;
   }
   return total;
@@ -386,16 +386,14 @@ void TcpStoreServer::Impl::serve(Connection& c) {
     if (authenticated && h.opcode == Opcode::kHello) {
       return reject(c, ReplyCode::kProtocolError, "HELLO sent twice");
     }
-    // NOTE [store memory bounds] 1, 2: the payload is read as it arrives, and counted.
-    Held key_held(*this);
-    Held value_held(*this);
+    // NOTE [store memory bounds] 1, 2: the payload is counted whole, then read as it arrives.
+    Held held(*this);
+    const bool over_limit = !held.take(h.key_len + h.value_len);
     Bytes key_bytes;
     Bytes value;
-    bool over_limit = false;
-    r = read_payload(fd, h.key_len, frame_deadline, key_held, key_bytes, over_limit);
-    if (r.status == Io::kOk) {
-      r = read_payload(fd, h.value_len, frame_deadline, value_held, value, over_limit);
-    }
+    r = read_payload(fd, h.key_len, frame_deadline, over_limit ? nullptr : &key_bytes);
+    if (r.status == Io::kOk)
+      r = read_payload(fd, h.value_len, frame_deadline, over_limit ? nullptr : &value);
     if (r.status != Io::kOk) {
       if (stopping.load() || c.auth.load() == Auth::kDisplaced) return;
       return reject(

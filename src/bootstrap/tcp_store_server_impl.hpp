@@ -131,11 +131,9 @@ struct TcpStoreServer::Impl {
   /// (none is waiting to be read); false when there is none such.
   bool displace_oldest_unauthenticated();
   void serve(Connection& c);
-  /// Reads `n` payload bytes, appending them to `out`, in pieces counted in `held` as they
-  /// arrive (NOTE [store memory bounds] 1, 2). When a piece finds no room, sets `over_limit`,
-  /// clears `out`, gives back `held` and reads the rest without keeping it.
-  net::IoResult read_payload(int fd, std::size_t n, Deadline deadline, Held& held, Bytes& out,
-                             bool& over_limit);
+  /// Reads `n` payload bytes in pieces as they arrive (NOTE [store memory bounds] 1), appending
+  /// them to `out`, or discarding them where `out` is null.
+  net::IoResult read_payload(int fd, std::size_t n, Deadline deadline, Bytes* out);
   void reject(Connection& c, wire::ReplyCode code, const std::string& reason);
   bool handle(Connection& c, const wire::RequestHeader& h, const std::string& key, Bytes& value);
   /// Waits for `key`; with `out`, copies its value there, counted in `held`.
