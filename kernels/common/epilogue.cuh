@@ -31,14 +31,14 @@ namespace tpcomm::kernels {
 // and `kMaxThreads` (the kernel's launch bound). It also gives the kernel this rank's input
 // packs, `input<T>(params, in, v, aligned)`: the prologue slot, where the Lamport kernels read
 // what they push. Most read it from `in`; the MoE finalize's (`FusionTraits::combine`) computes
-// each pack of the rank's combine there (`combine_pack`), and the combine is never stored. An
-// epilogue with `kRows` also needs whole rows: the kernel then ends with `finish_rows` instead of
-// storing packs as they come, one block per row (the packs a kernel pushes and polls stay those of
-// the flat message, so nothing else changes). What an epilogue does is fixed at compile time by
-// `FusionTraits` (kernels/kernels.hpp): residual add in the pack step, the norm (`RowNorm` of its
-// kind) and quantisation in the row step. `Identity` stores the sum as it is and compiles to
-// nothing: the kernels with it are the plain all-reduce (measured before and after in
-// docs/PERFORMANCE.md).
+// each pack of the rank's combine there (`combine_pack`, kernels/common/combine.hpp), and the
+// combine is never stored. An epilogue with `kRows` also needs whole rows: the kernel then ends
+// with `finish_rows` instead of storing packs as they come, one block per row (the packs a kernel
+// pushes and polls stay those of the flat message, so nothing else changes). What an epilogue does
+// is fixed at compile time by `FusionTraits` (kernels/kernels.hpp): residual add in the pack step,
+// the norm (`RowNorm` of its kind) and quantisation in the row step. `Identity` stores the sum as
+// it is and compiles to nothing: the kernels with it are the plain all-reduce (measured before and
+// after in docs/PERFORMANCE.md).
 struct Identity {
   static constexpr bool kRows = false;
   static constexpr int kMaxThreads = 1024;

@@ -741,7 +741,8 @@ TEST(StoreLimits, BytesInFlightAreCappedOverAllConnections) {
   sc.max_inflight_bytes = 2 * kMiB;
   TcpStoreServer server(sc);
   const Bytes almost(kMiB - 1, std::byte{7});
-  // `a` holds 1 MiB + 1 byte in flight: it has sent all of its value but one byte.
+  // `a` holds 1 MiB + 1 byte in flight (its whole request, from its header on): it has sent all
+  // of its value but one byte.
   RawClient a(server.port());
   a.hello();
   a.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
@@ -797,7 +798,10 @@ TEST(StoreLimits, ARequestOverTheBytesInFlightWaitsItsTurn) {
   holder.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
   holder.send(bytes_of("h"));
   holder.send(Bytes(512 << 10));
-  ASSERT_TRUE(eventually([&] { return server.inflight_bytes() >= (512 << 10); }, 5s));
+  // Its whole request is counted from its header on, so the retries below cannot take its room
+  // while its second half is on the way.
+  ASSERT_TRUE(eventually([&] { return server.inflight_bytes() == kMiB + 1; }, 5s))
+      << server.inflight_bytes();
   TcpStore::Config cc = client_config(server.port());
   cc.server = sc;
   TcpStore c(cc);
