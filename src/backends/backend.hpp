@@ -3,7 +3,9 @@
 // order, and runs the plan (docs/DESIGN.md).
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -99,20 +101,41 @@ struct Step {
 
 /// How one call runs: decided once per call (`BackendChain::plan`) from the request's
 /// rank-invariant facts, then run as it is. A composite path (the all-reduce, then the local
-/// norm; the all-gather, then the copy) is a step whose backend runs `inner` through the chain.
+/// norm; the all-gather, then the copy) is a step whose backend runs an inner call through the
+/// chain, and composites nest (the MoE finalize's combine, then the fused call, which may itself
+/// be the all-reduce and the local norm): `inner` holds the inner calls' steps, outermost first.
 struct Plan {
+  /// The most composite steps one call nests, its own step included.
+  static constexpr std::size_t kMaxDepth = 3;
+
   Step step;
-  Step inner;
+  std::array<Step, kMaxDepth - 1> inner{};
   /// Why the first backend asked does not serve the call (a static string, logged once per
   /// reason), or why none does when `step.backend` is null.
   const char* refusal = nullptr;
   const Backend* refused_by = nullptr;
 
   [[nodiscard]] bool ok() const noexcept { return step.backend != nullptr; }
-  /// A backend's yes: `step` (its backend set) and, for a composite, the inner call's plan.
-  static Plan yes(Step step, Step inner = {}) noexcept { return {step, inner, nullptr, nullptr}; }
+  /// A backend's yes: `step`, its backend set.
+  static Plan yes(Step step) noexcept { return {step, {}, nullptr, nullptr}; }
+  /// A composite's yes: `step`, then the inner call's plan `in` (no deeper than kMaxDepth - 1).
+  static Plan around(Step step, const Plan& in) noexcept {
+    Plan p = yes(step);
+    p.inner[0] = in.step;
+    for (std::size_t i = 1; i < p.inner.size(); ++i) p.inner[i] = in.inner[i - 1];
+    return p;
+  }
   /// A backend's no, with a static string saying why.
   static Plan no(const char* why) noexcept { return {{}, {}, why, nullptr}; }
+
+  /// Whether `around(…, *this)` would lose a step (composites nested deeper than kMaxDepth).
+  [[nodiscard]] bool full() const noexcept { return inner.back().backend != nullptr; }
+  /// The plan of the inner call, one level down.
+  [[nodiscard]] Plan inner_plan() const noexcept {
+    Plan p = yes(inner[0]);
+    for (std::size_t i = 1; i < inner.size(); ++i) p.inner[i - 1] = inner[i];
+    return p;
+  }
 };
 
 /// A way to run collectives. `plan` is pure and cheap and depends only on rank-invariant facts

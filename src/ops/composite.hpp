@@ -21,18 +21,18 @@ class Composite : public Backend {
             std::string_view after) noexcept
       : chain_(chain), op_(op), only_(only), call_(call), before_(before), after_(after) {}
 
-  /// Yes where the chain serves the inner call, with its plan as the inner step.
+  /// Yes where the chain serves the inner call, with its plan (its steps) inside this one.
   [[nodiscard]] Plan plan(const Request& r) const noexcept final {
     if (r.op != op_) return Plan::no(only_);
     ExchangePlan scratch;
     const Plan inner = chain_.plan(planned(r, &scratch));
     if (!inner.ok()) return Plan::no(inner.refusal);
-    return Plan::yes({this}, inner.step);
+    if (inner.full()) return Plan::no("composite paths nested too deeply");
+    return Plan::around({this}, inner);
   }
 
   [[nodiscard]] std::string describe(const Plan& plan) const final {
-    return std::string(before_) + BackendChain::describe(Plan::yes(plan.inner)) +
-           std::string(after_);
+    return std::string(before_) + BackendChain::describe(plan.inner_plan()) + std::string(after_);
   }
 
   [[nodiscard]] std::string last_error() const final { return error_; }
@@ -56,7 +56,7 @@ class Composite : public Backend {
   /// becomes this one's.
   [[nodiscard]] Status run_inner(const Request& req, const Plan& plan, Stream stream) noexcept {
     const Backend* served = nullptr;
-    const Status s = chain_.run(req, Plan::yes(plan.inner), stream, &served);
+    const Status s = chain_.run(req, plan.inner_plan(), stream, &served);
     if (s != Status::kOk) error_ = served != nullptr ? served->last_error() : std::string();
     return s;
   }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The backend chain with fake backends: one plan per call, order, fallback on kUnsupported, real
-// errors propagate, each (backend, reason) fallback logged once.
+// errors propagate, each (backend, reason) fallback logged once, composites nested in composites
+// run as planned.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "backends/backend.hpp"
 #include "core/log.hpp"
+#include "ops/composite.hpp"
 
 namespace tpcomm {
 namespace {
@@ -117,6 +119,91 @@ TEST(BackendChain, EachFallbackReasonIsLoggedOnce) {
   EXPECT_EQ(occurrences(err, kTooBig), 1u) << err;
   EXPECT_EQ(occurrences(err, "fake_declines does not serve"), 1u) << err;
   EXPECT_EQ(occurrences(err, "fake_nccl"), 0u) << err;
+}
+
+/// A composite that serves `op` by running `inner_op` through the chain (the MoE finalize's
+/// combine around the fused call, the fused call's all-reduce around the local norm).
+class FakeComposite final : public Composite {
+ public:
+  FakeComposite(BackendChain& chain, Op op, Op inner_op, std::string name,
+                std::vector<std::string>* trace)
+      : Composite(chain, op, "not this op", "fake", "[", "]"),
+        inner_op_(inner_op),
+        name_(std::move(name)),
+        trace_(trace) {}
+  std::string_view name() const noexcept override { return name_; }
+  Status run(const Request& r, const Plan& plan, Stream stream) noexcept override {
+    trace_->push_back(name_);
+    return run_inner(planned(r, nullptr), plan, stream);
+  }
+
+ private:
+  Request planned(const Request& r, ExchangePlan* /*scratch*/) const noexcept override {
+    return inner(r, inner_op_, r.in, r.out);
+  }
+
+  Op inner_op_;
+  std::string name_;
+  std::vector<std::string>* trace_;
+};
+
+/// A backend that serves the all-reduce alone.
+class FakeAllReduce final : public Backend {
+ public:
+  explicit FakeAllReduce(std::vector<std::string>* trace) : trace_(trace) {}
+  std::string_view name() const noexcept override { return "leaf"; }
+  Plan plan(const Request& r) const noexcept override {
+    return r.op == Op::kAllReduce ? Plan::yes({this}) : Plan::no("the all-reduce alone");
+  }
+  Status run(const Request&, const Plan&, Stream) noexcept override {
+    trace_->push_back("leaf");
+    return Status::kOk;
+  }
+
+ private:
+  std::vector<std::string>* trace_;
+};
+
+TEST(BackendChain, CompositesInCompositesRunAsPlanned) {
+  std::vector<std::string> trace;
+  BackendChain chain;
+  chain.add(std::make_unique<FakeAllReduce>(&trace));
+  chain.add(std::make_unique<FakeComposite>(chain, Op::kAllReduceAddRmsNorm, Op::kAllReduce, "norm",
+                                            &trace));
+  chain.add(std::make_unique<FakeComposite>(chain, Op::kMoeFinalize, Op::kAllReduceAddRmsNorm,
+                                            "combine", &trace));
+  Request r = request(10);
+  r.op = Op::kMoeFinalize;
+  const Plan plan = chain.plan(r);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan.step.backend->name(), "combine");
+  ASSERT_NE(plan.inner[0].backend, nullptr);
+  EXPECT_EQ(plan.inner[0].backend->name(), "norm");
+  ASSERT_NE(plan.inner[1].backend, nullptr);
+  EXPECT_EQ(plan.inner[1].backend->name(), "leaf");
+  const Backend* served = nullptr;
+  EXPECT_EQ(chain.run(r, plan, nullptr, &served), Status::kOk);
+  EXPECT_EQ(served->name(), "combine");
+  EXPECT_EQ(trace, (std::vector<std::string>{"combine", "norm", "leaf"}));
+  EXPECT_EQ(BackendChain::describe(plan), "[[leaf]]");
+}
+
+TEST(BackendChain, CompositesNestedTooDeeplyAreRefusedNotCut) {
+  std::vector<std::string> trace;
+  BackendChain chain;
+  chain.add(std::make_unique<FakeAllReduce>(&trace));
+  chain.add(std::make_unique<FakeComposite>(chain, Op::kAllReduceAddRmsNorm, Op::kAllReduce, "norm",
+                                            &trace));
+  chain.add(std::make_unique<FakeComposite>(chain, Op::kMoeFinalize, Op::kAllReduceAddRmsNorm,
+                                            "combine", &trace));
+  auto deeper =
+      std::make_unique<FakeComposite>(chain, Op::kAllGather, Op::kMoeFinalize, "deeper", &trace);
+  const Backend& fourth = *deeper;
+  chain.add(std::move(deeper));
+  Request r = request(10);
+  r.op = Op::kAllGather;
+  EXPECT_FALSE(chain.plan(r).ok());
+  EXPECT_STREQ(fourth.plan(r).refusal, "composite paths nested too deeply");
 }
 
 }  // namespace
