@@ -125,6 +125,8 @@ constexpr bool on_lamport(Fusion f) noexcept { return f != Fusion::kAdd; }
 
 /// Most experts per token the MoE combine takes (top-k).
 inline constexpr int kMoeMaxTopK = 32;
+/// The widest row the combine kernel takes (its grid's second dimension counts slices of 128).
+inline constexpr std::int64_t kMoeMaxHidden = std::int64_t{65535} * 128;
 
 /// The MoE layer's combine: `out[t] = sum over k of weights[t, k] * experts[map[t, k]]`, then
 /// `+ shared[t]` where given, per token t of `tokens` and element of `hidden`, accumulated in f32
@@ -259,9 +261,9 @@ Status launch_all_reduce(const AllReduceParams& params, const AllReduceKernel& k
 Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParams& fusion,
                           std::int64_t count, DType dtype, Stream stream) noexcept;
 
-/// Launches the MoE combine (one block per token). `tokens` 0 is a warm-up launch.
-/// kInvalidArgument for an unsupported dtype or top-k outside 1..kMoeMaxTopK; kCudaError when the
-/// launch fails.
+/// Launches the MoE combine (one block per token and slice of the row). `tokens` 0 is a warm-up
+/// launch. kInvalidArgument for an unsupported dtype, a top-k outside 1..kMoeMaxTopK or a hidden
+/// over kMoeMaxHidden; kCudaError when the launch fails.
 Status launch_moe_combine(const MoeCombineParams& params, DType dtype, Stream stream) noexcept;
 
 /// Fills `bytes` bytes (a multiple of 16, 16-byte aligned) of Lamport buffers with the empty

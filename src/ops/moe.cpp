@@ -20,6 +20,8 @@ Status check_moe_combine(const MoeCombine& moe, const TensorView& out, const cha
   if (e.ndim != 2) return bad("experts must be [rows, hidden] (it has ", e.ndim, " dimensions)");
   const std::int64_t rows = e.shape[0];
   const std::int64_t hidden = e.shape[1];
+  if (hidden > kernels::kMoeMaxHidden)
+    return bad("hidden is ", hidden, "; at most ", kernels::kMoeMaxHidden, " supported");
   if (moe.map.dtype != DType::kI32 || moe.map.ndim != 2)
     return bad("map must be int32 [tokens, top_k] (it is ", to_string(moe.map.dtype), " with ",
                moe.map.ndim, " dimensions)");

@@ -115,6 +115,10 @@ TEST(MoeFinalize, BadArgumentsAreRefusedNamingThem) {
   many.map = Tensors::view(wide, DType::kI32, {kTokens, 33});
   many.weights = Tensors::view(wide, DType::kF32, {kTokens, 33});
   refused(many, norm_out, "top_k is 33; 1 to 32 expected");
+  // A row wider than the combine kernel's grid takes (a view only: nothing is read).
+  MoeCombine wide_rows = t.moe();
+  wide_rows.experts = Tensors::view(t.experts, DType::kBF16, {1, 8388481});
+  refused(wide_rows, norm_out, "hidden is 8388481; at most 8388480 supported");
 }
 
 }  // namespace
