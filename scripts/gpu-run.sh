@@ -4,7 +4,10 @@
 # the folder given as the first argument. Uses the build in ./build (configure and build it
 # first, or carry it from a machine with the same CUDA toolkit).
 #
-#   scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|moe|exchange|step|python]
+#   scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python]
+#
+# `gpu` runs the gpu tier, its first-launch repeats and the mgpu tier alone (`tests` is those, the
+# fault matrix and the launcher and C API checks).
 #
 # `python` installs the Python package (`pip install --no-build-isolation .`, or the wheel that
 # TPCOMM_WHEEL names: into python3's own virtualenv where it is one and has torch, pytest and
@@ -15,7 +18,7 @@
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
-out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|faults|bench|overhead|fused|moe|exchange|step|python]}
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python]}
 what=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -75,7 +78,7 @@ faults() {
 { nvidia-smi; nvidia-smi topo -m; } >"$out/info.txt" 2>&1
 step info "$bin/tpcomm" info
 
-if [ "$what" = all ] || [ "$what" = tests ]; then
+if [ "$what" = all ] || [ "$what" = tests ] || [ "$what" = gpu ]; then
   step gpu "$bin/tpcomm_gpu_tests"
   # Ranks sharing a process with the caller's kernels between collectives, ten times in a row
   # (docs/FIRST-LAUNCH.md).
@@ -86,6 +89,9 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
   for np in $nps; do
     step mgpu "$bin/tpcomm" launch -n "$np" --timeout 600 -- "$bin/tpcomm_mgpu_tests"
   done
+fi
+
+if [ "$what" = all ] || [ "$what" = tests ]; then
   # A dead peer with the rank watch off: the deadlines notice it.
   step mgpu env TPCOMM_MGPU_DEAD_PEER=1 TPCOMM_TIMEOUT_MS=5000 TPCOMM_RANK_WATCH=0 "$bin/tpcomm" launch \
     -n 2 --timeout 300 -- "$bin/tpcomm_mgpu_tests" --gtest_filter='*DeadPeer*'
