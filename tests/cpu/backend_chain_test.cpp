@@ -164,14 +164,20 @@ class FakeAllReduce final : public Backend {
   std::vector<std::string>* trace_;
 };
 
+/// The leaf, the norm around it and the combine around that: a chain two composites deep, as the
+/// MoE finalize's path where no fused kernel serves it.
+void add_nested(BackendChain& chain, std::vector<std::string>* trace) {
+  chain.add(std::make_unique<FakeAllReduce>(trace));
+  chain.add(std::make_unique<FakeComposite>(chain, Op::kAllReduceAddRmsNorm, Op::kAllReduce, "norm",
+                                            trace));
+  chain.add(std::make_unique<FakeComposite>(chain, Op::kMoeFinalize, Op::kAllReduceAddRmsNorm,
+                                            "combine", trace));
+}
+
 TEST(BackendChain, CompositesInCompositesRunAsPlanned) {
   std::vector<std::string> trace;
   BackendChain chain;
-  chain.add(std::make_unique<FakeAllReduce>(&trace));
-  chain.add(std::make_unique<FakeComposite>(chain, Op::kAllReduceAddRmsNorm, Op::kAllReduce, "norm",
-                                            &trace));
-  chain.add(std::make_unique<FakeComposite>(chain, Op::kMoeFinalize, Op::kAllReduceAddRmsNorm,
-                                            "combine", &trace));
+  add_nested(chain, &trace);
   Request r = request(10);
   r.op = Op::kMoeFinalize;
   const Plan plan = chain.plan(r);
@@ -191,11 +197,7 @@ TEST(BackendChain, CompositesInCompositesRunAsPlanned) {
 TEST(BackendChain, CompositesNestedTooDeeplyAreRefusedNotCut) {
   std::vector<std::string> trace;
   BackendChain chain;
-  chain.add(std::make_unique<FakeAllReduce>(&trace));
-  chain.add(std::make_unique<FakeComposite>(chain, Op::kAllReduceAddRmsNorm, Op::kAllReduce, "norm",
-                                            &trace));
-  chain.add(std::make_unique<FakeComposite>(chain, Op::kMoeFinalize, Op::kAllReduceAddRmsNorm,
-                                            "combine", &trace));
+  add_nested(chain, &trace);
   auto deeper =
       std::make_unique<FakeComposite>(chain, Op::kAllGather, Op::kMoeFinalize, "deeper", &trace);
   const Backend& fourth = *deeper;
