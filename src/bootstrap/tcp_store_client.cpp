@@ -46,8 +46,12 @@ struct TcpStore::Impl {
   int port = 0;
   wire::Limits limits;
   // One request in flight per connection (NOTE [store wire format] 4); a caller waits for its
-  // turn no longer than its own deadline.
+  // turn no longer than its own deadline. `queued` counts the callers waiting for `mu`, `turns`
+  // the times it was taken: a waiting GET lets the queued ones go first (the mutex alone would
+  // let it take the connection straight back).
   std::timed_mutex mu;
+  std::atomic<int> queued{0};
+  std::atomic<std::uint64_t> turns{0};
   Socket sock;
   // Why the connection cannot be used any more; empty while it can.
   std::string broken;
@@ -93,7 +97,10 @@ struct TcpStore::Impl {
              std::span<const std::byte> value, std::int64_t arg, Deadline io_deadline,
              milliseconds timeout, bool timeout_ok = false) {
     std::unique_lock lock(mu, std::defer_lock);
-    if (!lock.try_lock_until(io_deadline)) {
+    ++queued;
+    const bool locked = lock.try_lock_until(io_deadline);
+    --queued;
+    if (!locked) {
       TPCOMM_THROW(Status::kTimeout, what, ": another operation on the connection to ", address,
                    " did not finish within ", timeout.count(), " ms");
     }
@@ -101,6 +108,7 @@ struct TcpStore::Impl {
       TPCOMM_THROW(Status::kSystemError, what, ": the connection to the store at ", address,
                    " is unusable since an earlier failure: ", broken);
     }
+    ++turns;
     const auto started = SteadyClock::now();
     wire::RequestHeader h{.opcode = op,
                           .key_len = static_cast<std::uint32_t>(key.size()),
@@ -161,8 +169,10 @@ struct TcpStore::Impl {
                          /*timeout_ok=*/true);
       if (reply.header.code == ReplyCode::kOk) return reply;
       if (SteadyClock::now() >= deadline) fail_reply(what, reply, timeout);
-      // Let a thread that waits for the connection take it before the next slice.
-      std::this_thread::yield();
+      // Let the threads that wait for the connection take it before the next slice.
+      const std::uint64_t seen = turns.load();
+      while (queued.load() > 0 && turns.load() == seen && SteadyClock::now() < deadline)
+        std::this_thread::sleep_for(milliseconds{1});
     }
   }
 
