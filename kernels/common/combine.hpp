@@ -38,14 +38,21 @@ TPCOMM_HOST_DEVICE float combine_element(const MoeCombineParams& m, std::int64_t
   return acc;
 }
 
+/// How many of a token's experts `combine_pack` reads at once: their map entries and weights in
+/// one round trip to memory, then their rows in one more (a load per expert, each waiting for
+/// the last one's map entry, made the prologue a chain of top-k round trips).
+inline constexpr int kCombineBatch = 8;
+
 /// Pack `v` of a rank's MoE combine over `count` = tokens x hidden elements, rounded once into
 /// T (bitwise what `launch_moe_combine` stores there); zeros past `count`. Where the rows are
 /// whole packs (hidden a multiple of the pack, 16-byte aligned experts and shared), the pack lies
-/// in one token's row and each expert's part of it is one load.
+/// in one token's row and each expert's part of it is one load, made `kCombineBatch` experts at
+/// a time; the sum's order stays k ascending, then the shared expert.
 template <class T>
 TPCOMM_HOST_DEVICE Pack<T> combine_pack(const MoeCombineParams& m, std::int64_t v,
                                         std::int64_t count) {
   constexpr int W = Pack<T>::kElems;
+  constexpr int B = kCombineBatch;
   const std::int64_t e0 = v * W;
   Pack<T> out;
   out.raw = make_uint4(0, 0, 0, 0);
@@ -55,24 +62,44 @@ TPCOMM_HOST_DEVICE Pack<T> combine_pack(const MoeCombineParams& m, std::int64_t 
   if (m.hidden % W == 0 && e0 + W <= count && is_aligned16(experts) &&
       (shared == nullptr || is_aligned16(shared))) {
     const std::int64_t t = e0 / m.hidden, c = e0 - t * m.hidden;
+    Pack<T> extra;  // the shared expert's part, loaded with the first batch
+    extra.raw = make_uint4(0, 0, 0, 0);
+    if (shared != nullptr) extra.raw = *reinterpret_cast<const uint4*>(shared + e0);
     float acc[W];
     TPCOMM_UNROLL
     for (int i = 0; i < W; ++i) acc[i] = 0.f;
     bool bad = false;
-    for (int k = 0; k < m.top_k && !bad; ++k) {
-      const std::int64_t i = t * m.top_k + k;
-      const std::int32_t row = m.map[i];
-      bad = row < 0 || row >= m.rows;
-      if (bad) break;
-      const float w = moe_weight<T>(m, i);
-      const Pack<T> x{*reinterpret_cast<const uint4*>(experts + row * m.hidden + c)};
+    for (int k0 = 0; k0 < m.top_k && !bad; k0 += B) {
+      std::int32_t row[B];
+      float w[B];
       TPCOMM_UNROLL
-      for (int j = 0; j < W; ++j) acc[j] = fmaf(w, to_float(x[j]), acc[j]);
+      for (int j = 0; j < B; ++j) {
+        row[j] = 0;
+        w[j] = 0.f;
+        if (k0 + j < m.top_k) {
+          const std::int64_t i = t * m.top_k + k0 + j;
+          row[j] = m.map[i];
+          w[j] = moe_weight<T>(m, i);
+          bad = bad || row[j] < 0 || row[j] >= m.rows;
+        }
+      }
+      if (bad) break;
+      Pack<T> x[B];
+      TPCOMM_UNROLL
+      for (int j = 0; j < B; ++j)
+        x[j].raw = k0 + j < m.top_k
+                       ? *reinterpret_cast<const uint4*>(experts + row[j] * m.hidden + c)
+                       : make_uint4(0, 0, 0, 0);
+      TPCOMM_UNROLL
+      for (int j = 0; j < B; ++j)
+        if (k0 + j < m.top_k) {
+          TPCOMM_UNROLL
+          for (int e = 0; e < W; ++e) acc[e] = fmaf(w[j], to_float(x[j][e]), acc[e]);
+        }
     }
     if (shared != nullptr && !bad) {
-      const Pack<T> x{*reinterpret_cast<const uint4*>(shared + e0)};
       TPCOMM_UNROLL
-      for (int j = 0; j < W; ++j) acc[j] += to_float(x[j]);
+      for (int j = 0; j < W; ++j) acc[j] += to_float(extra[j]);
     }
     TPCOMM_UNROLL
     for (int j = 0; j < W; ++j) out[j] = from_float<T>(bad ? NAN : acc[j]);

@@ -4,8 +4,9 @@
 // fmaf over k ascending, then + shared, rounded once; a token whose map names a row outside the
 // experts is NaN), bitwise, for f16, bf16 and f32, the whole-pack path (rows of whole packs,
 // aligned) and the element path (rows that split packs, misaligned experts or shared), weights
-// in f32 or the activation dtype, repeated and unchosen rows, zero weights, and zeros past the
-// message. What this cannot show (the push, the flags, the epilogue after it) is the gpu tier's.
+// in f32 or the activation dtype, repeated and unchosen rows, zero weights, top-k over several of
+// the batches the whole-pack path reads at once, and zeros past the message. What this cannot show
+// (the push, the flags, the epilogue after it) is the gpu tier's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -153,6 +154,10 @@ const Case kCases[] = {
     {4, 256, 4, 20, true, false, false, true, false},  // misaligned shared
     {7, 24, 3, 9, true, true, true, true, true},       // everything on the element path
     {2, 3, 32, 64, true, false, false, false, false},  // most experts per token, tiny rows
+    // Whole packs over several batches of experts (kernels::kCombineBatch), the last one part
+    // full, a bad row in a later batch; and the most experts per token.
+    {3, 64, 13, 40, true, true, false, false, true},
+    {2, 128, 32, 96, false, false, false, false, false},
 };
 
 TEST(MoeCombinePack, EveryPackIsTheCombinesDefinitionBf16) {
