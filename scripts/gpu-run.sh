@@ -200,17 +200,25 @@ fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = moe ]; then
   # The MoE finalize (the combine of DeepSeek-V3's top-8 and its shared expert, then the fused
   # all-reduce + norm) against the unfused chain (the combine, the all-reduce, add_rmsnorm) and
-  # the plain all-reduce of x, tokens 1..128.
+  # the plain all-reduce of x, tokens 1..128. With BASE set (as for `overhead`), the build there
+  # runs each command first, alternating with this one.
+  builds=(${BASE:+"$BASE/bin/tpcomm"} "$bin/tpcomm")
   for r in 2 4 8; do
-    step moe "$bin/tpcomm" bench --virtual-ranks "$r" --op moe_finalize --hidden 7168 --top-k 8 \
-      --shared-expert -b 14336 -e $((14336 * 128)) -f 2 -d bfloat16 --graph -n 20 -w 3 \
-      --graph-replays 10 --algo auto,unfused,allreduce --json "$out/moe-h7168-w$r.json"
+    for b in "${builds[@]}"; do
+      tag=-base; [ "$b" = "$bin/tpcomm" ] && tag=
+      step moe "$b" bench --virtual-ranks "$r" --op moe_finalize --hidden 7168 --top-k 8 \
+        --shared-expert -b 14336 -e $((14336 * 128)) -f 2 -d bfloat16 --graph -n 20 -w 3 \
+        --graph-replays 10 --algo auto,unfused,allreduce --json "$out/moe-h7168-w$r$tag.json"
+    done
   done
   # The MoE presets' decode step at 8 ranks with the combine in the fused call and apart from it.
   for model in deepseek-v3 qwen3-235b-a22b; do
-    for combine in fused separate; do
-      step moe "$bin/tpcomm" step --model "$model" --tp 8 --virtual-ranks 8 --tokens 1,128 \
-        --moe-combine "$combine" --json "$out/step-$model-vr8-$combine.json"
+    for b in "${builds[@]}"; do
+      tag=-base; [ "$b" = "$bin/tpcomm" ] && tag=
+      for combine in fused separate; do
+        step moe "$b" step --model "$model" --tp 8 --virtual-ranks 8 --tokens 1,128 \
+          --moe-combine "$combine" --json "$out/step-$model-vr8-$combine$tag.json"
+      done
     done
   done
 fi
