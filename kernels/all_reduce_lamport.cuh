@@ -23,7 +23,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   const std::int64_t slot_bytes = p.layout.lamport_slot_bytes;
   const T* in = static_cast<const T*>(p.input);
   const bool in_aligned = is_aligned16(in);
-  // The first input pack is loaded while the block reads the operation count.
+  // The first input pack is loaded while the block reads the operation count (then each next one
+  // while the last is pushed).
   Pack<T> head{};
   if (first < packs) head = Epilogue::template input<T>(p, in, first, in_aligned);
   const LamportFrame f = lamport_frame(p);
@@ -32,11 +33,12 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   // groups of blocks meet in every row: NOTE [row groups]).
   if (!f.failed) {
     lamport_push_header<R>(p, f);
-    // Push this rank's input into slot `rank` of every rank's buffer.
+    // Push this rank's input into slot `rank` of every rank's buffer. The next pack is read
+    // before this one is pushed: a push is ordered before every later load (the volatile store).
     const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * slot_bytes;
     for (std::int64_t v = first; v < packs; v += stride) {
-      const uint4 x = lamport_outgoing(
-          v == first ? head.raw : Epilogue::template input<T>(p, in, v, in_aligned).raw);
+      const uint4 x = lamport_outgoing(head.raw);
+      if (v + stride < packs) head = Epilogue::template input<T>(p, in, v + stride, in_aligned);
 #pragma unroll
       for (int r = 0; r < R; ++r)
         st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + v * 16, x);

@@ -34,14 +34,25 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   // groups of blocks meet in every row: NOTE [row groups]).
   if (!f.failed) {
     lamport_push_header<R>(p, f);
-    // Scatter: slice s of this rank's input to slot `rank` of rank s.
+    // Scatter: slice s of this rank's input to slot `rank` of rank s. A thread reads its packs
+    // of `kBatch` slices before it pushes any of them: a push is ordered before every later load
+    // (the volatile store), so reading each pack just before its push made R round trips to
+    // memory (a batch of all R spills at 7 and 8 ranks).
+    constexpr int kBatch = R < 4 ? R : 4;
 #pragma unroll 1
     for (std::int64_t i = first; i < slice; i += stride) {
 #pragma unroll
-      for (int s = 0; s < R; ++s)
-        if (const std::int64_t v = s * slice + i; v < packs)
-          st_volatile(lamport_buffer(p, s, f.buffer) + own_slot + i * 16,
-                      lamport_outgoing(Epilogue::template input<T>(p, in, v, in_aligned).raw));
+      for (int s0 = 0; s0 < R; s0 += kBatch) {
+        uint4 x[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+          if (const std::int64_t v = (s0 + b) * slice + i; s0 + b < R && v < packs)
+            x[b] = lamport_outgoing(Epilogue::template input<T>(p, in, v, in_aligned).raw);
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+          if (s0 + b < R && (s0 + b) * slice + i < packs)
+            st_volatile(lamport_buffer(p, s0 + b, f.buffer) + own_slot + i * 16, x[b]);
+      }
     }
     lamport_refill<R>(p, f);
   }
