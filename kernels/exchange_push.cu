@@ -39,10 +39,13 @@ namespace tpcomm::kernels {
 // take the pull form, chosen alike on every rank from the shapes (`ExchangePlan::push_slot_bytes`).
 // Each rank reads its input and writes its output in the widest access `A` (8, 4, 2 or 1 bytes)
 // that its own addresses allow (the layout of lines: kernels/common/lines.hpp, which the cpu
-// tier runs on the host too). The lines of every peer's region are spread over every thread of
-// the grid, one region after another, so that at small sizes each thread has a line or two; a
-// thread issues the loads of up to four of its lines (two with narrower accesses) before it
-// waits for any.
+// tier runs on the host too). The lines of every region, its own included (which it copies into
+// its own output), make one list spread over every thread of the grid (`LineList`), so that at
+// small sizes each thread has a line or two. A thread issues the loads of up to four of its lines
+// (two with narrower accesses), whichever regions they are in, before it stores or waits for
+// any: where a thread has four lines or fewer, its push is one round trip to memory and its take
+// another. (Taken a region at a time, with the own region copied after the pushes, a thread's
+// lines cost a round trip each: up to 2R - 1 at small sizes.)
 
 namespace {
 
@@ -52,78 +55,103 @@ __device__ __forceinline__ bool line_arrived(uint4 x) {
   return x.y != kEmptyWord && x.w != kEmptyWord;
 }
 
-/// Writes this rank's region for every peer into its slot of that peer's buffer.
+/// Lines a thread loads before it waits for any: narrower accesses work out two addresses a line,
+/// and fewer lines in flight keep them in registers (four spilled at 4 ranks and more).
+template <int A>
+inline constexpr int kBatch = A == 8 ? 4 : 2;
+
+/// Writes this rank's region for every peer into its slot of that peer's buffer, and its own
+/// region into its output: one list (entry k = 0 its own region, k the region for rank + k), so
+/// that a thread's loads travel together whichever regions its lines are in.
 template <int R, int A>
 __device__ __forceinline__ void push_lines(const ExchangeParams& p, const LamportFrame& f,
                                            std::uint32_t flag, std::uint64_t first,
                                            std::uint64_t stride) {
   const char* in = static_cast<const char*>(p.input);
+  char* out = static_cast<char*>(p.output);
   const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * p.layout.lamport_slot_bytes;
-  std::uint64_t before = 0;
-#pragma unroll
-  for (int k = 1; k < R; ++k) {
+  auto region = [&](int k) -> const CopyRegion& {
     const int d = p.rank + k < R ? p.rank + k : p.rank + k - R;
-    const CopyRegion& c = p.to[d];
-    const Lines l(c);
-    char* slot = lamport_buffer(p, d, f.buffer) + own_slot;
-    for (std::uint64_t i = first_line(first, stride, before); i < l.count; i += stride) {
-      const Line v = load_line<A>(in, c, l, static_cast<std::uint32_t>(i));
-      st_volatile(slot + i * 16, make_uint4(v.lo, flag, v.hi, flag));
+    return k == 0 ? p.from[p.rank] : p.to[d];
+  };
+  const LineList<R> list([&](int k) { return Lines(region(k)).count; });
+  for (std::uint64_t g0 = first; g0 < list.total(); g0 += kBatch<A> * stride) {
+    Line v[kBatch<A>];
+    int at[kBatch<A>];
+#pragma unroll
+    for (int u = 0; u < kBatch<A>; ++u) {
+      const std::uint64_t g = g0 + u * stride;
+      if (g >= list.total()) break;
+      at[u] = list.region(static_cast<std::uint32_t>(g));
+      const CopyRegion& c = region(at[u]);
+      v[u] = load_line<A>(in, c, Lines(c), list.line(static_cast<std::uint32_t>(g), at[u]));
     }
-    before += l.count;
+#pragma unroll
+    for (int u = 0; u < kBatch<A>; ++u) {
+      const std::uint64_t g = g0 + u * stride;
+      if (g >= list.total()) break;
+      const int k = at[u];
+      const CopyRegion& c = region(k);
+      const std::uint32_t i = list.line(static_cast<std::uint32_t>(g), k);
+      if (k == 0) {
+        store_line<A>(out, c, Lines(c), i, v[u]);
+      } else {
+        const int d = p.rank + k < R ? p.rank + k : p.rank + k - R;
+        st_volatile(lamport_buffer(p, d, f.buffer) + own_slot + std::int64_t{i} * 16,
+                    make_uint4(v[u].lo, flag, v[u].hi, flag));
+      }
+    }
   }
 }
 
-/// Takes every peer's region from this rank's buffer into the output as its lines arrive. False
-/// when a wait gave up or a line carried another call's flag (reported).
+/// Takes every peer's region from this rank's buffer into the output as its lines arrive: one
+/// list (entry k the region from rank - k; k = 0, its own, has none here). False when a wait
+/// gave up or a line carried another call's flag (reported).
 template <int R, int A>
 __device__ __forceinline__ bool take_lines(const ExchangeParams& p, const LamportFrame& f,
                                            std::uint32_t flag, LamportHeader<R>& header,
                                            std::uint64_t first, std::uint64_t stride) {
-  // Narrower accesses work out two addresses a line: fewer lines in flight keep them in
-  // registers (four spilled at 4 ranks and more).
-  constexpr int kUnroll = A == 8 ? 4 : 2;
   char* out = static_cast<char*>(p.output);
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
-  std::uint64_t before = 0;
+  auto source = [&](int k) { return p.rank >= k ? p.rank - k : p.rank - k + R; };
+  const LineList<R> list([&](int k) { return k == 0 ? 0u : Lines(p.from[source(k)]).count; });
+  for (std::uint64_t g0 = first; g0 < list.total(); g0 += kBatch<A> * stride) {
+    uint4 x[kBatch<A>];
+    int at[kBatch<A>];
+    const std::uint32_t h = header.load();
 #pragma unroll
-  for (int k = 1; k < R; ++k) {
-    const int s = p.rank >= k ? p.rank - k : p.rank - k + R;
-    const CopyRegion& c = p.from[s];
-    const Lines l(c);
-    const char* slot = mine + static_cast<std::int64_t>(s) * p.layout.lamport_slot_bytes;
-    for (std::uint64_t i0 = first_line(first, stride, before); i0 < l.count;
-         i0 += kUnroll * stride) {
-      uint4 x[kUnroll];
-      const std::uint32_t h = header.load();
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const std::uint64_t i = i0 + u * stride;
-        if (i < l.count) x[u] = ld_volatile(slot + i * 16);
-      }
-      header.see(h);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const std::uint64_t i = i0 + u * stride;
-        if (i >= l.count) break;
-        uint4 v = x[u];
-        if (!line_arrived(v) && !wait_until<ErrorWord::kLamportCount>(
-                                    [&] {
-                                      const std::uint32_t seen = header.load();
-                                      v = ld_volatile(slot + i * 16);
-                                      header.see(seen);
-                                      return line_arrived(v);
-                                    },
-                                    f.wait, s))
-          return false;
-        if (v.y != flag || v.w != flag) {
-          report<ErrorWord::kLamportCount>(f.wait, ErrorWord::kMismatch, s);
-          return false;
-        }
-        store_line<A>(out, c, l, static_cast<std::uint32_t>(i), Line{v.x, v.z});
-      }
+    for (int u = 0; u < kBatch<A>; ++u) {
+      const std::uint64_t g = g0 + u * stride;
+      if (g >= list.total()) break;
+      at[u] = list.region(static_cast<std::uint32_t>(g));
+      const std::uint32_t i = list.line(static_cast<std::uint32_t>(g), at[u]);
+      x[u] = ld_volatile(mine + source(at[u]) * p.layout.lamport_slot_bytes + std::int64_t{i} * 16);
     }
-    before += l.count;
+    header.see(h);
+#pragma unroll
+    for (int u = 0; u < kBatch<A>; ++u) {
+      const std::uint64_t g = g0 + u * stride;
+      if (g >= list.total()) break;
+      const int s = source(at[u]);
+      const std::uint32_t i = list.line(static_cast<std::uint32_t>(g), at[u]);
+      const char* line = mine + s * p.layout.lamport_slot_bytes + std::int64_t{i} * 16;
+      uint4 v = x[u];
+      if (!line_arrived(v) && !wait_until<ErrorWord::kLamportCount>(
+                                  [&] {
+                                    const std::uint32_t seen = header.load();
+                                    v = ld_volatile(line);
+                                    header.see(seen);
+                                    return line_arrived(v);
+                                  },
+                                  f.wait, s))
+        return false;
+      if (v.y != flag || v.w != flag) {
+        report<ErrorWord::kLamportCount>(f.wait, ErrorWord::kMismatch, s);
+        return false;
+      }
+      const CopyRegion& c = p.from[s];
+      store_line<A>(out, c, Lines(c), i, Line{v.x, v.z});
+    }
   }
   return true;
 }
@@ -140,8 +168,6 @@ __global__ void __launch_bounds__(1024, 1) exchange_push_kernel(ExchangeParams p
   if (!f.failed) {
     lamport_push_header<R>(p, f);
     push_lines<R, A>(p, f, flag, first, stride);
-    copy_region<A>(static_cast<const char*>(p.input), static_cast<char*>(p.output), p.from[p.rank],
-                   first, stride);
     lamport_refill<R>(p, f);
   }
   LamportHeader<R> header(p, f);  // NOTE [fingerprints]

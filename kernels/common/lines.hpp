@@ -100,13 +100,33 @@ TPCOMM_HOST_DEVICE void store_line(char* base, const CopyRegion& c, const Lines&
   }
 }
 
-/// The first line of a region that thread `first` of `stride` takes when `before` lines of
-/// earlier regions went round the grid first (the grid's threads take the regions' lines one
-/// after another, as if they were one list).
-TPCOMM_HOST_DEVICE std::uint64_t first_line(std::uint64_t first, std::uint64_t stride,
-                                            std::uint64_t before) {
-  return (first + stride - before % stride) % stride;
-}
+/// The lines of `N` regions taken as one list, one region after another: entry g of the list goes
+/// to thread g mod stride of the grid, so that at small sizes each thread has a line or two
+/// whichever regions they are in, and a thread loads the lines of several regions in one batch.
+template <int N>
+struct LineList {
+  std::uint32_t end[N];  // entries of regions 0..k together (below 2^32: `access_for`)
+
+  /// `count(k)`: the lines of region k.
+  template <class Count>
+  TPCOMM_HOST_DEVICE explicit LineList(Count&& count) {
+    std::uint32_t total = 0;
+    TPCOMM_UNROLL
+    for (int k = 0; k < N; ++k) end[k] = total += count(k);
+  }
+  [[nodiscard]] TPCOMM_HOST_DEVICE std::uint32_t total() const { return end[N - 1]; }
+  /// The region that entry `g` (below `total()`) belongs to.
+  [[nodiscard]] TPCOMM_HOST_DEVICE int region(std::uint32_t g) const {
+    int k = 0;
+    TPCOMM_UNROLL
+    for (int j = 0; j < N - 1; ++j) k += g >= end[j] ? 1 : 0;
+    return k;
+  }
+  /// Entry `g`'s line within region `k` (`region(g)`).
+  [[nodiscard]] TPCOMM_HOST_DEVICE std::uint32_t line(std::uint32_t g, int k) const {
+    return k == 0 ? g : g - end[k - 1];
+  }
+};
 
 /// The widest access (16 down to 1 bytes) that divides every value of `values`.
 inline int widest_access(std::initializer_list<std::int64_t> values) {

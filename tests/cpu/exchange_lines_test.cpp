@@ -117,14 +117,17 @@ void run_case(const std::string& name, int world,
       for (std::int64_t row = 0; row < c.rows; ++row) {
         std::memcpy(k.ref + c.dst_offset + row * c.dst_pitch,
                     src + c.src_offset + row * c.src_pitch, static_cast<std::size_t>(c.row_bytes));
-        if (s == d)  // the own region is a copy (`copy_region`), not lines
-          std::memcpy(k.out + c.dst_offset + row * c.dst_pitch,
-                      src + c.src_offset + row * c.src_pitch,
-                      static_cast<std::size_t>(c.row_bytes));
       }
-      if (s == d) continue;
       const Lines l(c);
-      const auto& lines = slot[static_cast<std::size_t>(d)][static_cast<std::size_t>(s)];
+      // The own region's lines go straight from the input to the output.
+      std::vector<Line> own;
+      if (s == d)
+        with_access(k.access, [&]<int A>() {
+          for (std::uint32_t i = 0; i < l.count; ++i)
+            own.push_back(kernels::load_line<A>(k.in, c, l, i));
+        });
+      const auto& lines =
+          s == d ? own : slot[static_cast<std::size_t>(d)][static_cast<std::size_t>(s)];
       ASSERT_EQ(lines.size(), l.count)
           << "rank " << s << " sent rank " << d << " another number of lines than it takes";
       with_access(k.access, [&]<int A>() {
@@ -159,29 +162,36 @@ TEST(ExchangePush, LinesCarryEveryRegionBitwise) {
   }
 }
 
-// Every line of every region goes to exactly one thread of the grid, whatever the grid, when the
-// threads take the regions' lines one after another as one list (`first_line`).
-TEST(ExchangePush, EveryLineHasOneThread) {
-  const std::vector<std::vector<std::uint64_t>> region_lines{
-      {0}, {1}, {5, 0, 7}, {128, 128, 128, 128, 128, 128, 128}, {1000, 3, 0, 4097}};
-  for (std::uint64_t stride : {1u, 2u, 3u, 32u, 512u, 1024u, 4096u}) {
-    for (const auto& counts : region_lines) {
-      std::vector<std::vector<int>> taken;
-      for (std::uint64_t n : counts) taken.emplace_back(n, 0);
-      for (std::uint64_t first = 0; first < stride; ++first) {
-        std::uint64_t before = 0;
-        for (std::size_t k = 0; k < counts.size(); ++k) {
-          for (std::uint64_t i = kernels::first_line(first, stride, before); i < counts[k];
-               i += stride) {
-            ++taken[k][i];
-            EXPECT_EQ((before + i) % stride, first) << "not the thread's place in the list";
-          }
-          before += counts[k];
-        }
+// Every line of every region is exactly one entry of the list (`LineList`), in order, and so goes
+// to exactly one thread of any grid that takes the entries in turn.
+TEST(ExchangePush, EveryLineIsOneEntryOfTheList) {
+  const std::vector<std::vector<std::uint32_t>> region_lines{
+      {0, 0}, {0, 1}, {5, 0, 7}, {128, 128, 128, 128, 128, 128, 128, 128}, {0, 1000, 3, 0, 4097}};
+  auto check = [&]<int N>(const std::vector<std::uint32_t>& counts) {
+    SCOPED_TRACE(::testing::PrintToString(counts));
+    const kernels::LineList<N> list([&](int k) { return counts[static_cast<std::size_t>(k)]; });
+    std::uint32_t g = 0;
+    for (int k = 0; k < N; ++k)
+      for (std::uint32_t i = 0; i < counts[static_cast<std::size_t>(k)]; ++i, ++g) {
+        ASSERT_EQ(list.region(g), k) << "entry " << g;
+        ASSERT_EQ(list.line(g, k), i) << "entry " << g;
       }
-      for (std::size_t k = 0; k < counts.size(); ++k)
-        for (std::uint64_t i = 0; i < counts[k]; ++i)
-          ASSERT_EQ(taken[k][i], 1) << "stride " << stride << " region " << k << " line " << i;
+    EXPECT_EQ(list.total(), g);
+  };
+  for (const auto& counts : region_lines) {
+    switch (counts.size()) {
+      case 2:
+        check.template operator()<2>(counts);
+        break;
+      case 3:
+        check.template operator()<3>(counts);
+        break;
+      case 5:
+        check.template operator()<5>(counts);
+        break;
+      default:
+        check.template operator()<8>(counts);
+        break;
     }
   }
 }
