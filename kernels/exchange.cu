@@ -33,8 +33,10 @@ namespace tpcomm::kernels {
 //
 // Accesses are `V` bytes wide, the widest that every region's offsets, pitches and row bytes,
 // and the output pointer, allow (16 for the usual shapes). Each source's region is a flat range
-// of accesses (row-major), split over every thread of the grid; sources are visited starting
-// with this rank's own and going round, so that ranks do not all read from one peer at once.
+// of accesses (row-major). The sources' ranges, starting with this rank's own and going round (so
+// that ranks do not all read from one peer at once), make one list split over every thread of the
+// grid (`copy_regions`): at small sizes a thread has an access or two, whichever sources they come
+// from, and loads them in one round trip to memory (a source at a time took one a source).
 
 namespace {
 
@@ -74,6 +76,16 @@ __global__ void __launch_bounds__(1024, 1) exchange_kernel(ExchangeParams p) {
   }
   __syncthreads();
   const std::uint32_t seq = seq_shared;
+  // Every rank's input as mapped here, worked out while the barrier waits (the barrier's
+  // `__syncthreads` publishes them); R pointers held in registers made the kernel spill at 7 and 8
+  // ranks (+0.6 us at 8).
+  __shared__ const char* inputs[R];
+  if (threadIdx.x < R) {
+    const int s = static_cast<int>(threadIdx.x);
+    const void* registered = p.registered != nullptr ? p.registered->ptr[s] : nullptr;
+    inputs[s] =
+        registered != nullptr ? static_cast<const char*>(registered) : staging_half(p, s, seq);
+  }
   // False from where the block gave up (NOTE [bounded waits]); the same in every thread, and
   // one place that poisons the outputs at the end (each would be inlined).
   bool ok = failed_shared == 0;
@@ -85,18 +97,10 @@ __global__ void __launch_bounds__(1024, 1) exchange_kernel(ExchangeParams p) {
     if (!p.end_barrier && p.early_launch) allow_next_launch();
     const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
-    char* out = static_cast<char*>(p.output);
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-      const int s = p.rank + k < R ? p.rank + k : p.rank + k - R;
-      // Each source's address is worked out where it is copied, not held for every rank:
-      // R pointers kept in registers made the kernel spill at 7 and 8 ranks (+0.6 us at 8).
-      // `p.from` and `p.staging` stay in parameter space.
-      const void* registered = p.registered != nullptr ? p.registered->ptr[s] : nullptr;
-      const char* base =
-          registered != nullptr ? static_cast<const char*>(registered) : staging_half(p, s, seq);
-      copy_region<V>(base, out, p.from[s], first, stride);
-    }
+    auto source = [&](int k) { return p.rank + k < R ? p.rank + k : p.rank + k - R; };
+    copy_regions<R, V>([&](int k) { return inputs[source(k)]; },
+                       [&](int k) { return p.from[source(k)]; }, static_cast<char*>(p.output),
+                       first, stride);
   }
 
   // Registered inputs belong to their callers again when the kernel ends.
@@ -113,8 +117,9 @@ template <int V>
 __global__ void __launch_bounds__(1024) region_copy_kernel(RegionCopyParams p) {
   const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
-  for (int i = 0; i < p.regions; ++i)
-    copy_region<V>(p.sources[i], static_cast<char*>(p.output), p.from[i], first, stride);
+  copy_regions<kMaxRanks, V>([&](int k) { return p.sources[k]; },
+                             [&](int k) { return k < p.regions ? p.from[k] : CopyRegion{}; },
+                             static_cast<char*>(p.output), first, stride);
 }
 
 const void* exchange_function(int world_size, int access) noexcept {
@@ -157,12 +162,12 @@ Status launch_region_copy(const RegionCopyParams& params, Stream stream) noexcep
   if (params.regions < 0 || params.regions > kMaxRanks) return Status::kInvalidArgument;
   const int access = access_for(params.from, params.regions, params.output, params.sources);
   if (access == 0) return Status::kInvalidArgument;
-  std::int64_t most = 0;
+  std::int64_t total = 0;  // accesses: the regions are one list (`copy_regions`)
   for (int r = 0; r < params.regions; ++r)
-    most = std::max(most, params.from[r].rows * (params.from[r].row_bytes / access));
+    total += params.from[r].rows * (params.from[r].row_bytes / access);
   constexpr int kThreads = 512;
   const auto blocks = static_cast<unsigned>(
-      std::clamp<std::int64_t>((most + 4 * kThreads - 1) / (4 * kThreads), 1, 1024));
+      std::clamp<std::int64_t>((total + 4 * kThreads - 1) / (4 * kThreads), 1, 1024));
   RegionCopyParams copy = params;
   void* args[] = {&copy};
   const void* function = dispatch_access(

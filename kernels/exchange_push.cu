@@ -40,7 +40,7 @@ namespace tpcomm::kernels {
 // Each rank reads its input and writes its output in the widest access `A` (8, 4, 2 or 1 bytes)
 // that its own addresses allow (the layout of lines: kernels/common/lines.hpp, which the cpu
 // tier runs on the host too). The lines of every region, its own included (which it copies into
-// its own output), make one list spread over every thread of the grid (`LineList`), so that at
+// its own output), make one list spread over every thread of the grid (`RegionList`), so that at
 // small sizes each thread has a line or two. A thread issues the loads of up to four of its lines
 // (two with narrower accesses), whichever regions they are in, before it stores or waits for
 // any: where a thread has four lines or fewer, its push is one round trip to memory and its take
@@ -74,7 +74,7 @@ __device__ __forceinline__ void push_lines(const ExchangeParams& p, const Lampor
     const int d = p.rank + k < R ? p.rank + k : p.rank + k - R;
     return k == 0 ? p.from[p.rank] : p.to[d];
   };
-  const LineList<R> list([&](int k) { return Lines(region(k)).count; });
+  const RegionList<R> list([&](int k) { return Lines(region(k)).count; });
   for (std::uint64_t g0 = first; g0 < list.total(); g0 += kBatch<A> * stride) {
     Line v[kBatch<A>];
     int at[kBatch<A>];
@@ -84,7 +84,7 @@ __device__ __forceinline__ void push_lines(const ExchangeParams& p, const Lampor
       if (g >= list.total()) break;
       at[u] = list.region(static_cast<std::uint32_t>(g));
       const CopyRegion& c = region(at[u]);
-      v[u] = load_line<A>(in, c, Lines(c), list.line(static_cast<std::uint32_t>(g), at[u]));
+      v[u] = load_line<A>(in, c, Lines(c), list.index(static_cast<std::uint32_t>(g), at[u]));
     }
 #pragma unroll
     for (int u = 0; u < kBatch<A>; ++u) {
@@ -92,7 +92,7 @@ __device__ __forceinline__ void push_lines(const ExchangeParams& p, const Lampor
       if (g >= list.total()) break;
       const int k = at[u];
       const CopyRegion& c = region(k);
-      const std::uint32_t i = list.line(static_cast<std::uint32_t>(g), k);
+      const std::uint32_t i = list.index(static_cast<std::uint32_t>(g), k);
       if (k == 0) {
         store_line<A>(out, c, Lines(c), i, v[u]);
       } else {
@@ -114,7 +114,7 @@ __device__ __forceinline__ bool take_lines(const ExchangeParams& p, const Lampor
   char* out = static_cast<char*>(p.output);
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
   auto source = [&](int k) { return p.rank >= k ? p.rank - k : p.rank - k + R; };
-  const LineList<R> list([&](int k) { return k == 0 ? 0u : Lines(p.from[source(k)]).count; });
+  const RegionList<R> list([&](int k) { return k == 0 ? 0u : Lines(p.from[source(k)]).count; });
   for (std::uint64_t g0 = first; g0 < list.total(); g0 += kBatch<A> * stride) {
     uint4 x[kBatch<A>];
     int at[kBatch<A>];
@@ -124,7 +124,7 @@ __device__ __forceinline__ bool take_lines(const ExchangeParams& p, const Lampor
       const std::uint64_t g = g0 + u * stride;
       if (g >= list.total()) break;
       at[u] = list.region(static_cast<std::uint32_t>(g));
-      const std::uint32_t i = list.line(static_cast<std::uint32_t>(g), at[u]);
+      const std::uint32_t i = list.index(static_cast<std::uint32_t>(g), at[u]);
       x[u] = ld_volatile(mine + source(at[u]) * p.layout.lamport_slot_bytes + std::int64_t{i} * 16);
     }
     header.see(h);
@@ -133,7 +133,7 @@ __device__ __forceinline__ bool take_lines(const ExchangeParams& p, const Lampor
       const std::uint64_t g = g0 + u * stride;
       if (g >= list.total()) break;
       const int s = source(at[u]);
-      const std::uint32_t i = list.line(static_cast<std::uint32_t>(g), at[u]);
+      const std::uint32_t i = list.index(static_cast<std::uint32_t>(g), at[u]);
       const char* line = mine + s * p.layout.lamport_slot_bytes + std::int64_t{i} * 16;
       uint4 v = x[u];
       if (!line_arrived(v) && !wait_until<ErrorWord::kLamportCount>(

@@ -35,34 +35,46 @@ struct Access<1> {
   using type = std::uint8_t;
 };
 
-/// Copies region `c` of `src` into `out` with `V`-byte accesses, four in flight per thread.
-template <int V>
-__device__ __forceinline__ void copy_region(const char* src, char* out, const CopyRegion& c,
-                                            std::uint64_t first, std::uint64_t stride) {
+/// Copies regions 0..N-1 (`region(k)`, read from `source(k)`) into `out` with `V`-byte accesses,
+/// as one list of accesses (`RegionList`): four in flight per thread, whichever regions they are
+/// in. Together the regions make fewer than 2^32 accesses (`access_for`).
+template <int N, int V, class Source, class Region>
+__device__ __forceinline__ void copy_regions(const Source& source, const Region& region, char* out,
+                                             std::uint64_t first, std::uint64_t stride) {
   using A = typename Access<V>::type;
-  const auto per_row = static_cast<std::uint32_t>(c.row_bytes / V);
-  if (per_row == 0 || c.rows == 0) return;
-  const std::uint64_t n = static_cast<std::uint64_t>(c.rows) * per_row;  // < 2^32 (launcher)
-  src += c.src_offset;
-  out += c.dst_offset;
+  const RegionList<N> list([&](int k) {
+    const CopyRegion c = region(k);
+    return static_cast<std::uint32_t>(c.rows * (c.row_bytes / V));
+  });
   constexpr int kUnroll = 4;
-  for (std::uint64_t i = first; i < n; i += kUnroll * stride) {
+  for (std::uint64_t g0 = first; g0 < list.total(); g0 += kUnroll * stride) {
     A v[kUnroll];
     std::int64_t at[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const std::uint64_t k = i + u * stride;
-      if (k < n) {
-        const std::uint32_t row = static_cast<std::uint32_t>(k) / per_row;
-        const std::uint32_t col = static_cast<std::uint32_t>(k) - row * per_row;
-        v[u] = *reinterpret_cast<const A*>(src + row * c.src_pitch + std::int64_t{col} * V);
-        at[u] = row * c.dst_pitch + std::int64_t{col} * V;
-      }
+      const std::uint64_t g = g0 + u * stride;
+      if (g >= list.total()) break;
+      const int k = list.region(static_cast<std::uint32_t>(g));
+      const CopyRegion c = region(k);
+      const auto per_row = static_cast<std::uint32_t>(c.row_bytes / V);
+      const std::uint32_t i = list.index(static_cast<std::uint32_t>(g), k);
+      const std::uint32_t row = i / per_row;
+      const std::uint32_t col = i - row * per_row;
+      v[u] = *reinterpret_cast<const A*>(source(k) + c.src_offset + row * c.src_pitch +
+                                         std::int64_t{col} * V);
+      at[u] = c.dst_offset + row * c.dst_pitch + std::int64_t{col} * V;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i + u * stride < n) *reinterpret_cast<A*>(out + at[u]) = v[u];
+      if (g0 + u * stride < list.total()) *reinterpret_cast<A*>(out + at[u]) = v[u];
   }
+}
+
+/// Copies region `c` of `src` into `out` with `V`-byte accesses, four in flight per thread.
+template <int V>
+__device__ __forceinline__ void copy_region(const char* src, char* out, const CopyRegion& c,
+                                            std::uint64_t first, std::uint64_t stride) {
+  copy_regions<1, V>([&](int) { return src; }, [&](int) { return c; }, out, first, stride);
 }
 
 /// Fills region `c` of `out` with all-one bytes (NOTE [poisoned outputs] in

@@ -100,16 +100,18 @@ TPCOMM_HOST_DEVICE void store_line(char* base, const CopyRegion& c, const Lines&
   }
 }
 
-/// The lines of `N` regions taken as one list, one region after another: entry g of the list goes
-/// to thread g mod stride of the grid, so that at small sizes each thread has a line or two
-/// whichever regions they are in, and a thread loads the lines of several regions in one batch.
+/// The entries (lines, or accesses) of `N` regions taken as one list, one region after another:
+/// entry g of the list goes to thread g mod stride of the grid, so that at small sizes each
+/// thread has an entry or two whichever regions they are in, and a thread loads the entries of
+/// several regions in one batch (one round trip to memory, where a region at a time took one a
+/// region).
 template <int N>
-struct LineList {
+struct RegionList {
   std::uint32_t end[N];  // entries of regions 0..k together (below 2^32: `access_for`)
 
-  /// `count(k)`: the lines of region k.
+  /// `count(k)`: the entries of region k.
   template <class Count>
-  TPCOMM_HOST_DEVICE explicit LineList(Count&& count) {
+  TPCOMM_HOST_DEVICE explicit RegionList(Count&& count) {
     std::uint32_t total = 0;
     TPCOMM_UNROLL
     for (int k = 0; k < N; ++k) end[k] = total += count(k);
@@ -122,8 +124,8 @@ struct LineList {
     for (int j = 0; j < N - 1; ++j) k += g >= end[j] ? 1 : 0;
     return k;
   }
-  /// Entry `g`'s line within region `k` (`region(g)`).
-  [[nodiscard]] TPCOMM_HOST_DEVICE std::uint32_t line(std::uint32_t g, int k) const {
+  /// Entry `g`'s place within region `k` (`region(g)`).
+  [[nodiscard]] TPCOMM_HOST_DEVICE std::uint32_t index(std::uint32_t g, int k) const {
     return k == 0 ? g : g - end[k - 1];
   }
 };
@@ -141,7 +143,8 @@ inline std::int64_t address(const void* p) {
 }
 
 /// The widest access that every one of `regions` regions of `from`, `output` and `sources`
-/// (when given) allow; 0 when a region is malformed or needs 2^32 accesses or more.
+/// (when given) allow; 0 when a region is malformed or the regions together need 2^32 accesses or
+/// more.
 inline int access_for(const CopyRegion* from, int regions, const void* output,
                       const char* const* sources) {
   int access = widest_access({address(output)});
@@ -153,9 +156,11 @@ inline int access_for(const CopyRegion* from, int regions, const void* output,
         widest_access({access, c.src_offset, c.src_pitch, c.dst_offset, c.dst_pitch, c.row_bytes});
     if (sources != nullptr) access = widest_access({access, address(sources[r])});
   }
+  std::int64_t total = 0;  // below 2^32 (`RegionList`)
   for (int r = 0; r < regions; ++r) {
     const CopyRegion& c = from[r];
-    if (c.rows > 0 && c.rows * (c.row_bytes / access) >= (std::int64_t{1} << 32)) return 0;
+    if (c.rows > 0 && (total += c.rows * (c.row_bytes / access)) >= (std::int64_t{1} << 32))
+      return 0;
   }
   return access;
 }
