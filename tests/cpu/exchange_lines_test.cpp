@@ -162,19 +162,19 @@ TEST(ExchangePush, LinesCarryEveryRegionBitwise) {
   }
 }
 
-// Every line of every region is exactly one entry of the list (`LineList`), in order, and so goes
+// Every line of every region is exactly one entry of the list (`RegionList`), in order, and so goes
 // to exactly one thread of any grid that takes the entries in turn.
 TEST(ExchangePush, EveryLineIsOneEntryOfTheList) {
   const std::vector<std::vector<std::uint32_t>> region_lines{
       {0, 0}, {0, 1}, {5, 0, 7}, {128, 128, 128, 128, 128, 128, 128, 128}, {0, 1000, 3, 0, 4097}};
   auto check = [&]<int N>(const std::vector<std::uint32_t>& counts) {
     SCOPED_TRACE(::testing::PrintToString(counts));
-    const kernels::LineList<N> list([&](int k) { return counts[static_cast<std::size_t>(k)]; });
+    const kernels::RegionList<N> list([&](int k) { return counts[static_cast<std::size_t>(k)]; });
     std::uint32_t g = 0;
     for (int k = 0; k < N; ++k)
       for (std::uint32_t i = 0; i < counts[static_cast<std::size_t>(k)]; ++i, ++g) {
         ASSERT_EQ(list.region(g), k) << "entry " << g;
-        ASSERT_EQ(list.line(g, k), i) << "entry " << g;
+        ASSERT_EQ(list.index(g, k), i) << "entry " << g;
       }
     EXPECT_EQ(list.total(), g);
   };
