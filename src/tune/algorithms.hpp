@@ -257,7 +257,8 @@ struct ExchangeInfo {
   /// (NCCL serves what it cannot hold). The push form saves the barrier and the staging copy but
   /// sends two bytes for every byte: measured on one H200 (virtual ranks, graph-replayed, every
   /// exchange, docs/PERFORMANCE.md), it leads by 1.0-1.5 us up to 512 KiB a peer at 2 ranks and
-  /// 64 KiB at 4, trails from 1 MiB and 256 KiB, and is no faster at 8 ranks.
+  /// 64 KiB at 4, and trails from 1 MiB and 256 KiB; at 8 ranks (one H100, since each thread's
+  /// lines travel in one batch) it leads by 0.4-1.8 us up to 32 KiB a peer and trails from 64 KiB.
   BuiltIn built_in;
 };
 
@@ -272,7 +273,8 @@ inline constexpr std::array<ExchangeInfo, 2> kExchangeAlgorithms{{
     {ExchangeAlgo::kPush, "push",
      "every rank writes each peer's part into that peer's receive buffer in lines that carry "
      "their own flags; no barrier, no staging copy (regions of whole 4-byte words)",
-     kMaxBlocks, true, BuiltIn{1, std::int64_t{512} << 10, std::int64_t{64} << 10, 0}},
+     kMaxBlocks, true,
+     BuiltIn{1, std::int64_t{512} << 10, std::int64_t{64} << 10, std::int64_t{32} << 10}},
 }};
 
 /// The row of `a`; `a` must not be `kNone`.

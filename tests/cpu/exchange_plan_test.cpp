@@ -202,8 +202,9 @@ TEST(ExchangeSelector, PushWherePinnedOrTunedAndItFits) {
                   PinnedExchange pinned = {}, const TuneTable* table = nullptr) {
     return select_exchange({input, output, slot / 2, slot}, caps, {}, pinned, table);
   };
-  // The built-in choice at 8 ranks: the pull form (the push form measured no faster there).
-  EXPECT_EQ(pick(1024, 8192, 2048), (ExchangeChoice{ExchangeAlgo::kPull, 1, 512}));
+  // The built-in choice at 8 ranks: the push form up to 32 KiB a peer.
+  EXPECT_EQ(pick(1024, 8192, 2048), (ExchangeChoice{ExchangeAlgo::kPush, 1, 512}));
+  EXPECT_EQ(pick(64 << 10, 512 << 10, 128 << 10).algo, ExchangeAlgo::kPull);
   // Pinned: wherever it fits, one block per 16 KiB received; elsewhere the built-in choice
   // (rows not whole words, pieces past the slots, a group without Lamport buffers).
   EXPECT_EQ(pick(1024, 8192, 2048, ExchangeAlgo::kPush),
@@ -238,12 +239,12 @@ TEST(ExchangeSelector, PushWherePinnedOrTunedAndItFits) {
 }
 
 // Unpinned and untuned, the push form up to its built-in bounds by the most one rank sends
-// another (512 KiB at 2 ranks, 64 KiB at 3 and 4, none from 5), where it fits the slots.
+// another (512 KiB at 2 ranks, 64 KiB at 3 and 4, 32 KiB from 5), where it fits the slots.
 TEST(ExchangeSelector, BuiltInPushUpToItsBoundsByTheLargestRegion) {
   for (int world : {2, 3, 4, 5, 8}) {
     SelectorCaps caps = exchange_caps(world);
     caps.lamport_max_bytes = 2 << 20;
-    const std::int64_t bound = world == 2 ? 512 << 10 : world <= 4 ? 64 << 10 : 0;
+    const std::int64_t bound = world == 2 ? 512 << 10 : world <= 4 ? 64 << 10 : 32 << 10;
     auto pick = [&](std::int64_t region) {
       return select_exchange({region * world, region * world, region,
                               kernels::exchange_push_slot_bytes(region)},
