@@ -39,8 +39,8 @@ namespace tpcomm::kernels {
 // take the pull form, chosen alike on every rank from the shapes (`ExchangePlan::push_slot_bytes`).
 // Each rank reads its input and writes its output in the widest access `A` (8, 4, 2 or 1 bytes)
 // that its own addresses allow (the layout of lines: kernels/common/lines.hpp, which the cpu
-// tier runs on the host too). The lines of every region, its own included (which it copies into
-// its own output), make one list spread over every thread of the grid (`RegionList`), so that at
+// tier runs on the host too). The lines of every region, its own last (which it copies into its
+// own output), make one list spread over every thread of the grid (`RegionList`), so that at
 // small sizes each thread has a line or two. A thread issues the loads of up to four of its lines
 // (two with narrower accesses), whichever regions they are in, before it stores or waits for
 // any: where a thread has four lines or fewer, its push is one round trip to memory and its take
@@ -61,8 +61,9 @@ template <int A>
 inline constexpr int kBatch = A == 8 ? 4 : 2;
 
 /// Writes this rank's region for every peer into its slot of that peer's buffer, and its own
-/// region into its output: one list (entry k = 0 its own region, k the region for rank + k), so
-/// that a thread's loads travel together whichever regions its lines are in.
+/// region into its output: one list (entry k the region for rank + 1 + k, the last its own), so
+/// that a thread's loads travel together whichever regions its lines are in, and the lines that
+/// peers wait for come first in it.
 template <int R, int A>
 __device__ __forceinline__ void push_lines(const ExchangeParams& p, const LamportFrame& f,
                                            std::uint32_t flag, std::uint64_t first,
@@ -70,9 +71,9 @@ __device__ __forceinline__ void push_lines(const ExchangeParams& p, const Lampor
   const char* in = static_cast<const char*>(p.input);
   char* out = static_cast<char*>(p.output);
   const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * p.layout.lamport_slot_bytes;
+  auto peer = [&](int k) { return p.rank + 1 + k < R ? p.rank + 1 + k : p.rank + 1 + k - R; };
   auto region = [&](int k) -> const CopyRegion& {
-    const int d = p.rank + k < R ? p.rank + k : p.rank + k - R;
-    return k == 0 ? p.from[p.rank] : p.to[d];
+    return k == R - 1 ? p.from[p.rank] : p.to[peer(k)];
   };
   const RegionList<R> list([&](int k) { return Lines(region(k)).count; });
   for (std::uint64_t g0 = first; g0 < list.total(); g0 += kBatch<A> * stride) {
@@ -93,13 +94,11 @@ __device__ __forceinline__ void push_lines(const ExchangeParams& p, const Lampor
       const int k = at[u];
       const CopyRegion& c = region(k);
       const std::uint32_t i = list.index(static_cast<std::uint32_t>(g), k);
-      if (k == 0) {
+      if (k == R - 1)
         store_line<A>(out, c, Lines(c), i, v[u]);
-      } else {
-        const int d = p.rank + k < R ? p.rank + k : p.rank + k - R;
-        st_volatile(lamport_buffer(p, d, f.buffer) + own_slot + std::int64_t{i} * 16,
+      else
+        st_volatile(lamport_buffer(p, peer(k), f.buffer) + own_slot + std::int64_t{i} * 16,
                     make_uint4(v[u].lo, flag, v[u].hi, flag));
-      }
     }
   }
 }
