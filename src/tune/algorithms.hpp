@@ -53,7 +53,7 @@ struct BuiltIn {
 
 /// Launch shapes the tuner measures for every algorithm: threads per block, and blocks per rank
 /// (up to the algorithm's `max_blocks` and the group's limit).
-inline constexpr std::array<int, 3> kTunerThreads{256, 512, 1024};
+inline constexpr std::array<int, 4> kTunerThreads{128, 256, 512, 1024};
 inline constexpr std::array<int, 10> kTunerBlocks{1, 2, 4, 8, 12, 16, 24, 32, 48, 64};
 
 /// One algorithm: what it is called, which kernel runs it, and where it fits.

@@ -103,6 +103,26 @@ TEST(DefaultChoice, BlocksPerSixteenByteVectorsOfWork) {
   EXPECT_EQ(default_launch(Algo::kOneShot, 8 * kMiB, 8, 0).blocks, 1);
   EXPECT_EQ(default_launch(Algo::kOneShot, 8 * kMiB, 8, -3).blocks, 1);
   EXPECT_EQ(default_launch(Algo::kNone, 8 * kMiB, 8, 36), Choice{});
+  // Lamport (NOTE [lamport launch]): a vector a thread in blocks of 128 up to 8 blocks, then 16
+  // blocks of up to 512 threads (a multiple of 32), then 512-thread blocks as above.
+  EXPECT_EQ(default_launch(Algo::kLamport, 16, 8, 128), (Choice{Algo::kLamport, 1, 128}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 1 * kKiB, 2, 128), (Choice{Algo::kLamport, 1, 128}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 4 * kKiB, 8, 128), (Choice{Algo::kLamport, 2, 128}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 16 * kKiB, 8, 128), (Choice{Algo::kLamport, 8, 128}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 16 * kKiB + 16, 8, 128),
+            (Choice{Algo::kLamport, 16, 128}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 40 * kKiB, 8, 128), (Choice{Algo::kLamport, 16, 160}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 64 * kKiB, 4, 128), (Choice{Algo::kLamport, 16, 256}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 128 * kKiB, 4, 128), (Choice{Algo::kLamport, 16, 512}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 256 * kKiB, 2, 128), (Choice{Algo::kLamport, 32, 512}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 1 * kMiB, 2, 128), (Choice{Algo::kLamport, 36, 512}));
+  // ... within max_blocks: fewer, wider blocks.
+  EXPECT_EQ(default_launch(Algo::kLamport, 16 * kKiB, 8, 4), (Choice{Algo::kLamport, 4, 256}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 64 * kKiB, 8, 4), (Choice{Algo::kLamport, 4, 512}));
+  EXPECT_EQ(default_launch(Algo::kLamport, 1 * kKiB, 8, 0), (Choice{Algo::kLamport, 1, 128}));
+  // The Lamport two-shot kernel keeps the shape of the others (a slice a rank).
+  EXPECT_EQ(default_launch(Algo::kLamportTwoShot, 1 * kMiB, 8, 128),
+            (Choice{Algo::kLamportTwoShot, 16, 512}));
   // default_choice uses the same shape.
   EXPECT_EQ(default_choice(1 * kMiB, 8, 128), default_launch(Algo::kTwoShot, 1 * kMiB, 8, 128));
   EXPECT_EQ(default_choice(64 * kKiB, 8, 128), (Choice{Algo::kOneShot, 8, 512}));
@@ -188,7 +208,7 @@ TEST(SelectAllReduce, LamportOnlyWhereItCanServe) {
     return select_all_reduce(bytes, t, ReduceOp::kSum, c, f, table);
   };
   // Defaults: up to 64 KiB for 5-8 ranks, up to 256 KiB for 2-4 ranks.
-  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{}, caps), (Choice{Algo::kLamport, 1, 512}));
+  EXPECT_EQ(pick(1 * kKiB, DType::kBF16, Pinned{}, caps), (Choice{Algo::kLamport, 1, 128}));
   EXPECT_EQ(pick(kLamportMaxBytes, DType::kF16, Pinned{}, caps).algo, Algo::kLamport);
   EXPECT_EQ(pick(kLamportMaxBytes + 2, DType::kBF16, Pinned{}, caps),
             default_choice(kLamportMaxBytes + 2, 8, 128));
