@@ -59,7 +59,7 @@ inline constexpr int kDefaultThreads = 512;
 // docs/PERFORMANCE.md). So it takes one vector a thread in blocks of `kLamportThreads` up to
 // `kLamportSmallBlocks` blocks (16 KiB), then `kLamportWideBlocks` blocks of as many threads as
 // that takes (a multiple of 32), and past 512 threads the shape of the other kernels. Measured
-// on virtual ranks against the 512-thread shape: 0.2-0.5 µs faster at 1-64 KiB on 2 and 4
+// on virtual ranks against the 512-thread shape: 0.2-0.7 µs faster at 1-64 KiB on 2 and 4
 // ranks, 1.3 µs at 16 KiB on 8.
 inline constexpr int kLamportThreads = 128;
 inline constexpr std::int64_t kLamportSmallBlocks = 8;
