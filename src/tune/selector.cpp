@@ -18,24 +18,6 @@ bool custom_dtype(DType t) noexcept {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
 }
 
-/// The Lamport one-shot kernel's shape for `vectors` 16-byte vectors (NOTE [lamport launch] in
-/// selector.hpp), at most `cap` blocks.
-Choice lamport_launch(Algo algo, std::int64_t vectors, std::int64_t cap) noexcept {
-  const std::int64_t small = std::min(kLamportSmallBlocks, cap);
-  if (vectors <= small * kLamportThreads)
-    return Choice{algo,
-                  static_cast<int>(std::max<std::int64_t>(1, ceil_div(vectors, kLamportThreads))),
-                  kLamportThreads};
-  const std::int64_t blocks = std::min(kLamportWideBlocks, cap);
-  const std::int64_t threads = ceil_div(ceil_div(vectors, blocks), 32) * 32;
-  if (threads <= kDefaultThreads)
-    return Choice{algo, static_cast<int>(blocks),
-                  static_cast<int>(std::max<std::int64_t>(threads, kLamportThreads))};
-  return Choice{
-      algo, static_cast<int>(std::clamp<std::int64_t>(ceil_div(vectors, kDefaultThreads), 1, cap)),
-      kDefaultThreads};
-}
-
 Choice clamp_blocks(Choice c, int max_blocks) noexcept {
   if (c.algo != Algo::kNone) c.blocks = std::min(c.blocks, max_blocks);
   return c;
@@ -48,8 +30,18 @@ Choice default_launch(Algo algo, std::int64_t bytes, int world_size, int max_blo
   std::int64_t vectors = ceil_div(std::max<std::int64_t>(bytes, 0), kVectorBytes);
   if (kernels::sliced(info(algo).kernel)) vectors = ceil_div(vectors, std::max(world_size, 1));
   const std::int64_t cap = std::max(1, std::min(max_blocks, kDefaultMaxBlocks));
-  if (kernels::pushes(info(algo).kernel) && !kernels::sliced(info(algo).kernel))
-    return lamport_launch(algo, vectors, cap);
+  if (kernels::pushes(info(algo).kernel) && !kernels::sliced(info(algo).kernel)) {
+    // NOTE [lamport launch]; past 512 threads a block, the shape below.
+    if (vectors <= std::min(kLamportSmallBlocks, cap) * kLamportThreads)
+      return Choice{algo,
+                    static_cast<int>(std::max<std::int64_t>(1, ceil_div(vectors, kLamportThreads))),
+                    kLamportThreads};
+    const std::int64_t blocks = std::min(kLamportWideBlocks, cap);
+    const std::int64_t threads = ceil_div(ceil_div(vectors, blocks), 32) * 32;
+    if (threads <= kDefaultThreads)
+      return Choice{algo, static_cast<int>(blocks),
+                    static_cast<int>(std::max<std::int64_t>(threads, kLamportThreads))};
+  }
   const std::int64_t blocks = std::clamp<std::int64_t>(ceil_div(vectors, kDefaultThreads), 1, cap);
   return Choice{algo, static_cast<int>(blocks), kDefaultThreads};
 }
