@@ -14,7 +14,9 @@ namespace tpcomm::kernels {
 Status launch_all_reduce(const AllReduceParams& params, const AllReduceKernel& kernel,
                          LaunchShape shape, bool programmatic, Stream stream) noexcept {
   if (shape.blocks < 1 || shape.blocks > kMaxBlocks || shape.threads < 32 || shape.threads > 1024 ||
-      shape.threads % 32 != 0 || shape.threads < params.world_size)
+      shape.threads % 32 != 0 || shape.threads < params.world_size || shape.group < 1 ||
+      shape.group > kMaxRowGroup || (shape.group & (shape.group - 1)) != 0 ||
+      shape.blocks % shape.group != 0)
     return Status::kInvalidArgument;
   const std::int64_t bytes = params.count * static_cast<std::int64_t>(dtype_size(params.dtype));
   if (lamport_slot_need(kernel, bytes, params.world_size) > params.layout.lamport_slot_bytes)
@@ -26,9 +28,8 @@ Status launch_all_reduce(const AllReduceParams& params, const AllReduceKernel& k
     return Status::kInvalidArgument;
   const void* function = kernel_function(kernel, params.dtype, params.world_size, fusion.kind);
   if (function == nullptr) return Status::kInvalidArgument;
-  const int group = traits(fusion.kind).rows()
-                        ? row_group(shape.blocks, params.count / fusion.hidden)
-                        : 1;  // NOTE [row groups]
+  // NOTE [row groups]: only a row step shares rows among blocks.
+  const int group = traits(fusion.kind).rows() ? shape.group : 1;
   return launch_with(function, params, shape, programmatic, stream, group);
 }
 

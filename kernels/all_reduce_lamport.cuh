@@ -18,7 +18,8 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   if (p.count == 0) return;  // a warm-up launch: nothing to do (NOTE [first launch])
   const std::int64_t count = p.count;
   const std::int64_t packs = (count + Pack<T>::kElems - 1) / Pack<T>::kElems;
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // The packs this thread pushes, and without a row step polls (`spread_first`).
+  const std::int64_t first = spread_first();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t slot_bytes = p.layout.lamport_slot_bytes;
   const T* in = static_cast<const T*>(p.input);

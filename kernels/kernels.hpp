@@ -176,26 +176,18 @@ struct FusionParams {
 };
 static_assert(std::is_trivially_copyable_v<FusionParams>);
 
-/// Blocks per rank's kernel and threads per block.
-struct LaunchShape {
-  int blocks = 0;
-  int threads = 0;
-};
-
 /// Most blocks that share a row of a fused operation: the portable thread-block cluster size.
 inline constexpr int kMaxRowGroup = 8;
 
-/// How many blocks share each row when `blocks` blocks finish `rows` rows (NOTE [row groups] in
-/// kernels/common/epilogue.cuh): the largest power of two up to kMaxRowGroup that divides
-/// `blocks` and still gives every row a group of its own, else 1. The launcher makes it the
-/// kernel's cluster size.
-constexpr int row_group(int blocks, std::int64_t rows) noexcept {
-  for (int g = kMaxRowGroup; g > 1; g /= 2)
-    if (blocks % g == 0 && blocks / g >= rows) return g;
-  return 1;
-}
-static_assert(row_group(8, 1) == 8 && row_group(64, 16) == 4 && row_group(64, 128) == 1);
-static_assert(row_group(6, 1) == 2 && row_group(24, 3) == 8 && row_group(1, 1) == 1);
+/// Blocks per rank's kernel and threads per block; for a fused kernel with a row step, the
+/// blocks that share each row (`group`, the kernel's thread-block cluster: 1, 2, 4 or up to
+/// kMaxRowGroup, dividing `blocks`). Blocks past rows x `group` only push (NOTE [row groups] in
+/// kernels/common/epilogue.cuh).
+struct LaunchShape {
+  int blocks = 0;
+  int threads = 0;
+  int group = 1;
+};
 
 /// Everything one rank's all-reduce kernel needs; passed by value.
 struct AllReduceParams {

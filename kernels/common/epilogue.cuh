@@ -140,22 +140,27 @@ struct RowNorm<Norm::kRms> {
 };
 
 /// `op` over the block of `x` (0 is the identity: sums, and maxima of non-negative values),
-/// returned to every thread. Every thread of the block calls it; blockDim.x is a multiple of 32.
-/// One barrier: each warp reduces its lanes, publishes the result, and every warp then reduces
-/// the published ones itself, in one order fixed by the block size, so equal inputs give bitwise
-/// equal results. Two calls with the same `Op` must be separated by another barrier (the one
-/// that starts each row in `finish_rows`): the second would overwrite what the first published.
+/// returned to every thread, and whether `ok` holds in every thread of the block (the result in
+/// `ok`). Every thread of the block calls it; blockDim.x is a multiple of 32. One barrier: each
+/// warp reduces its lanes, publishes the result, and every warp then reduces the published ones
+/// itself, in one order fixed by the block size, so equal inputs give bitwise equal results.
+/// Consecutive calls with the same `Op` alternate `slot` (0, 1): a warp that runs a call ahead
+/// publishes into the other slot, and one two calls ahead has passed a barrier that every warp
+/// reached after reading.
 template <class Op>
-__device__ __forceinline__ float block_reduce(float x, Op op) {
-  __shared__ float partial[32];
+__device__ __forceinline__ float block_reduce(float x, bool& ok, unsigned slot, Op op) {
+  __shared__ float2 partial[2][32];
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
+  const bool warp_ok = __all_sync(0xFFFFFFFFu, ok) != 0;
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) partial[warp] = x;
+  if (lane == 0) partial[slot][warp] = make_float2(x, warp_ok ? 1.f : 0.f);
   __syncthreads();
-  x = lane < blockDim.x / 32 ? partial[lane] : 0.f;
+  const float2 v = lane < blockDim.x / 32 ? partial[slot][lane] : make_float2(0.f, 1.f);
+  x = v.x;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
+  ok = __all_sync(0xFFFFFFFFu, v.y != 0.f) != 0;
   return x;
 }
 
@@ -163,8 +168,12 @@ __device__ __forceinline__ float block_reduce(float x, Op op) {
 // The row step spreads a row over a group of blocks, so that a decode batch of a few rows keeps
 // as many blocks busy as a plain all-reduce of the same bytes, each thread holding one or two
 // packs of its row instead of a whole block's worth. The group is the thread-block cluster the
-// kernel was launched with (`row_cluster` in kernels/kernels.hpp picks its size; without one it
-// is the block alone, as in the standalone add + RMSNorm kernel): block k of a group takes packs
+// kernel was launched with (`LaunchShape::group`; without one it is the block alone, as in the
+// standalone add + RMSNorm kernel). The first rows x group blocks finish the rows; a grid may
+// have more, which push and refill their share of the message (`spread_first` in
+// kernels/common/lamport.cuh) and end: rows of one block each then do not leave a small
+// message's stores to one SM per row (`fused_launch` in src/tune/selector.cpp). Block k of a
+// group takes packs
 // k * blockDim.x + t, k * blockDim.x + t + group size * blockDim.x, ... of the row. The group's
 // blocks combine their partial sums by pushing: thread b of every block stores the block's
 // partial into block b's shared memory, one cluster barrier makes them visible, and every block
@@ -354,10 +363,17 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
   const auto sum = [](float a, float b) { return a + b; };
   const auto max = [](float a, float b) { return fmaxf(a, b); };
   RowGroup group;
+  // The first `row_blocks` blocks finish the rows; the rest of the grid only pushed (NOTE [row
+  // groups]).
+  const auto row_blocks = static_cast<unsigned>(
+      min(static_cast<std::int64_t>(gridDim.x), rows * static_cast<std::int64_t>(group.size)));
+  const unsigned groups = row_blocks / group.size;
   // This thread's first pack of a row, and the distance to its next (NOTE [row groups]).
   const std::int64_t lane = static_cast<std::int64_t>(group.rank) * blockDim.x + threadIdx.x;
   const std::int64_t step = static_cast<std::int64_t>(group.size) * blockDim.x;
-  for (std::int64_t row = blockIdx.x / group.size; row < rows; row += gridDim.x / group.size) {
+  unsigned slot = 0;  // block_reduce's, alternating by row
+  for (std::int64_t row = blockIdx.x < row_blocks ? blockIdx.x / group.size : rows; row < rows;
+       row += groups, slot ^= 1u) {
     const std::int64_t lo = row * hidden, hi = lo + hidden;
     const std::int64_t v0 = lo / W, v1 = (hi + W - 1) / W;
     Pack<T> kept[kKept], gammas[kKept]{};
@@ -397,10 +413,9 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
       if constexpr (kBareSums) x = e(x, v * W);
       if (ok) keep(v, x);
     }
-    ok = __syncthreads_and(ok) != 0;
+    const float total = group.combine(block_reduce(terms, ok, slot, sum), ok, sum);
     // The block's last row: no wait is left, only the norm (NOTE [programmatic launch]).
-    if (ok && early_launch && row + gridDim.x / group.size >= rows) allow_next_launch();
-    const float total = group.combine(block_reduce(terms, sum), ok, sum);
+    if (ok && early_launch && row + groups >= rows) allow_next_launch();
     if (!ok) {
       group.finish();
       return false;
@@ -481,8 +496,9 @@ __device__ __forceinline__ bool finish_rows(const Fused<K>& e, T* out, std::int6
         });
         // vLLM's floor keeps an all-zero row finite.
         bool all = true;
-        const float scale = fmaxf(group.combine(block_reduce(amax, max), all, max) / kFp8Max,
-                                  1.f / (kFp8Max * 512.f));
+        const float scale =
+            fmaxf(group.combine(block_reduce(amax, all, slot, max), all, max) / kFp8Max,
+                  1.f / (kFp8Max * 512.f));
         if (threadIdx.x == 0 && group.rank == 0) e.f.row_scales[row] = scale;
         inverse = 1.f / scale;
       }

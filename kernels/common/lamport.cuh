@@ -164,11 +164,21 @@ struct NoHeader {
   __device__ __forceinline__ void see(std::uint32_t /*header*/) {}
 };
 
+/// This thread's first index in a loop over the grid (stride gridDim.x * blockDim.x) whose warps
+/// take turns across the blocks: warp w of block b starts at (w * gridDim.x + b) * 32 + its lane.
+/// A message shorter than the grid's threads thus reaches every block, a warp's worth at a time,
+/// where a block-major order would leave it to the first blocks: a small message's stores spread
+/// over the SMs (NOTE [row groups]: a fused kernel's blocks past its rows only push). blockDim.x
+/// is a multiple of 32.
+__device__ __forceinline__ std::int64_t spread_first() {
+  return ((threadIdx.x / 32) * gridDim.x + blockIdx.x) * 32 + threadIdx.x % 32;
+}
+
 /// Refills with the empty mark what the previous operation left in this rank's buffer; the
-/// grid shares the work. Called while the peers' data travels.
+/// grid shares the work (`spread_first`). Called while the peers' data travels.
 template <int R, class Params>
 __device__ __forceinline__ void lamport_refill(const Params& p, const LamportFrame& f) {
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t first = spread_first();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t packs = f.stale / 16;
   char* stale = lamport_buffer(p, p.rank, f.previous);

@@ -211,9 +211,7 @@ Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice 
     m.recorded.push_back(read_in_place ? in.data : nullptr);
     ++next_slot_;
   }
-  const int group = fusion != nullptr && kernels::traits(fusion->kind).rows()
-                        ? kernels::row_group(choice.blocks, in.numel() / fusion->hidden)
-                        : 1;
+  const int group = fusion != nullptr && kernels::traits(fusion->kind).rows() ? choice.group : 1;
   p.early_launch = early_launch(choice.blocks, group);
   return kernels::launch_all_reduce(p, kernel, choice.shape(), m.programmatic, stream);
 }

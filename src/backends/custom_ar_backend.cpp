@@ -52,7 +52,7 @@ Status CustomArBackend::run(const Request& r, const Plan& plan, Stream stream) n
     return ar_->exchange(*r.plan, r.in, r.out,
                          ExchangeChoice{s.exchange, s.shape.blocks, s.shape.threads}, r.capturing,
                          stream, r.tag);
-  const Choice choice{s.algo, s.shape.blocks, s.shape.threads};
+  const Choice choice{s.algo, s.shape.blocks, s.shape.threads, s.shape.group};
   if (r.op == Op::kMoeFinalize) {
     // Each rank's input is its combine, computed as it is pushed: `r.in` is never read or written.
     kernels::FusionParams fusion = *r.fusion;

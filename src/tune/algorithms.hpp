@@ -207,16 +207,21 @@ constexpr bool is_valid_threads(int threads) noexcept {
   return threads == 64 || threads == 128 || threads == 256 || threads == 512 || threads == 1024;
 }
 
-/// An algorithm and its launch shape: `blocks` per rank's kernel, `threads` per block.
+/// An algorithm and its launch shape: `blocks` per rank's kernel, `threads` per block, and for
+/// the fused operation the blocks that share each row (`group`: `kernels::LaunchShape`).
 ///
-/// For `Algo::kNone` both are 0. Otherwise `blocks` is in 1..`info(algo).max_blocks` and
-/// `threads` satisfies `is_valid_threads`.
+/// For `Algo::kNone` blocks and threads are 0. Otherwise `blocks` is in
+/// 1..`info(algo).max_blocks`, `threads` satisfies `is_valid_threads`, and `group` is a power of
+/// two up to `kernels::kMaxRowGroup` that divides `blocks`.
 struct Choice {
   Algo algo = Algo::kNone;
   int blocks = 0;
   int threads = 0;
+  int group = 1;
 
-  [[nodiscard]] constexpr kernels::LaunchShape shape() const noexcept { return {blocks, threads}; }
+  [[nodiscard]] constexpr kernels::LaunchShape shape() const noexcept {
+    return {blocks, threads, group};
+  }
 
   friend bool operator==(const Choice&, const Choice&) = default;
 };
@@ -225,7 +230,9 @@ struct Choice {
 constexpr bool is_valid(const Choice& c) noexcept {
   if (c.algo == Algo::kNone) return c.blocks == 0 && c.threads == 0;
   if (static_cast<std::size_t>(c.algo) > kAlgorithms.size()) return false;
-  return c.blocks >= 1 && c.blocks <= info(c.algo).max_blocks && is_valid_threads(c.threads);
+  return c.blocks >= 1 && c.blocks <= info(c.algo).max_blocks && is_valid_threads(c.threads) &&
+         c.group >= 1 && c.group <= kernels::kMaxRowGroup && (c.group & (c.group - 1)) == 0 &&
+         c.blocks % c.group == 0;
 }
 
 /// "one_shot 8x512" (blocks x threads), or "none".

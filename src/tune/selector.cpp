@@ -111,8 +111,16 @@ Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_b
     while (group < kernels::kMaxRowGroup && fit(group * 2) && packs > group * 256) group *= 2;
   int threads = 64;
   while (threads < kernels::kFusedMaxThreads && threads * group < packs) threads *= 2;
-  const auto blocks = static_cast<int>(std::min<std::int64_t>(rows * group, most));
-  return Choice{algo, blocks, threads};
+  auto blocks = static_cast<int>(std::min<std::int64_t>(rows * group, most));
+  // Rows of one block each leave the pushes and refills of a few rows to a few SMs: the Lamport
+  // one-shot kernel spreads them over as many blocks as its plain all-reduce of the same bytes
+  // takes (NOTE [lamport launch]), up to kLamportWideBlocks, the blocks past the rows only
+  // pushing (NOTE [row groups]).
+  if (group == 1 && !kernels::sliced(info(algo).kernel)) {
+    const int plain = default_launch(algo, rows * hidden * 2, /*world_size=*/1, most).blocks;
+    blocks = std::max(blocks, std::min(plain, static_cast<int>(kLamportWideBlocks)));
+  }
+  return Choice{algo, blocks, threads, group};
 }
 
 Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,

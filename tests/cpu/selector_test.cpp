@@ -436,28 +436,51 @@ TEST(SelectAddRmsNorm, LaunchShapeFollowsTheRow) {
                                         {16384, 8, 512}}) {
     const Choice c = fused_launch(Algo::kLamport, 3, hidden, kMaxBlocks);
     EXPECT_EQ(c.threads, threads) << hidden;
-    EXPECT_EQ(c.blocks, 3 * group) << hidden;
-    EXPECT_EQ(kernels::row_group(c.blocks, 3), group) << hidden;
+    EXPECT_EQ(c.group, group) << hidden;
+    if (group > 1) {
+      EXPECT_EQ(c.blocks, 3 * group) << hidden;
+    }
     EXPECT_TRUE(is_valid(c));
   }
   // No groups once the rows take every block; then blocks take several rows.
   EXPECT_EQ(fused_launch(Algo::kLamport, 16, 7168, kMaxBlocks).blocks, 64);
-  EXPECT_EQ(kernels::row_group(64, 16), 4);
+  EXPECT_EQ(fused_launch(Algo::kLamport, 16, 7168, kMaxBlocks).group, 4);
   EXPECT_EQ(fused_launch(Algo::kLamport, 64, 7168, kMaxBlocks).blocks, 64);
+  EXPECT_EQ(fused_launch(Algo::kLamport, 64, 7168, kMaxBlocks).group, 1);
   EXPECT_EQ(fused_launch(Algo::kLamport, 64, 7168, kMaxBlocks).threads, 512);
   EXPECT_EQ(fused_launch(Algo::kLamport, 2048, 4096, 20).blocks, 20);
   EXPECT_EQ(fused_launch(Algo::kLamport, 1, 7168, 20).blocks, 4);
-  EXPECT_EQ(fused_launch(Algo::kLamport, 1, 4096, kMaxBlocks).blocks, 1);
   // Groups only as large as the GPU holds clusters of them for every row: 16 rows of 8192 in
   // groups of 4 need 64 blocks in clusters of 4, past a GPU's 60; groups of 2 fit. Without
   // clusters, a block per row.
   EXPECT_EQ(fused_launch(Algo::kLamport, 16, 8192, 66).blocks, 64);
   const Choice pairs = fused_launch(Algo::kLamport, 16, 8192, 66, {66, 60, 56});
   EXPECT_EQ(pairs.blocks, 32);
-  EXPECT_EQ(kernels::row_group(pairs.blocks, 16), 2);
+  EXPECT_EQ(pairs.group, 2);
   const Choice alone = fused_launch(Algo::kLamport, 16, 8192, 66, {0, 0, 0});
   EXPECT_EQ(alone.blocks, 16);
+  EXPECT_EQ(alone.group, 1);
   EXPECT_EQ(alone.threads, 512);
+}
+
+TEST(SelectAddRmsNorm, RowsOfOneBlockSpreadTheirPushes) {
+  // Rows of one block each on the Lamport one-shot kernel take as many blocks as its plain
+  // all-reduce of the same bytes up to 16 (the blocks past the rows only push), never fewer than
+  // the rows and never past max_blocks; the two-shot kernel and row groups keep a block (group)
+  // per row.
+  for (std::int64_t rows : {1, 2, 4, 8, 16, 64}) {
+    const Choice c = fused_launch(Algo::kLamport, rows, 4096, kMaxBlocks);
+    const Choice plain = default_launch(Algo::kLamport, rows * 4096 * 2, 2, kMaxBlocks);
+    EXPECT_EQ(c.blocks, std::max<std::int64_t>(rows, std::min(plain.blocks, 16))) << rows;
+    EXPECT_EQ(c.group, 1) << rows;
+    EXPECT_EQ(c.threads, 512) << rows;
+    EXPECT_TRUE(is_valid(c)) << rows;
+  }
+  EXPECT_EQ(fused_launch(Algo::kLamport, 1, 4096, kMaxBlocks).blocks, 4);
+  EXPECT_EQ(fused_launch(Algo::kLamport, 2, 4096, kMaxBlocks).blocks, 8);
+  EXPECT_EQ(fused_launch(Algo::kLamport, 1, 4096, 3).blocks, 3);
+  EXPECT_EQ(fused_launch(Algo::kLamportTwoShot, 1, 4096, kMaxBlocks).blocks, 1);
+  EXPECT_EQ(fused_launch(Algo::kLamport, 1, 7168, kMaxBlocks).blocks, 4);
 }
 
 }  // namespace
