@@ -171,11 +171,20 @@ Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
 
 ExchangeChoice exchange_launch(ExchangeAlgo algo, std::int64_t largest_output,
                                const SelectorCaps& caps) noexcept {
+  const int cap = std::max(1, std::min(caps.max_blocks, info(algo).max_blocks));
+  if (info(algo).lamport) {
+    // NOTE [exchange launch]
+    const std::int64_t most = std::min<std::int64_t>(kExchangeSmallBlocks, cap);
+    for (std::int64_t per_block = kExchangeSmallBytes; per_block <= kExchangeSmallBytesMost;
+         per_block *= 2) {
+      const std::int64_t blocks = std::max<std::int64_t>(1, ceil_div(largest_output, per_block));
+      if (blocks <= most) return {algo, static_cast<int>(blocks), kExchangeSmallThreads};
+    }
+  }
   // The push form's lines carry twice the bytes, and its threads wait for them: more blocks.
   const std::int64_t per_block =
       info(algo).lamport ? std::int64_t{16} << 10 : std::int64_t{32} << 10;
-  const auto blocks = std::clamp<std::int64_t>((largest_output + per_block - 1) / per_block, 1,
-                                               std::min(caps.max_blocks, info(algo).max_blocks));
+  const auto blocks = std::clamp<std::int64_t>(ceil_div(largest_output, per_block), 1, cap);
   return {algo, static_cast<int>(blocks), kDefaultThreads};
 }
 

@@ -175,9 +175,24 @@ struct ExchangeSize {
                                              Pinned pinned, PinnedExchange pinned_exchange,
                                              const TuneTable* table) noexcept;
 
+// NOTE [exchange launch]
+// The push form's kernel pushes and polls each of its lines from one thread, so a small
+// exchange in a few blocks of 512 threads left its stores and polls to a few SMs, as the Lamport
+// all-reduce's did (NOTE [lamport launch]). It takes blocks of `kExchangeSmallThreads` threads,
+// one per `kExchangeSmallBytes` received, or per twice or four times that, the first that keeps
+// them within `kExchangeSmallBlocks` (and the group's limit); past that, the shape of the pull
+// form (one block of `kDefaultThreads` per 16 KiB). Measured on virtual ranks against 512-thread
+// blocks: 0.1-2.5 µs faster from 1 to 64 KiB received at 2, 4 and 8 ranks (docs/PERFORMANCE.md).
+inline constexpr int kExchangeSmallThreads = 128;
+inline constexpr std::int64_t kExchangeSmallBytes = 1024;
+inline constexpr std::int64_t kExchangeSmallBytesMost = 4096;
+inline constexpr std::int64_t kExchangeSmallBlocks = 32;
+
 /// The built-in launch shape of `algo` for an exchange in which no rank receives more than
-/// `largest_output` bytes: `kDefaultThreads` threads, one block per 32 KiB received (16 KiB in
-/// the push form, whose lines carry twice the bytes).
+/// `largest_output` bytes: in the push form, NOTE [exchange launch]'s small blocks where they
+/// fit; else `kDefaultThreads` threads, one block per 32 KiB received (16 KiB in the push form,
+/// whose lines carry twice the bytes); within [1, min(caps.max_blocks, the algorithm's
+/// max_blocks)].
 [[nodiscard]] ExchangeChoice exchange_launch(ExchangeAlgo algo, std::int64_t largest_output,
                                              const SelectorCaps& caps) noexcept;
 

@@ -202,13 +202,14 @@ TEST(ExchangeSelector, PushWherePinnedOrTunedAndItFits) {
                   PinnedExchange pinned = {}, const TuneTable* table = nullptr) {
     return select_exchange({input, output, slot / 2, slot}, caps, {}, pinned, table);
   };
-  // The built-in choice at 8 ranks: the push form up to 32 KiB a peer.
-  EXPECT_EQ(pick(1024, 8192, 2048), (ExchangeChoice{ExchangeAlgo::kPush, 1, 512}));
+  // The built-in choice at 8 ranks: the push form up to 32 KiB a peer (NOTE [exchange launch]:
+  // a 128-thread block per KiB received).
+  EXPECT_EQ(pick(1024, 8192, 2048), (ExchangeChoice{ExchangeAlgo::kPush, 8, 128}));
   EXPECT_EQ(pick(64 << 10, 512 << 10, 128 << 10).algo, ExchangeAlgo::kPull);
-  // Pinned: wherever it fits, one block per 16 KiB received; elsewhere the built-in choice
+  // Pinned: wherever it fits, with exchange_launch's shape; elsewhere the built-in choice
   // (rows not whole words, pieces past the slots, a group without Lamport buffers).
   EXPECT_EQ(pick(1024, 8192, 2048, ExchangeAlgo::kPush),
-            (ExchangeChoice{ExchangeAlgo::kPush, 1, 512}));
+            (ExchangeChoice{ExchangeAlgo::kPush, 8, 128}));
   EXPECT_EQ(pick(64 << 10, 512 << 10, 128 << 10, ExchangeAlgo::kPush),
             (ExchangeChoice{ExchangeAlgo::kPush, 24, 512}));
   EXPECT_EQ(pick(1 << 20, 1 << 20, 256 << 10, ExchangeAlgo::kPush).algo, ExchangeAlgo::kPush);
@@ -236,6 +237,36 @@ TEST(ExchangeSelector, PushWherePinnedOrTunedAndItFits) {
   EXPECT_TRUE(parse_pinned_exchange("auto", &parsed));
   EXPECT_FALSE(parsed.has_value());
   EXPECT_FALSE(parse_pinned_exchange("lamport", &parsed));
+}
+
+// NOTE [exchange launch]: the push form takes 128-thread blocks, one per 1, 2 or 4 KiB received,
+// the first that keeps them within 32 blocks and the group's limit; past that, and in the pull
+// form, 512-thread blocks (one per 16 KiB pushed or 32 KiB pulled).
+TEST(ExchangeSelector, PushLaunchShape) {
+  SelectorCaps caps = exchange_caps(8);  // at most 24 blocks
+  auto push = [&](std::int64_t output) {
+    return exchange_launch(ExchangeAlgo::kPush, output, caps);
+  };
+  EXPECT_EQ(push(16), (ExchangeChoice{ExchangeAlgo::kPush, 1, 128}));
+  EXPECT_EQ(push(1024), (ExchangeChoice{ExchangeAlgo::kPush, 1, 128}));
+  EXPECT_EQ(push(1025), (ExchangeChoice{ExchangeAlgo::kPush, 2, 128}));
+  EXPECT_EQ(push(24 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 24, 128}));
+  EXPECT_EQ(push(32 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 16, 128}));
+  EXPECT_EQ(push(96 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 24, 128}));
+  EXPECT_EQ(push(128 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 8, 512}));
+  EXPECT_EQ(push(1 << 20), (ExchangeChoice{ExchangeAlgo::kPush, 24, 512}));
+  caps.max_blocks = 64;
+  EXPECT_EQ(push(32 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 32, 128}));
+  EXPECT_EQ(push(128 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 32, 128}));
+  EXPECT_EQ(push(256 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 16, 512}));
+  caps.max_blocks = 1;
+  EXPECT_EQ(push(8 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 1, 512}));
+  EXPECT_EQ(push(512), (ExchangeChoice{ExchangeAlgo::kPush, 1, 128}));
+  caps.max_blocks = 64;
+  EXPECT_EQ(exchange_launch(ExchangeAlgo::kPull, 8 << 10, caps),
+            (ExchangeChoice{ExchangeAlgo::kPull, 1, 512}));
+  EXPECT_EQ(exchange_launch(ExchangeAlgo::kPull, 128 << 10, caps),
+            (ExchangeChoice{ExchangeAlgo::kPull, 4, 512}));
 }
 
 // Unpinned and untuned, the push form up to its built-in bounds by the most one rank sends
