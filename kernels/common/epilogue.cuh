@@ -173,16 +173,15 @@ __device__ __forceinline__ float block_reduce(float x, bool& ok, unsigned slot, 
 // have more, which push and refill their share of the message (`spread_first` in
 // kernels/common/lamport.cuh) and end: rows of one block each then do not leave a small
 // message's stores to one SM per row (`fused_launch` in src/tune/selector.cpp). Block k of a
-// group takes packs
-// k * blockDim.x + t, k * blockDim.x + t + group size * blockDim.x, ... of the row. The group's
-// blocks combine their partial sums by pushing: thread b of every block stores the block's
-// partial into block b's shared memory, one cluster barrier makes them visible, and every block
-// adds the partials it received in the same order (block 0 first), so every block, and every
-// rank, gets bitwise the same result. One barrier per combine, and none at the end: no block
-// reads another's shared memory, and the last remote store precedes the last barrier, so a block
-// may return while others still read their own. Two slots alternate, so a block that is a combine
-// ahead never overwrites what another still reads. A block's first remote store waits for the
-// cluster to have started (an arrival made when the group is formed, long since complete then).
+// group takes packs k * blockDim.x + t, k * blockDim.x + t + group size * blockDim.x, ... of the
+// row. The group's blocks combine their partial sums by pushing: thread b of every block stores
+// the block's partial into block b's shared memory, one cluster barrier makes them visible, and
+// every block adds the partials it received in the same order (block 0 first), so every block,
+// and every rank, gets bitwise the same result. One barrier per combine, and none at the end: no
+// block reads another's shared memory, and the last remote store precedes the last barrier, so a
+// block may return while others still read their own. Two slots alternate, so a block that is a
+// combine ahead never overwrites what another still reads. A block's first remote store waits for
+// the cluster to have started (an arrival made when the group is formed, long since complete then).
 
 /// The group of blocks that shares a row (NOTE [row groups]).
 struct RowGroup {

@@ -180,9 +180,10 @@ struct ExchangeSize {
 // exchange in a few blocks of 512 threads left its stores and polls to a few SMs, as the Lamport
 // all-reduce's did (NOTE [lamport launch]). It takes blocks of `kExchangeSmallThreads` threads,
 // one per `kExchangeSmallBytes` received, or per twice or four times that, the first that keeps
-// them within `kExchangeSmallBlocks` (and the group's limit); past that, the shape of the pull
-// form (one block of `kDefaultThreads` per 16 KiB). Measured on virtual ranks against 512-thread
-// blocks: 0.1-2.5 µs faster from 1 to 64 KiB received at 2, 4 and 8 ranks (docs/PERFORMANCE.md).
+// them within `kExchangeSmallBlocks` (and the group's limit); past that, blocks of
+// `kDefaultThreads`, one per 16 KiB received, as before. Measured on virtual ranks against the
+// 512-thread blocks: 0.1-2.5 µs faster from 1 to 64 KiB at 2, 4 and 8 ranks
+// (docs/PERFORMANCE.md).
 inline constexpr int kExchangeSmallThreads = 128;
 inline constexpr std::int64_t kExchangeSmallBytes = 1024;
 inline constexpr std::int64_t kExchangeSmallBytesMost = 4096;
