@@ -189,6 +189,12 @@ struct LaunchShape {
   int group = 1;
 };
 
+/// True for a `LaunchShape::group` the kernels take with `blocks` blocks: a power of two up to
+/// kMaxRowGroup that divides them.
+constexpr bool is_valid_group(int group, int blocks) noexcept {
+  return group >= 1 && group <= kMaxRowGroup && (group & (group - 1)) == 0 && blocks % group == 0;
+}
+
 /// Everything one rank's all-reduce kernel needs; passed by value.
 struct AllReduceParams {
   /// Every rank's input as mapped here, in device memory filled when a capture scope closes

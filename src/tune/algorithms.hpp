@@ -231,8 +231,7 @@ constexpr bool is_valid(const Choice& c) noexcept {
   if (c.algo == Algo::kNone) return c.blocks == 0 && c.threads == 0;
   if (static_cast<std::size_t>(c.algo) > kAlgorithms.size()) return false;
   return c.blocks >= 1 && c.blocks <= info(c.algo).max_blocks && is_valid_threads(c.threads) &&
-         c.group >= 1 && c.group <= kernels::kMaxRowGroup && (c.group & (c.group - 1)) == 0 &&
-         c.blocks % c.group == 0;
+         kernels::is_valid_group(c.group, c.blocks);
 }
 
 /// "one_shot 8x512" (blocks x threads), or "none".
