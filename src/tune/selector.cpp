@@ -181,9 +181,9 @@ ExchangeChoice exchange_launch(ExchangeAlgo algo, std::int64_t largest_output,
       if (blocks <= most) return {algo, static_cast<int>(blocks), kExchangeSmallThreads};
     }
   }
-  // The push form's lines carry twice the bytes, and its threads wait for them: more blocks.
+  // The push form's threads wait for their lines: a line (8 bytes received) a thread.
   const std::int64_t per_block =
-      info(algo).lamport ? std::int64_t{16} << 10 : std::int64_t{32} << 10;
+      info(algo).lamport ? std::int64_t{kDefaultThreads} * 8 : std::int64_t{32} << 10;
   const auto blocks = std::clamp<std::int64_t>(ceil_div(largest_output, per_block), 1, cap);
   return {algo, static_cast<int>(blocks), kDefaultThreads};
 }

@@ -181,9 +181,10 @@ struct ExchangeSize {
 // all-reduce's did (NOTE [lamport launch]). It takes blocks of `kExchangeSmallThreads` threads,
 // one per `kExchangeSmallBytes` received, or per twice or four times that, the first that keeps
 // them within `kExchangeSmallBlocks` (and the group's limit); past that, blocks of
-// `kDefaultThreads`, one per 16 KiB received, as before. Measured on virtual ranks against the
-// 512-thread blocks: 0.1-2.5 µs faster from 1 to 64 KiB at 2, 4 and 8 ranks
-// (docs/PERFORMANCE.md).
+// `kDefaultThreads`, one per 4 KiB received: a line a thread, as many as the group's limit
+// allows. Measured on virtual ranks against 512-thread blocks one per 16 KiB: 0.1-2.5 µs faster
+// from 1 to 64 KiB at 2, 4 and 8 ranks, and the LM head's exchange at one token (252 KiB
+// received) 1.1-1.5 µs faster at 2 and 4 ranks (docs/PERFORMANCE.md).
 inline constexpr int kExchangeSmallThreads = 128;
 inline constexpr std::int64_t kExchangeSmallBytes = 1024;
 inline constexpr std::int64_t kExchangeSmallBytesMost = 4096;
@@ -191,9 +192,8 @@ inline constexpr std::int64_t kExchangeSmallBlocks = 32;
 
 /// The built-in launch shape of `algo` for an exchange in which no rank receives more than
 /// `largest_output` bytes: in the push form, NOTE [exchange launch]'s small blocks where they
-/// fit; else `kDefaultThreads` threads, one block per 32 KiB received (16 KiB in the push form,
-/// whose lines carry twice the bytes); within [1, min(caps.max_blocks, the algorithm's
-/// max_blocks)].
+/// fit; else `kDefaultThreads` threads, one block per 32 KiB received (4 KiB, a line a thread,
+/// in the push form); within [1, min(caps.max_blocks, the algorithm's max_blocks)].
 [[nodiscard]] ExchangeChoice exchange_launch(ExchangeAlgo algo, std::int64_t largest_output,
                                              const SelectorCaps& caps) noexcept;
 

@@ -241,7 +241,7 @@ TEST(ExchangeSelector, PushWherePinnedOrTunedAndItFits) {
 
 // NOTE [exchange launch]: the push form takes 128-thread blocks, one per 1, 2 or 4 KiB received,
 // the first that keeps them within 32 blocks and the group's limit; past that, and in the pull
-// form, 512-thread blocks (one per 16 KiB pushed or 32 KiB pulled).
+// form, 512-thread blocks (one per 4 KiB pushed, a line a thread, or 32 KiB pulled).
 TEST(ExchangeSelector, PushLaunchShape) {
   SelectorCaps caps = exchange_caps(8);  // at most 24 blocks
   auto push = [&](std::int64_t output) {
@@ -253,12 +253,13 @@ TEST(ExchangeSelector, PushLaunchShape) {
   EXPECT_EQ(push(24 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 24, 128}));
   EXPECT_EQ(push(32 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 16, 128}));
   EXPECT_EQ(push(96 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 24, 128}));
-  EXPECT_EQ(push(128 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 8, 512}));
+  EXPECT_EQ(push(128 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 24, 512}));
   EXPECT_EQ(push(1 << 20), (ExchangeChoice{ExchangeAlgo::kPush, 24, 512}));
   caps.max_blocks = 64;
   EXPECT_EQ(push(32 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 32, 128}));
   EXPECT_EQ(push(128 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 32, 128}));
-  EXPECT_EQ(push(256 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 16, 512}));
+  EXPECT_EQ(push(160 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 40, 512}));
+  EXPECT_EQ(push(256 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 64, 512}));
   caps.max_blocks = 1;
   EXPECT_EQ(push(8 << 10), (ExchangeChoice{ExchangeAlgo::kPush, 1, 512}));
   EXPECT_EQ(push(512), (ExchangeChoice{ExchangeAlgo::kPush, 1, 128}));
