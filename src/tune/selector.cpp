@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "kernels/common/lines.hpp"
+
 namespace tpcomm {
 namespace {
 
@@ -181,9 +183,10 @@ ExchangeChoice exchange_launch(ExchangeAlgo algo, std::int64_t largest_output,
       if (blocks <= most) return {algo, static_cast<int>(blocks), kExchangeSmallThreads};
     }
   }
-  // The push form's threads wait for their lines: a line (8 bytes received) a thread.
+  // The push form's threads wait for their lines: a line of data received a thread.
+  constexpr auto kLineBytes = static_cast<std::int64_t>(sizeof(kernels::Line));
   const std::int64_t per_block =
-      info(algo).lamport ? std::int64_t{kDefaultThreads} * 8 : std::int64_t{32} << 10;
+      info(algo).lamport ? std::int64_t{kDefaultThreads} * kLineBytes : std::int64_t{32} << 10;
   const auto blocks = std::clamp<std::int64_t>(ceil_div(largest_output, per_block), 1, cap);
   return {algo, static_cast<int>(blocks), kDefaultThreads};
 }
