@@ -31,9 +31,15 @@ namespace tpcomm::kernels {
 // `lamport_seq`, so the two interleave on a stream: rank s writes its region for rank d into slot
 // s of d's buffer of the operation, flattened row-major into 4-byte words (every rank agrees on
 // the lines whatever its own pointers' alignment), and d records the most bytes any slot
-// received, which its next Lamport operation refills with empty marks. The headers are pushed
-// and checked as in the all-reduce, so an exchange on one rank and a Lamport all-reduce on
-// another fail with kMismatch on both.
+// received, which its next Lamport operation refills with empty marks. The lines' flags are the
+// exchange's fingerprint check (NOTE [fingerprints] in kernels/common/sync.cuh), and a rank that
+// takes a peer's lines has heard from it in this operation, as the rotation of the buffers needs
+// (NOTE [lamport]): so it pushes a Lamport header only to the peers that take no lines from it,
+// and block 0 waits for the headers of the peers it takes none from, after its lines. A Lamport
+// all-reduce's packs are not lines with this call's flag, so an exchange on one rank and a
+// Lamport all-reduce on another fail with kMismatch on the exchange's rank at once, and on the
+// all-reduce's at the deadline (it waits for a header the exchange did not push), where its
+// host names both calls.
 //
 // Regions whose rows are not whole 4-byte words, or that a slot cannot hold at twice their bytes,
 // take the pull form, chosen alike on every rank from the shapes (`ExchangePlan::push_slot_bytes`).
@@ -103,13 +109,32 @@ __device__ __forceinline__ void push_lines(const ExchangeParams& p, const Lampor
   }
 }
 
+/// Pushes this call's header (`flag`) to the peers that take no lines from this rank (block 0,
+/// thread d for rank d; NOTE [exchange push]).
+template <int R>
+__device__ __forceinline__ void push_headers(const ExchangeParams& p, const LamportFrame& f,
+                                             std::uint32_t flag) {
+  const int d = static_cast<int>(threadIdx.x);
+  if (blockIdx.x != 0 || d >= R || d == p.rank || Lines(p.to[d]).count != 0) return;
+  *reinterpret_cast<volatile std::uint32_t*>(&p.pads[d]->lamport_fingerprint[f.buffer][p.rank]) =
+      flag;
+}
+
+/// Whether this thread checks the header of rank threadIdx.x: block 0's, for the peers whose
+/// lines it takes none of.
+template <int R>
+__device__ __forceinline__ bool checks_header(const ExchangeParams& p) {
+  const int s = static_cast<int>(threadIdx.x);
+  return blockIdx.x == 0 && s < R && s != p.rank && Lines(p.from[s]).count == 0;
+}
+
 /// Takes every peer's region from this rank's buffer into the output as its lines arrive: one
 /// list (entry k the region from rank - k; k = 0, its own, has none here). False when a wait
 /// gave up or a line carried another call's flag (reported).
 template <int R, int A>
 __device__ __forceinline__ bool take_lines(const ExchangeParams& p, const LamportFrame& f,
-                                           std::uint32_t flag, LamportHeader<R>& header,
-                                           std::uint64_t first, std::uint64_t stride) {
+                                           std::uint32_t flag, std::uint64_t first,
+                                           std::uint64_t stride) {
   char* out = static_cast<char*>(p.output);
   const char* mine = lamport_buffer(p, p.rank, f.buffer);
   auto source = [&](int k) { return p.rank >= k ? p.rank - k : p.rank - k + R; };
@@ -117,7 +142,6 @@ __device__ __forceinline__ bool take_lines(const ExchangeParams& p, const Lampor
   for (std::uint64_t g0 = first; g0 < list.total(); g0 += kBatch<A> * stride) {
     uint4 x[kBatch<A>];
     int at[kBatch<A>];
-    const std::uint32_t h = header.load();
 #pragma unroll
     for (int u = 0; u < kBatch<A>; ++u) {
       const std::uint64_t g = g0 + u * stride;
@@ -126,7 +150,6 @@ __device__ __forceinline__ bool take_lines(const ExchangeParams& p, const Lampor
       const std::uint32_t i = list.index(static_cast<std::uint32_t>(g), at[u]);
       x[u] = ld_volatile(mine + source(at[u]) * p.layout.lamport_slot_bytes + std::int64_t{i} * 16);
     }
-    header.see(h);
 #pragma unroll
     for (int u = 0; u < kBatch<A>; ++u) {
       const std::uint64_t g = g0 + u * stride;
@@ -137,9 +160,7 @@ __device__ __forceinline__ bool take_lines(const ExchangeParams& p, const Lampor
       uint4 v = x[u];
       if (!line_arrived(v) && !wait_until<ErrorWord::kLamportCount>(
                                   [&] {
-                                    const std::uint32_t seen = header.load();
                                     v = ld_volatile(line);
-                                    header.see(seen);
                                     return line_arrived(v);
                                   },
                                   f.wait, s))
@@ -165,14 +186,13 @@ __global__ void __launch_bounds__(1024, 1) exchange_push_kernel(ExchangeParams p
   const std::uint32_t flag = lamport_header(p.fingerprint);
   // A failed rank gives up at once (NOTE [bounded waits]): it pushes nothing and waits for nothing.
   if (!f.failed) {
-    lamport_push_header<R>(p, f);
+    push_headers<R>(p, f, flag);
     push_lines<R, A>(p, f, flag, first, stride);
     lamport_refill<R>(p, f);
   }
-  LamportHeader<R> header(p, f);  // NOTE [fingerprints]
-  bool ok = !f.failed && take_lines<R, A>(p, f, flag, header, first, stride);
+  bool ok = !f.failed && take_lines<R, A>(p, f, flag, first, stride);
+  ok = ok && lamport_check_header<R>(f, LamportHeader<R>(p, f, checks_header<R>(p)));
   if (ok && p.early_launch) allow_next_launch();  // NOTE [programmatic launch]
-  ok = ok && lamport_check_header<R>(f, header);
   if (!__syncthreads_and(ok)) return poison_exchange<R, A>(p);
   SignalPad* self = p.pads[p.rank];
   if (blockIdx.x == 0 && threadIdx.x == 0) {

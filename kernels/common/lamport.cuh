@@ -140,11 +140,13 @@ struct LamportHeader {
   bool pending;            // a header to check that has not arrived yet
   bool same = true;        // the header that arrived is `expected`
 
+  /// Thread t < R checks rank t's header where `checks` holds.
   template <class Params>
-  __device__ __forceinline__ LamportHeader(const Params& p, const LamportFrame& f)
+  __device__ __forceinline__ LamportHeader(const Params& p, const LamportFrame& f,
+                                           bool checks = true)
       : at(&p.pads[p.rank]->lamport_fingerprint[f.buffer][threadIdx.x < R ? threadIdx.x : 0]),
         expected(lamport_header(p.fingerprint)),
-        pending(threadIdx.x < R) {}
+        pending(threadIdx.x < R && checks) {}
 
   /// Issues a load of the header while it has not arrived; `see` takes the value, so that loads
   /// issued in between travel with it.
