@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   // and poisons its outputs in `lamport_end` (with a row epilogue, after the row step, whose
   // groups of blocks meet in every row: NOTE [row groups]).
   if (!f.failed) {
-    lamport_push_header<R>(p, f);
+    lamport_push_header<R>(p, f, EveryRank{});
     // Scatter: slice s of this rank's input to slot `rank` of rank s. A thread reads its packs
     // of `kBatch` slices before it pushes any of them: a push is ordered before every later load
     // (the volatile store), so reading each pack just before its push made R round trips to
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   // The peers pushed their headers before the data the reduce just took: loaded now, the load
   // travels while the gather waits for the peers' sums, and takes no register from the polls
   // (at 7 and 8 ranks they have none to spare) (NOTE [fingerprints]).
-  const std::uint32_t seen = header.load();
+  header.poll();
 
   // Gather: every slice's sum, from the slot of the rank that owns it; whole rows at a time for
   // an epilogue that needs them (every rank finishes every row alike).
@@ -112,7 +112,6 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
     }
     if (ok && p.early_launch) allow_next_launch();  // NOTE [programmatic launch]
   }
-  header.see(seen);
   lamport_end<T, R>(p, f, ok, 2 * slice * 16, header);
 }
 

@@ -55,11 +55,7 @@ namespace tpcomm::kernels {
 
 namespace {
 
-constexpr std::uint32_t kEmptyWord = kLamportEmpty * 0x10001u;
-
-__device__ __forceinline__ bool line_arrived(uint4 x) {
-  return x.y != kEmptyWord && x.w != kEmptyWord;
-}
+__device__ __forceinline__ bool line_arrived(uint4 x) { return x.y != kEmpty2 && x.w != kEmpty2; }
 
 /// Lines a thread loads before it waits for any: narrower accesses work out two addresses a line,
 /// and fewer lines in flight keep them in registers (four spilled at 4 ranks and more).
@@ -107,17 +103,6 @@ __device__ __forceinline__ void push_lines(const ExchangeParams& p, const Lampor
                     make_uint4(v[u].lo, flag, v[u].hi, flag));
     }
   }
-}
-
-/// Pushes this call's header (`flag`) to the peers that take no lines from this rank (block 0,
-/// thread d for rank d; NOTE [exchange push]).
-template <int R>
-__device__ __forceinline__ void push_headers(const ExchangeParams& p, const LamportFrame& f,
-                                             std::uint32_t flag) {
-  const int d = static_cast<int>(threadIdx.x);
-  if (blockIdx.x != 0 || d >= R || d == p.rank || Lines(p.to[d]).count != 0) return;
-  *reinterpret_cast<volatile std::uint32_t*>(&p.pads[d]->lamport_fingerprint[f.buffer][p.rank]) =
-      flag;
 }
 
 /// Whether this thread checks the header of rank threadIdx.x: block 0's, for the peers whose
@@ -186,7 +171,8 @@ __global__ void __launch_bounds__(1024, 1) exchange_push_kernel(ExchangeParams p
   const std::uint32_t flag = lamport_header(p.fingerprint);
   // A failed rank gives up at once (NOTE [bounded waits]): it pushes nothing and waits for nothing.
   if (!f.failed) {
-    push_headers<R>(p, f, flag);
+    // The header, to the peers that take no lines from this rank (NOTE [exchange push]).
+    lamport_push_header<R>(p, f, [&](int d) { return d != p.rank && Lines(p.to[d]).count == 0; });
     push_lines<R, A>(p, f, flag, first, stride);
     lamport_refill<R>(p, f);
   }

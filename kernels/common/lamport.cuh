@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/lamport_mark.hpp"
 #include "kernels/common/poison.cuh"
 #include "kernels/common/workspace.cuh"
 
@@ -12,26 +13,19 @@ namespace tpcomm::kernels {
 
 /// Pack `x` as sent: -0.0 (the empty mark) becomes +0.0, which adds the same.
 __device__ __forceinline__ uint4 lamport_outgoing(uint4 x) {
-  auto fix = [](std::uint32_t w) {
-    if ((w & 0xFFFFu) == kLamportEmpty) w &= 0xFFFF0000u;
-    if ((w >> 16) == kLamportEmpty) w &= 0x0000FFFFu;
-    return w;
-  };
-  return make_uint4(fix(x.x), fix(x.y), fix(x.z), fix(x.w));
+  return make_uint4(lamport_outgoing_word(x.x), lamport_outgoing_word(x.y),
+                    lamport_outgoing_word(x.z), lamport_outgoing_word(x.w));
 }
 
 /// A pack of empty marks.
 __device__ __forceinline__ uint4 lamport_empty_pack() {
-  constexpr std::uint32_t kEmpty2 = kLamportEmpty * 0x10001u;  // two empty elements
   return make_uint4(kEmpty2, kEmpty2, kEmpty2, kEmpty2);
 }
 
 /// True once no 16-bit element of `x` holds the empty mark.
 __device__ __forceinline__ bool lamport_arrived(uint4 x) {
-  auto empty = [](std::uint32_t w) {
-    return (w & 0xFFFFu) == kLamportEmpty || (w >> 16) == kLamportEmpty;
-  };
-  return !(empty(x.x) || empty(x.y) || empty(x.z) || empty(x.w));
+  return (lamport_word_has_empty(x.x) | lamport_word_has_empty(x.y) | lamport_word_has_empty(x.z) |
+          lamport_word_has_empty(x.w)) == 0;
 }
 
 /// 16-byte loads and stores that go to memory every time (peers write what this rank polls).
@@ -117,28 +111,33 @@ __device__ __forceinline__ LamportFrame lamport_frame(const Params& p) {
   return f;
 }
 
-/// Pushes this operation's header into every rank's buffer (block 0, thread 0), before any data
-/// (NOTE [fingerprints]).
-template <int R, class Params>
-__device__ __forceinline__ void lamport_push_header(const Params& p, const LamportFrame& f) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  const std::uint32_t header = lamport_header(p.fingerprint);
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    *reinterpret_cast<volatile std::uint32_t*>(&p.pads[r]->lamport_fingerprint[f.buffer][p.rank]) =
-        header;
+/// Every rank, as the `to` of `lamport_push_header`.
+struct EveryRank {
+  __device__ __forceinline__ bool operator()(int /*rank*/) const { return true; }
+};
+
+/// Pushes this operation's header into the buffer of every rank d for which `to(d)` holds
+/// (block 0, thread d), before any data (NOTE [fingerprints]).
+template <int R, class Params, class To>
+__device__ __forceinline__ void lamport_push_header(const Params& p, const LamportFrame& f, To to) {
+  const int d = static_cast<int>(threadIdx.x);
+  if (blockIdx.x != 0 || d >= R || !to(d)) return;
+  *reinterpret_cast<volatile std::uint32_t*>(&p.pads[d]->lamport_fingerprint[f.buffer][p.rank]) =
+      lamport_header(p.fingerprint);
 }
 
 /// Thread t < R's check of rank t's header of this operation's buffer (NOTE [fingerprints]). The
-/// header is loaded with the thread's packs, in the same round trips (`lamport_poll`), until it
-/// has arrived: the peer pushed it before its data, so it has nearly always arrived by the time
-/// the data has, and `lamport_end` has nothing left to load. Other threads load nothing.
+/// header is loaded after each load of the thread's packs (`lamport_poll`) until it has arrived:
+/// the peer pushed it before its data, so it has nearly always arrived by the time the data has.
+/// Each value is looked at only by the next `poll` (or `lamport_check_header`), so that no poll
+/// of the data waits for the header's load beside it. Other threads load nothing.
 template <int R>
 struct LamportHeader {
   const std::uint32_t* at;
-  std::uint32_t expected;  // this operation's header
-  bool pending;            // a header to check that has not arrived yet
-  bool same = true;        // the header that arrived is `expected`
+  std::uint32_t expected;          // this operation's header
+  std::uint32_t loaded = kEmpty2;  // the last load's value, not yet looked at
+  bool pending;                    // a header to check that has not arrived yet
+  bool same = true;                // the header that arrived is `expected`
 
   /// Thread t < R checks rank t's header where `checks` holds.
   template <class Params>
@@ -148,22 +147,22 @@ struct LamportHeader {
         expected(lamport_header(p.fingerprint)),
         pending(threadIdx.x < R && checks) {}
 
-  /// Issues a load of the header while it has not arrived; `see` takes the value, so that loads
-  /// issued in between travel with it.
-  __device__ __forceinline__ std::uint32_t load() const {
-    return pending ? ld_volatile_u32(at) : 0u;
-  }
-  __device__ __forceinline__ void see(std::uint32_t header) {
-    if (!pending || !lamport_header_arrived(header)) return;
-    pending = false;
-    same = header == expected;
+  /// Looks at the value the last call loaded and, while the header has not arrived, loads it
+  /// again.
+  __device__ __forceinline__ void poll() {
+    if (!pending) return;
+    if (lamport_header_arrived(loaded)) {
+      pending = false;
+      same = loaded == expected;
+      return;
+    }
+    loaded = ld_volatile_u32(at);
   }
 };
 
 /// In place of a `LamportHeader` where a loop has no register to spare for it.
 struct NoHeader {
-  __device__ __forceinline__ std::uint32_t load() const { return 0; }
-  __device__ __forceinline__ void see(std::uint32_t /*header*/) {}
+  __device__ __forceinline__ void poll() {}
 };
 
 /// This thread's first index in a loop over the grid (stride gridDim.x * blockDim.x) whose warps
@@ -189,40 +188,39 @@ __device__ __forceinline__ void lamport_refill(const Params& p, const LamportFra
   for (int s = 0; s < R; ++s)
     for (std::int64_t i = first; i < packs; i += stride)
       reinterpret_cast<uint4*>(stale + s * p.layout.lamport_slot_bytes)[i] = empty;
-  if (first < R) p.pads[p.rank]->lamport_fingerprint[f.previous][first] = kLamportEmpty * 0x10001u;
+  if (first < R) p.pads[p.rank]->lamport_fingerprint[f.previous][first] = kEmpty2;
 }
 
 /// Polls the pack at `offset` bytes into slots 0..`slots`-1 of `buffer` (this rank's, as
-/// mapped here) until none holds the empty mark; the packs in `got`. Until the thread's `header`
-/// has arrived, every load of it travels with a load of the packs. False when a wait gave up
-/// (NOTE [bounded waits]).
+/// mapped here) until none holds the empty mark; the packs in `got`. The packs still missing after
+/// the first loads are loaded again together, in one wait, until none is left (one loop in the
+/// kernel's code, not one a slot). Until the thread's `header` has arrived, it is polled after
+/// every load of the packs. False when a wait gave up (NOTE [bounded waits]).
 template <class T, int R, class Header>
 __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t slot_bytes,
                                              std::int64_t offset, Pack<T> (&got)[R], Header& header,
                                              const WaitContext& w, int slots = R) {
-  const std::uint32_t h = header.load();
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (r < slots) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
-  header.see(h);
-  bool ok = true;
+  header.poll();
+  unsigned missing = 0;  // bit r: slot r's pack has not arrived
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    uint4 x = got[r].raw;
-    if (ok && r < slots && !lamport_arrived(x)) {
-      const char* at = buffer + r * slot_bytes + offset;
-      ok = wait_until<ErrorWord::kLamportCount>(
-          [&] {
-            const std::uint32_t seen = header.load();
-            x = ld_volatile(at);
-            header.see(seen);
-            return lamport_arrived(x);
-          },
-          w, r);
-    }
-    got[r].raw = x;
-  }
-  return ok;
+  for (int r = 0; r < R; ++r)
+    if (r < slots && !lamport_arrived(got[r].raw)) missing |= 1u << r;
+  if (missing == 0) return true;
+  return wait_until<ErrorWord::kLamportCount>(
+      [&] {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if ((missing >> r) & 1u) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
+        header.poll();
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (((missing >> r) & 1u) && lamport_arrived(got[r].raw)) missing &= ~(1u << r);
+        return missing == 0;
+      },
+      w, [&] { return __ffs(static_cast<int>(missing)) - 1; });
 }
 
 /// Polls the pack at `at` until it holds no empty mark; false when the wait gave up, naming
@@ -243,16 +241,16 @@ __device__ __forceinline__ bool lamport_poll_one(const char* at, Pack<T>& got, c
   return ok;
 }
 
-/// Thread t < R: whether rank t's header (`h`, polled until it arrives if `lamport_poll` did not
-/// see it) carries this operation's fingerprint; kMismatch reported where not (NOTE
-/// [fingerprints]). True in other threads.
+/// Thread t < R: whether rank t's header (`h`, polled until it has arrived) carries this
+/// operation's fingerprint; kMismatch reported where not (NOTE [fingerprints]). True in other
+/// threads.
 template <int R>
 __device__ __forceinline__ bool lamport_check_header(const LamportFrame& f, LamportHeader<R> h) {
   const int t = static_cast<int>(threadIdx.x);
   if (t >= R) return true;
   if (h.pending && !wait_until<ErrorWord::kLamportCount>(
                        [&] {
-                         h.see(h.load());
+                         h.poll();
                          return !h.pending;
                        },
                        f.wait, t))
