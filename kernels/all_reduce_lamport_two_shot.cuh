@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   // The peers pushed their headers before the data the reduce just took: loaded now, the load
   // travels while the gather waits for the peers' sums, and takes no register from the polls
   // (at 7 and 8 ranks they have none to spare) (NOTE [fingerprints]).
-  header.poll();
+  const std::uint32_t seen = header.load();
 
   // Gather: every slice's sum, from the slot of the rank that owns it; whole rows at a time for
   // an epilogue that needs them (every rank finishes every row alike).
@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
     }
     if (ok && p.early_launch) allow_next_launch();  // NOTE [programmatic launch]
   }
+  header.see(seen);
   lamport_end<T, R>(p, f, ok, 2 * slice * 16, header);
 }
 

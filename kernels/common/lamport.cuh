@@ -127,17 +127,15 @@ __device__ __forceinline__ void lamport_push_header(const Params& p, const Lampo
 }
 
 /// Thread t < R's check of rank t's header of this operation's buffer (NOTE [fingerprints]). The
-/// header is loaded after each load of the thread's packs (`lamport_poll`) until it has arrived:
-/// the peer pushed it before its data, so it has nearly always arrived by the time the data has.
-/// Each value is looked at only by the next `poll` (or `lamport_check_header`), so that no poll
-/// of the data waits for the header's load beside it. Other threads load nothing.
+/// header is loaded with the thread's packs, in the same round trips (`lamport_poll`), until it
+/// has arrived: the peer pushed it before its data, so it has nearly always arrived by the time
+/// the data has, and `lamport_end` has nothing left to load. Other threads load nothing.
 template <int R>
 struct LamportHeader {
   const std::uint32_t* at;
-  std::uint32_t expected;          // this operation's header
-  std::uint32_t loaded = kEmpty2;  // the last load's value, not yet looked at
-  bool pending;                    // a header to check that has not arrived yet
-  bool same = true;                // the header that arrived is `expected`
+  std::uint32_t expected;  // this operation's header
+  bool pending;            // a header to check that has not arrived yet
+  bool same = true;        // the header that arrived is `expected`
 
   /// Thread t < R checks rank t's header where `checks` holds.
   template <class Params>
@@ -147,22 +145,22 @@ struct LamportHeader {
         expected(lamport_header(p.fingerprint)),
         pending(threadIdx.x < R && checks) {}
 
-  /// Looks at the value the last call loaded and, while the header has not arrived, loads it
-  /// again.
-  __device__ __forceinline__ void poll() {
-    if (!pending) return;
-    if (lamport_header_arrived(loaded)) {
-      pending = false;
-      same = loaded == expected;
-      return;
-    }
-    loaded = ld_volatile_u32(at);
+  /// Issues a load of the header while it has not arrived; `see` takes the value, so that loads
+  /// issued in between travel with it.
+  __device__ __forceinline__ std::uint32_t load() const {
+    return pending ? ld_volatile_u32(at) : 0u;
+  }
+  __device__ __forceinline__ void see(std::uint32_t header) {
+    if (!pending || !lamport_header_arrived(header)) return;
+    pending = false;
+    same = header == expected;
   }
 };
 
 /// In place of a `LamportHeader` where a loop has no register to spare for it.
 struct NoHeader {
-  __device__ __forceinline__ void poll() {}
+  __device__ __forceinline__ std::uint32_t load() const { return 0; }
+  __device__ __forceinline__ void see(std::uint32_t /*header*/) {}
 };
 
 /// This thread's first index in a loop over the grid (stride gridDim.x * blockDim.x) whose warps
@@ -194,16 +192,17 @@ __device__ __forceinline__ void lamport_refill(const Params& p, const LamportFra
 /// Polls the pack at `offset` bytes into slots 0..`slots`-1 of `buffer` (this rank's, as
 /// mapped here) until none holds the empty mark; the packs in `got`. The packs still missing after
 /// the first loads are loaded again together, in one wait, until none is left (one loop in the
-/// kernel's code, not one a slot). Until the thread's `header` has arrived, it is polled after
-/// every load of the packs. False when a wait gave up (NOTE [bounded waits]).
+/// kernel's code, not one a slot). Until the thread's `header` has arrived, every load of it
+/// travels with the loads of the packs. False when a wait gave up (NOTE [bounded waits]).
 template <class T, int R, class Header>
 __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t slot_bytes,
                                              std::int64_t offset, Pack<T> (&got)[R], Header& header,
                                              const WaitContext& w, int slots = R) {
+  const std::uint32_t h = header.load();
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (r < slots) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
-  header.poll();
+  header.see(h);
   unsigned missing = 0;  // bit r: slot r's pack has not arrived
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -211,10 +210,11 @@ __device__ __forceinline__ bool lamport_poll(const char* buffer, std::int64_t sl
   if (missing == 0) return true;
   return wait_until<ErrorWord::kLamportCount>(
       [&] {
+        const std::uint32_t seen = header.load();
 #pragma unroll
         for (int r = 0; r < R; ++r)
           if ((missing >> r) & 1u) got[r].raw = ld_volatile(buffer + r * slot_bytes + offset);
-        header.poll();
+        header.see(seen);
 #pragma unroll
         for (int r = 0; r < R; ++r)
           if (((missing >> r) & 1u) && lamport_arrived(got[r].raw)) missing &= ~(1u << r);
@@ -241,16 +241,16 @@ __device__ __forceinline__ bool lamport_poll_one(const char* at, Pack<T>& got, c
   return ok;
 }
 
-/// Thread t < R: whether rank t's header (`h`, polled until it has arrived) carries this
-/// operation's fingerprint; kMismatch reported where not (NOTE [fingerprints]). True in other
-/// threads.
+/// Thread t < R: whether rank t's header (`h`, polled until it arrives if `lamport_poll` did not
+/// see it) carries this operation's fingerprint; kMismatch reported where not (NOTE
+/// [fingerprints]). True in other threads.
 template <int R>
 __device__ __forceinline__ bool lamport_check_header(const LamportFrame& f, LamportHeader<R> h) {
   const int t = static_cast<int>(threadIdx.x);
   if (t >= R) return true;
   if (h.pending && !wait_until<ErrorWord::kLamportCount>(
                        [&] {
-                         h.poll();
+                         h.see(h.load());
                          return !h.pending;
                        },
                        f.wait, t))

@@ -56,15 +56,13 @@ namespace tpcomm::kernels {
 //    to pass a barrier always saw the other exactly at it);
 //  - the Lamport all-reduce kernels: block 0 (thread d for rank d) pushes a 32-bit header with 30
 //    bits of the same hash into every rank's `SignalPad::lamport_fingerprint` of the buffer it
-//    pushes into, before its data. Thread t < R of every block loads rank t's header after each
-//    load of its own packs, until it has arrived, and looks at each value only at its next poll or
-//    before the block ends, so that no poll waits for the header's load (`LamportHeader` in
-//    kernels/common/lamport.cuh); it compares the header before the block ends (polling on only
-//    if it had not arrived with the data): a block that finds a difference poisons the outputs
-//    after its own stores, so every element ends poisoned, and fails the operation, which makes
-//    the blocks still waiting for data that will never come give up too. One word in one
-//    register, loaded beside loads the thread makes anyway: a 16-byte header, or one loaded on
-//    its own after the data, as first built, cost registers or a round trip
+//    pushes into, before its data. Thread t < R of every block loads rank t's header together
+//    with its own packs, in the same round trips, until it has arrived, and compares it before
+//    the block ends (polling on only if it had not arrived with the data): a block that finds a
+//    difference poisons the outputs after its own stores, so every element ends poisoned, and fails
+//    the operation, which makes the blocks still waiting for data that will never come give up too.
+//    One word in one register, loaded beside loads the thread makes anyway: a 16-byte header, or
+//    one loaded on its own after the data, as first built, cost registers or a round trip
 //    (docs/PERFORMANCE.md);
 //  - the exchange's push form: every line it pushes carries the header as its flag, and a line
 //    with another flag fails the operation (NOTE [exchange push] in kernels/exchange_push.cu), so
