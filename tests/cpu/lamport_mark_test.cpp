@@ -49,8 +49,8 @@ TEST(LamportMark, SendsNoEmptyMark) {
   EXPECT_EQ(lamport_outgoing_word(0x80001234u), 0x00001234u);
   EXPECT_EQ(lamport_outgoing_word(0x12348000u), 0x12340000u);
   EXPECT_EQ(lamport_outgoing_word(0x80018001u), 0x80018001u);
-  EXPECT_EQ(lamport_word_has_empty(0x00008000u) != 0, true);
-  EXPECT_EQ(lamport_word_has_empty(0x80000000u) != 0, true);
+  EXPECT_NE(lamport_word_has_empty(0x00008000u), 0u);
+  EXPECT_NE(lamport_word_has_empty(0x80000000u), 0u);
   EXPECT_EQ(lamport_word_has_empty(0x00000000u), 0u);
 }
 
