@@ -13,9 +13,9 @@ namespace tpcomm::kernels {
 
 Status launch_all_reduce(const AllReduceParams& params, const AllReduceKernel& kernel,
                          LaunchShape shape, bool programmatic, Stream stream) noexcept {
-  if (shape.blocks < 1 || shape.blocks > kMaxBlocks || shape.threads < 32 || shape.threads > 1024 ||
-      shape.threads % 32 != 0 || shape.threads < params.world_size ||
-      !is_valid_group(shape.group, shape.blocks))
+  if (shape.blocks < 1 || shape.blocks > kMaxBlocks || shape.threads < 32 ||
+      shape.threads > max_threads(kernel) || shape.threads % 32 != 0 ||
+      shape.threads < params.world_size || !is_valid_group(shape.group, shape.blocks))
     return Status::kInvalidArgument;
   const std::int64_t bytes = params.count * static_cast<std::int64_t>(dtype_size(params.dtype));
   if (lamport_slot_need(kernel, bytes, params.world_size) > params.layout.lamport_slot_bytes)

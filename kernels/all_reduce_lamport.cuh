@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   // and poisons its outputs in `lamport_end` (with a row epilogue, after the row step, whose
   // groups of blocks meet in every row: NOTE [row groups]).
   if (!f.failed) {
-    lamport_push_header<R>(p, f, EveryRank{});
+    lamport_push_header<R>(p, f);
     // Push this rank's input into slot `rank` of every rank's buffer. The next pack is read
     // before this one is pushed: a push is ordered before every later load (the volatile store).
     const std::int64_t own_slot = static_cast<std::int64_t>(p.rank) * slot_bytes;

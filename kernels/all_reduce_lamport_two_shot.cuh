@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
   // and poisons its outputs in `lamport_end` (with a row epilogue, after the row step, whose
   // groups of blocks meet in every row: NOTE [row groups]).
   if (!f.failed) {
-    lamport_push_header<R>(p, f, EveryRank{});
+    lamport_push_header<R>(p, f);
     // Scatter: slice s of this rank's input to slot `rank` of rank s. A thread reads its packs
     // of `kBatch` slices before it pushes any of them: a push is ordered before every later load
     // (the volatile store), so reading each pack just before its push made R round trips to

@@ -115,10 +115,19 @@ constexpr std::int64_t lamport_slot_need(const AllReduceKernel& k, std::int64_t 
   return k.sliced ? lamport_two_shot_slot_bytes(bytes, world_size) : bytes;
 }
 
-/// Most threads per block of a kernel with a fused epilogue: the row step keeps packs of a row in
-/// registers, and 512 threads leave room for 128 registers a thread (1024 would cap them at 64,
-/// and the kernel would spill).
-inline constexpr int kFusedMaxThreads = 512;
+/// Most threads per block of the Lamport kernels (`pushes`), plain or fused: a thread polls a pack
+/// of every rank at once, and a fused row step keeps packs of a row, in registers; 512 threads
+/// leave room for 128 registers a thread (1024 would cap them at 64, and the 8-rank kernels would
+/// spill).
+inline constexpr int kLamportMaxThreads = 512;
+
+/// Most threads per block of a kernel with a fused epilogue (all of them Lamport kernels).
+inline constexpr int kFusedMaxThreads = kLamportMaxThreads;
+
+/// Most threads per block of kernel `k`.
+constexpr int max_threads(const AllReduceKernel& k) noexcept {
+  return k.pushes ? kLamportMaxThreads : 1024;
+}
 
 /// True for the epilogues the Lamport kernels carry.
 constexpr bool on_lamport(Fusion f) noexcept { return f != Fusion::kAdd; }

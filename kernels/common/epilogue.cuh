@@ -41,7 +41,7 @@ namespace tpcomm::kernels {
 // after in docs/PERFORMANCE.md).
 struct Identity {
   static constexpr bool kRows = false;
-  static constexpr int kMaxThreads = 1024;
+  static constexpr int kMaxThreads = kLamportMaxThreads;  // only Lamport kernels read it
 
   __device__ explicit Identity(const AllReduceParams& /*params*/) {}
 

@@ -61,7 +61,7 @@ __device__ __forceinline__ std::uint32_t lamport_header(std::uint64_t fp) {
 
 /// True once neither half of header word `w` holds the empty mark.
 __device__ __forceinline__ bool lamport_header_arrived(std::uint32_t w) {
-  return (w & 0xFFFFu) != kLamportEmpty && (w >> 16) != kLamportEmpty;
+  return lamport_word_has_empty(w) == 0;
 }
 
 __device__ __forceinline__ std::uint32_t ld_volatile_u32(const std::uint32_t* p) {
@@ -117,9 +117,10 @@ struct EveryRank {
 };
 
 /// Pushes this operation's header into the buffer of every rank d for which `to(d)` holds
-/// (block 0, thread d), before any data (NOTE [fingerprints]).
-template <int R, class Params, class To>
-__device__ __forceinline__ void lamport_push_header(const Params& p, const LamportFrame& f, To to) {
+/// (block 0, thread d), before any data (NOTE [fingerprints]); every rank by default.
+template <int R, class Params, class To = EveryRank>
+__device__ __forceinline__ void lamport_push_header(const Params& p, const LamportFrame& f,
+                                                    To to = {}) {
   const int d = static_cast<int>(threadIdx.x);
   if (blockIdx.x != 0 || d >= R || !to(d)) return;
   *reinterpret_cast<volatile std::uint32_t*>(&p.pads[d]->lamport_fingerprint[f.buffer][p.rank]) =

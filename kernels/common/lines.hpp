@@ -124,9 +124,14 @@ struct RegionList {
     for (int j = 0; j < N - 1; ++j) k += g >= end[j] ? 1 : 0;
     return k;
   }
-  /// Entry `g`'s place within region `k` (`region(g)`).
+  /// Entry `g`'s place within region `k` (`region(g)`). `end[k - 1]` is picked by comparisons,
+  /// not by indexing, so that `end` stays in registers (an array indexed at run time lives in
+  /// the thread's local memory).
   [[nodiscard]] TPCOMM_HOST_DEVICE std::uint32_t index(std::uint32_t g, int k) const {
-    return k == 0 ? g : g - end[k - 1];
+    std::uint32_t start = 0;
+    TPCOMM_UNROLL
+    for (int j = 0; j < N - 1; ++j) start = j + 1 == k ? end[j] : start;
+    return g - start;
   }
 };
 

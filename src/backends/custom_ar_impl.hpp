@@ -149,7 +149,8 @@ struct CustomAllReduce::Impl {
     for (const AlgoInfo& a : kAlgorithms) {
       for (int f = 0; f < kernels::kFusionCount; ++f) {
         const auto fusion = static_cast<kernels::Fusion>(f);
-        const int threads = fusion == kernels::Fusion::kNone ? 1024 : kernels::kFusedMaxThreads;
+        const int threads = fusion == kernels::Fusion::kNone ? kernels::max_threads(a.kernel)
+                                                             : kernels::kFusedMaxThreads;
         if (kernels::kernel_function(a.kernel, DType::kBF16, world, fusion) != nullptr)
           per_sm = std::min(
               per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, threads, fusion));

@@ -211,7 +211,8 @@ constexpr bool is_valid_threads(int threads) noexcept {
 /// the fused operation the blocks that share each row (`group`: `kernels::LaunchShape`).
 ///
 /// For `Algo::kNone` blocks and threads are 0. Otherwise `blocks` is in
-/// 1..`info(algo).max_blocks`, `threads` satisfies `is_valid_threads`, and `group` is a power of
+/// 1..`info(algo).max_blocks`, `threads` satisfies `is_valid_threads` and is at most the
+/// algorithm's kernel's `kernels::max_threads`, and `group` is a power of
 /// two up to `kernels::kMaxRowGroup` that divides `blocks`.
 struct Choice {
   Algo algo = Algo::kNone;
@@ -231,6 +232,7 @@ constexpr bool is_valid(const Choice& c) noexcept {
   if (c.algo == Algo::kNone) return c.blocks == 0 && c.threads == 0;
   if (static_cast<std::size_t>(c.algo) > kAlgorithms.size()) return false;
   return c.blocks >= 1 && c.blocks <= info(c.algo).max_blocks && is_valid_threads(c.threads) &&
+         c.threads <= kernels::max_threads(info(c.algo).kernel) &&
          kernels::is_valid_group(c.group, c.blocks);
 }
 

@@ -136,6 +136,10 @@ std::string format_double(double v) {
 constexpr std::size_t registry_size(Algo) noexcept { return kAlgorithms.size(); }
 constexpr std::size_t registry_size(ExchangeAlgo) noexcept { return kExchangeAlgorithms.size(); }
 
+/// The most threads a block of algorithm `a`'s kernel takes.
+constexpr int max_threads(Algo a) noexcept { return kernels::max_threads(info(a).kernel); }
+constexpr int max_threads(ExchangeAlgo /*a*/) noexcept { return 1024; }
+
 /// Why `e` may not follow `prev` (null for the first entry) in a table; empty when it may. For
 /// the all-reduce's buckets (`TuneEntry`) and the exchanges' (`ExchangeEntry`) alike.
 template <class Entry>
@@ -160,6 +164,9 @@ std::string entry_error(const Entry& e, const Entry* prev) {
       return concat("blocks ", c.blocks, " out of range 1..", max_blocks);
     if (!is_valid_threads(c.threads))
       return concat("threads ", c.threads, " is not one of 64, 128, 256, 512, 1024");
+    if (c.threads > max_threads(c.algo))
+      return concat("threads ", c.threads, " is more than ", to_string(c.algo), " takes (",
+                    max_threads(c.algo), ")");
   }
   if (!std::isfinite(e.time_us) || e.time_us < 0.0)
     return concat("time_us ", e.time_us, " is not a finite number >= 0");

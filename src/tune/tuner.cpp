@@ -27,6 +27,7 @@ std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps
         kernels::sliced(a.kernel) ? (packs + world_size - 1) / world_size : packs;
     const int max_blocks = std::min(caps.max_blocks, a.max_blocks);
     for (int threads : kTunerThreads) {
+      if (threads > kernels::max_threads(a.kernel)) continue;
       // Blocks beyond one pack per thread only idle; keep one step past that.
       const std::int64_t useful = std::max<std::int64_t>(1, (work + threads - 1) / threads);
       for (int blocks : kTunerBlocks) {

@@ -81,6 +81,10 @@ TEST(Registry, LaunchShapesAreWithinLimits) {
     EXPECT_LE(a.max_blocks, kMaxBlocks) << a.name << ": the signal pads hold kMaxBlocks blocks";
   }
   for (int threads : kTunerThreads) EXPECT_TRUE(is_valid_threads(threads)) << threads;
+  // The Lamport kernels are built for at most kLamportMaxThreads threads (their registers).
+  EXPECT_FALSE(is_valid(Choice{Algo::kLamport, 1, 1024}));
+  EXPECT_TRUE(is_valid(Choice{Algo::kLamport, 1, kernels::kLamportMaxThreads}));
+  EXPECT_TRUE(is_valid(Choice{Algo::kOneShot, 1, 1024}));
   for (int blocks : kTunerBlocks) EXPECT_TRUE(blocks >= 1 && blocks <= kMaxBlocks) << blocks;
   for (int world : {2, 3, 4, 8}) {
     SelectorCaps caps{world, true, 8 << 20, kMaxBlocks, 512 << 10};

@@ -148,6 +148,8 @@ TEST(TuneTable, ConstructorRejectsBadEntries) {
       {{{512, Choice{Algo::kTwoShot, 0, 512}, 1}}, "blocks 0 out of range 1..64"},
       {{{512, Choice{Algo::kTwoShot, 65, 512}, 1}}, "blocks 65 out of range 1..64"},
       {{{512, Choice{Algo::kOneShot, 4, 96}, 1}}, "threads 96 is not one of"},
+      {{{512, Choice{Algo::kLamport, 4, 1024}, 1}},
+       "threads 1024 is more than lamport takes (512)"},
       {{{512, Choice{Algo::kNone, 4, 512}, 1}}, "algorithm none takes blocks 0 and threads 0"},
       {{{512, ok, -1}}, "time_us -1"},
       {{{512, ok, std::numeric_limits<double>::quiet_NaN()}}, "time_us nan"},
@@ -192,14 +194,14 @@ TEST(TuneTableText, ExactFormOfASmallTable) {
   TuneTable t(h200_key(), {{256, Choice{Algo::kLamport, 1, 256}, 2.5},
                            {512, Choice{Algo::kOneShot, 1, 512}, 4.5},
                            {1024, Choice{Algo::kTwoShot, 2, 256}, 10},
-                           {1536, Choice{Algo::kLamportTwoShot, 4, 1024}, 7},
+                           {1536, Choice{Algo::kLamportTwoShot, 4, 512}, 7},
                            {2048, Choice{}, 0.125}});
   EXPECT_EQ(t.to_text(), kGoodHead +
                              "# max_bytes algo blocks threads time_us\n"
                              "256 lamport 1 256 2.5\n"
                              "512 one_shot 1 512 4.5\n"
                              "1024 two_shot 2 256 10\n"
-                             "1536 lamport_two_shot 4 1024 7\n"
+                             "1536 lamport_two_shot 4 512 7\n"
                              "2048 none 0 0 0.125\n");
 }
 
@@ -308,6 +310,8 @@ TEST(TuneTableText, RejectsEveryMalformedInputWithItsLineNumber) {
       {"threads not a block size", head + "512 one_shot 1 500 4.5\n", "threads 500 is not one of",
        3},
       {"threads too many", head + "512 one_shot 1 2048 4.5\n", "threads 2048", 3},
+      {"threads past the kernel's", head + "512 lamport_two_shot 1 1024 4.5\n",
+       "threads 1024 is more than lamport_two_shot takes (512)", 3},
       {"none with a launch", head + "512 none 4 512 4.5\n", "algorithm none takes blocks 0", 3},
       {"time not a number", head + "512 one_shot 1 512 fast\n", "time_us \"fast\" is not a number",
        3},
@@ -634,13 +638,13 @@ TEST(TuneTableText, FusedBucketsRoundTripAndAreChecked) {
   const TuneKey key{"NVIDIA H200", 4, "one-gpu", 12040, 22703, "0.1.0"};
   const TuneTable t(key, {{512, Choice{Algo::kOneShot, 1, 512}, 2.5}},
                     {{8192, Choice{Algo::kLamport, 1, 512}, 3.25},
-                     {16384, Choice{Algo::kLamportTwoShot, 2, 1024}, 4.5},
+                     {16384, Choice{Algo::kLamportTwoShot, 2, 512}, 4.5},
                      {32768, Choice{}, 6.0}});
   const std::string text = t.to_text();
   EXPECT_NE(text.find("\nfused 8192 lamport 1 512 3.25\n"), std::string::npos) << text;
   EXPECT_EQ(TuneTable::parse(text), t);
   EXPECT_EQ(t.lookup_fused(100), (Choice{Algo::kLamport, 1, 512}));
-  EXPECT_EQ(t.lookup_fused(9000), (Choice{Algo::kLamportTwoShot, 2, 1024}));
+  EXPECT_EQ(t.lookup_fused(9000), (Choice{Algo::kLamportTwoShot, 2, 512}));
   EXPECT_EQ(t.lookup_fused(32768), Choice{});
   EXPECT_EQ(t.lookup_fused(32769), std::nullopt);
   // A table without fused buckets has none; fused lines must fuse and increase.
