@@ -89,7 +89,8 @@ struct ExchangeEntry {
 /// `TuneKey::to_text`). A bucket line is five whitespace-separated fields: `max_bytes` (a
 /// positive integer, strictly increasing from line to line), `algo` (`none` or an algorithm's
 /// name in the registry, tune/algorithms.hpp), `blocks` (1..the algorithm's `max_blocks`) and
-/// `threads` (64, 128, 256, 512 or 1024) — both 0 for `none` — and `time_us` (a finite number
+/// `threads` (64, 128, 256, 512 or 1024; at most 512 for the Lamport algorithms,
+/// `kernels::max_threads`) — both 0 for `none` — and `time_us` (a finite number
 /// >= 0). Bucket lines of the fused all-reduce + residual add + RMSNorm (sized by the bytes of
 /// its input) are the same five fields after the word `fused`, with their own increasing
 /// bounds and an algorithm that fuses (or `none`: the fallback won); a table without them is
