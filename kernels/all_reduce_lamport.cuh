@@ -44,7 +44,21 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
       for (int r = 0; r < R; ++r)
         st_volatile(lamport_buffer(p, r, f.buffer) + own_slot + v * 16, x);
     }
-    lamport_refill<R>(p, f);
+    // With a row step, the blocks past the rows (if any) refill, and the row blocks go on to
+    // poll (NOTE [row groups]).
+    unsigned row_blocks = gridDim.x;
+    if constexpr (Epilogue::kRows) {
+      unsigned size = 1;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+      size = cooperative_groups::this_cluster().num_blocks();
+#endif
+      row_blocks = static_cast<unsigned>(
+          min(static_cast<std::int64_t>(gridDim.x), count / p.fusion.hidden * size));
+    }
+    if (row_blocks == gridDim.x)
+      lamport_refill<R>(p, f);
+    else if (blockIdx.x >= row_blocks)
+      lamport_refill<R>(p, f, blockIdx.x - row_blocks, gridDim.x - row_blocks);
   }
   LamportHeader<R> header(p, f);  // NOTE [fingerprints]
 

@@ -170,9 +170,10 @@ __device__ __forceinline__ float block_reduce(float x, bool& ok, unsigned slot, 
 // packs of its row instead of a whole block's worth. The group is the thread-block cluster the
 // kernel was launched with (`LaunchShape::group`; without one it is the block alone, as in the
 // standalone add + RMSNorm kernel). The first rows x group blocks finish the rows; a grid may
-// have more, which push and refill their share of the message (`spread_first` in
-// kernels/common/lamport.cuh) and end: rows of one block each then do not leave a small
-// message's stores to one SM per row (`fused_launch` in src/tune/selector.cpp). Block k of a
+// have more (whole groups), which push their share of the message (`spread_first` in
+// kernels/common/lamport.cuh), refill the previous buffer in place of the row blocks, and end:
+// a few rows then do not leave a small message's stores to a few SMs, and the row blocks go
+// from their pushes straight to their polls (`fused_launch` in src/tune/selector.cpp). Block k of a
 // group takes packs k * blockDim.x + t, k * blockDim.x + t + group size * blockDim.x, ... of the
 // row. The group's blocks combine their partial sums by pushing: thread b of every block stores
 // the block's partial into block b's shared memory, one cluster barrier makes them visible, and

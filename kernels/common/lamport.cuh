@@ -174,12 +174,15 @@ __device__ __forceinline__ std::int64_t spread_first() {
   return ((threadIdx.x / 32) * gridDim.x + blockIdx.x) * 32 + threadIdx.x % 32;
 }
 
-/// Refills with the empty mark what the previous operation left in this rank's buffer; the
-/// grid shares the work (`spread_first`). Called while the peers' data travels.
+/// Refills with the empty mark what the previous operation left in this rank's buffer; blocks
+/// `block` of `blocks` (by default the grid) share the work, in the order of `spread_first`.
+/// Called while the peers' data travels.
 template <int R, class Params>
-__device__ __forceinline__ void lamport_refill(const Params& p, const LamportFrame& f) {
-  const std::int64_t first = spread_first();
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+__device__ __forceinline__ void lamport_refill(const Params& p, const LamportFrame& f,
+                                               unsigned block = blockIdx.x,
+                                               unsigned blocks = gridDim.x) {
+  const std::int64_t first = ((threadIdx.x / 32) * blocks + block) * 32 + threadIdx.x % 32;
+  const std::int64_t stride = static_cast<std::int64_t>(blocks) * blockDim.x;
   const std::int64_t packs = f.stale / 16;
   char* stale = lamport_buffer(p, p.rank, f.previous);
   const uint4 empty = lamport_empty_pack();

@@ -114,13 +114,16 @@ Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_b
   int threads = 64;
   while (threads < kernels::kFusedMaxThreads && threads * group < packs) threads *= 2;
   auto blocks = static_cast<int>(std::min<std::int64_t>(rows * group, most));
-  // Rows of one block each leave the pushes and refills of a few rows to a few SMs: the Lamport
-  // one-shot kernel spreads them over as many blocks as its plain all-reduce of the same bytes
-  // takes (NOTE [lamport launch]), up to kLamportWideBlocks, the blocks past the rows only
-  // pushing (NOTE [row groups]).
-  if (group == 1 && !kernels::sliced(info(algo).kernel)) {
+  // A few rows leave the pushes and refills of a few rows to a few SMs: the Lamport one-shot
+  // kernel spreads them over as many blocks as its plain all-reduce of the same bytes takes
+  // (NOTE [lamport launch]), up to kLamportWideBlocks and in whole groups, the blocks past the
+  // rows pushing their share and taking the refill (NOTE [row groups]), where the clusters fit.
+  if (!kernels::sliced(info(algo).kernel)) {
     const int plain = default_launch(algo, rows * hidden * 2, /*world_size=*/1, most).blocks;
-    blocks = std::max(blocks, std::min(plain, static_cast<int>(kLamportWideBlocks)));
+    const int wide =
+        (std::min(plain, static_cast<int>(kLamportWideBlocks)) + group - 1) / group * group;
+    if (wide <= std::min(most, group == 1 ? most : cluster_blocks[cluster_index(group)]))
+      blocks = std::max(blocks, wide);
   }
   return Choice{algo, blocks, threads, group};
 }

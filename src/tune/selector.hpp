@@ -120,10 +120,10 @@ inline constexpr std::int64_t kLamportWideBlocks = 16;
 /// kernels/common/epilogue.cuh), each holding at most 256 packs of it, with about one 16-byte
 /// pack of a row per thread (64 to `kernels::kFusedMaxThreads` threads); at most `max_blocks`
 /// blocks (blocks then take several rows), and a group only where its clusters fit
-/// (`cluster_blocks`, as `SelectorCaps::max_cluster_blocks`). Rows of one block each on the
-/// Lamport one-shot kernel take at least as many blocks as `default_launch` gives its plain
-/// all-reduce of the same bytes, up to `kLamportWideBlocks`, the blocks past the rows only
-/// pushing.
+/// (`cluster_blocks`, as `SelectorCaps::max_cluster_blocks`). On the Lamport one-shot kernel the
+/// rows take at least as many blocks as `default_launch` gives its plain all-reduce of the same
+/// bytes, up to `kLamportWideBlocks` and rounded up to whole groups where those clusters fit, the
+/// blocks past the rows only pushing and refilling.
 [[nodiscard]] Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_blocks,
                                   const ClusterBlocks& cluster_blocks = {kMaxBlocks, kMaxBlocks,
                                                                          kMaxBlocks}) noexcept;
