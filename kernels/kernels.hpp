@@ -342,8 +342,28 @@ struct ExchangeParams {
   /// The call's fingerprint and the group's call number (NOTE [fingerprints]).
   std::uint64_t fingerprint;
   std::uint32_t call;
+  /// What a block that gives up writes, as 8 bytes of the output from an offset that is a
+  /// multiple of 8 (`poison_pattern` of the elements' type; NOTE [poisoned outputs]).
+  std::uint64_t poison;
 };
 static_assert(std::is_trivially_copyable_v<ExchangeParams>);
+
+/// The poison of elements of `dtype` (NOTE [poisoned outputs] in kernels/common/poison.cuh), as
+/// the 8 bytes of memory that hold 8 / size of them (little-endian): all-one bytes (NaN in every
+/// floating type, the largest value in unsigned ones), and in signed integers the most negative
+/// value, which no index or id means ("none" is -1 there).
+constexpr std::uint64_t poison_pattern(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::kI8:
+      return 0x8080808080808080ull;
+    case DType::kI32:
+      return 0x8000000080000000ull;
+    case DType::kI64:
+      return 0x8000000000000000ull;
+    default:
+      return ~std::uint64_t{0};
+  }
+}
 
 /// Launches one rank's exchange on `stream`: with `stage`, first a kernel that copies `input`
 /// into this rank's staging half of this operation, then the exchange kernel (one barrier, then

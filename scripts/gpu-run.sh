@@ -45,16 +45,24 @@ faults() {
   ulimit -c 0  # the teardown cases end with SIGABRT
   step mgpu-mismatch "$bin/tpcomm" launch -n 2 --timeout 300 -- "$bin/tpcomm_mgpu_tests" \
     --gtest_filter='*Mismatched*'
-  local kill victim algo mode handling sig
+  local kill victim algo mode handling sig op
+  # victim:algorithm:mode:failure mode:signal:operation (all_reduce, fused, all_gather,
+  # all_to_all; empty: all_reduce).
   for kill in 1:lamport 0:two_shot 1:one_shot:pdl0 1:lamport:graph:raise 0:one_shot:graph:raise \
       1:lamport:graph:callback 1:two_shot:graph:callback 1:lamport_two_shot:graph:teardown \
-      1:lamport:graph:callback:STOP 1:one_shot:eager:raise:STOP; do
-    IFS=: read -r victim algo mode handling sig <<<"$kill"
-    kill_env=(TPCOMM_PDL=1 TPCOMM_ASYNC_ERROR_HANDLING="${handling:-raise}")
+      1:lamport:graph:callback:STOP 1:one_shot:eager:raise:STOP \
+      1:auto:graph:callback::fused 0:auto:graph:raise::fused 1:auto:graph:teardown::fused \
+      1:auto:graph:callback:STOP:fused 1:auto:eager:raise::fused \
+      1:auto:graph:callback::all_gather 0:auto:graph:raise::all_gather \
+      1:auto:graph:callback:STOP:all_gather 1:auto:eager:raise::all_gather \
+      1:auto:graph:callback::all_to_all 1:auto:graph:teardown::all_to_all \
+      1:auto:graph:callback:STOP:all_to_all 0:auto:eager:raise::all_to_all; do
+    IFS=: read -r victim algo mode handling sig op <<<"$kill"
+    kill_env=(TPCOMM_PDL=1 TPCOMM_ASYNC_ERROR_HANDLING="${handling:-raise}" TPCOMM_MGPU_KILL_OP="${op:-all_reduce}")
     [ "$mode" = pdl0 ] && kill_env=(TPCOMM_PDL=0)
     [ "$mode" = graph ] && kill_env+=(TPCOMM_MGPU_KILL_GRAPH=1)
     [ -n "$sig" ] && kill_env+=(TPCOMM_MGPU_KILL_SIGNAL="$sig")
-    step "kill-rank$victim-$algo${mode:+-$mode}${handling:+-$handling}${sig:+-$sig}" \
+    step "kill-rank$victim-$algo${mode:+-$mode}${handling:+-$handling}${sig:+-$sig}${op:+-$op}" \
       env "${kill_env[@]}" bash -c '
       port=$((20000 + RANDOM % 20000)); pids=()
       timeout_ms=30000; [ -n "$4" ] && timeout_ms=2000

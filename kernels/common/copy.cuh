@@ -77,20 +77,35 @@ __device__ __forceinline__ void copy_region(const char* src, char* out, const Co
   copy_regions<1, V>([&](int) { return src; }, [&](int) { return c; }, out, first, stride);
 }
 
-/// Fills region `c` of `out` with all-one bytes (NOTE [poisoned outputs] in
-/// kernels/common/poison.cuh), the whole of it from this block alone.
+/// The access of `V` bytes at byte `offset` of an output whose elements' poison is `pattern`
+/// (`ExchangeParams::poison`: 8 bytes of elements from an offset that is a multiple of 8).
 template <int V>
-__device__ __forceinline__ void poison_region(char* out, const CopyRegion& c) {
+__device__ __forceinline__ typename Access<V>::type poison_access(std::uint64_t pattern,
+                                                                  std::int64_t offset) {
+  typename Access<V>::type v;
+  if constexpr (V >= 8) {
+    for (int i = 0; i < V / 8; ++i) memcpy(reinterpret_cast<char*>(&v) + 8 * i, &pattern, 8);
+  } else {
+    const std::uint64_t from = pattern >> (8 * (offset & 7));
+    memcpy(&v, &from, V);
+  }
+  return v;
+}
+
+/// Fills region `c` of `out` with the poison of its elements (`pattern`; NOTE [poisoned
+/// outputs] in kernels/common/poison.cuh), the whole of it from this block alone.
+template <int V>
+__device__ __forceinline__ void poison_region(char* out, const CopyRegion& c,
+                                              std::uint64_t pattern) {
   using A = typename Access<V>::type;
   const auto per_row = static_cast<std::uint32_t>(c.row_bytes / V);
   if (per_row == 0 || c.rows == 0) return;
   const std::uint64_t n = static_cast<std::uint64_t>(c.rows) * per_row;
-  A ones;
-  memset(&ones, 0xFF, sizeof(ones));
   for (std::uint64_t k = threadIdx.x; k < n; k += blockDim.x) {
     const std::uint32_t row = static_cast<std::uint32_t>(k) / per_row;
     const std::uint32_t col = static_cast<std::uint32_t>(k) - row * per_row;
-    *reinterpret_cast<A*>(out + c.dst_offset + row * c.dst_pitch + std::int64_t{col} * V) = ones;
+    const std::int64_t at = c.dst_offset + row * c.dst_pitch + std::int64_t{col} * V;
+    *reinterpret_cast<A*>(out + at) = poison_access<V>(pattern, at);
   }
 }
 
@@ -98,7 +113,7 @@ __device__ __forceinline__ void poison_region(char* out, const CopyRegion& c) {
 template <int R, int V>
 __device__ __forceinline__ void poison_exchange(const ExchangeParams& p) {
 #pragma unroll
-  for (int s = 0; s < R; ++s) poison_region<V>(static_cast<char*>(p.output), p.from[s]);
+  for (int s = 0; s < R; ++s) poison_region<V>(static_cast<char*>(p.output), p.from[s], p.poison);
 }
 
 /// `f.template operator()<V>()` for an access width of 16, 8, 4, 2 or 1 bytes.

@@ -51,14 +51,6 @@ __device__ __forceinline__ char* lamport_buffer(const Params& p, int owner, int 
   return p.workspaces[owner] + p.layout.lamport_slot(buffer, 0, p.world_size);
 }
 
-/// The header that carries fingerprint `fp` in a Lamport buffer (NOTE [fingerprints]): 30 bits
-/// of its `flag_hash`, 15 in each 16-bit half below a clear top bit, so that neither half is the
-/// empty mark. One 32-bit word: a thread polls it beside its packs in one register.
-__device__ __forceinline__ std::uint32_t lamport_header(std::uint64_t fp) {
-  const std::uint32_t h = flag_hash(fp);
-  return (h & 0x7FFFu) | ((h >> 15) & 0x7FFFu) << 16;
-}
-
 /// True once neither half of header word `w` holds the empty mark.
 __device__ __forceinline__ bool lamport_header_arrived(std::uint32_t w) {
   return lamport_word_has_empty(w) == 0;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// What a kernel that gives up leaves in its outputs: all-one bytes (NOTE [poisoned outputs]).
+// What a kernel that gives up leaves in its outputs (NOTE [poisoned outputs]).
 #pragma once
 
 #include <cstdint>
@@ -12,9 +12,12 @@ namespace tpcomm::kernels {
 // A kernel that cannot complete its operation (a wait gave up, a peer's fingerprint differed, or
 // its rank had already failed: NOTE [bounded waits]) must not leave outputs that look like a
 // result, since a CUDA graph goes on replaying it and the caller may read them before anyone reads
-// the error. So every block that gives up fills every output of the operation with all-one
-// bytes: NaN in every floating type (f32, f16, bf16, f8e4m3, f8e5m2, f64), -1 in signed integers
-// and the largest value in unsigned ones (documented in the README). Each such block fills the
+// the error. So every block that gives up fills every output of the operation with its poison
+// (`poison_pattern` in kernels/kernels.hpp): all-one bytes, which are NaN in every floating type
+// (f32, f16, bf16, f8e4m3, f8e5m2, f64) and the largest value in unsigned integers, and the most
+// negative value in signed integers, where all-one bytes would read as -1, the "none" of token
+// and expert ids (documented in the README). Only the exchanges move integers, so only they take
+// the pattern of their elements' type (`ExchangeParams::poison`). Each such block fills the
 // whole of each output, not only its share: blocks of the same launch that completed wrote exact
 // values, and element stores never tear (every store here and in the kernels is of whole,
 // naturally aligned elements or 16-byte packs of them), so each element ends either exact or

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "ipc/layout.hpp"
+#include "kernels/common/fingerprint_hash.hpp"
 
 namespace tpcomm::kernels {
 
@@ -46,8 +47,22 @@ namespace tpcomm::kernels {
 
 // NOTE [fingerprints]
 // Every operation carries a 64-bit fingerprint of the call (the operation, dtype, element count
-// and shape parameters; backends/fingerprint.hpp), the same on every rank for the same call, and
-// the group's call number. Kernels check the fingerprints of the peers whose data they take:
+// and shape parameters; backends/fingerprint.hpp), the same on every rank for the same call,
+// keyed by the group's call number (`keyed_fingerprint`: the number times an odd constant, XORed
+// into the low 32 bits, so that numbers less than 2^30 apart differ in every hash below), and the
+// call number itself. The number counts the group's collective calls on the host; a captured
+// call keeps the number it was captured with, so a graph replays the same keys. So ranks whose
+// calls are out of step differ wherever a call meets a peer's other call of the same shape: an
+// eager call against a graph's replayed one (a rank that skipped or repeated a replay, then calls
+// on), two graphs (one replayed by a rank that skipped the other), or calls served by different
+// kinds of kernel or by NCCL, whose own operation counts (`SignalPad::seq`, `lamport_seq`) pair
+// calls that the group's count does not. A count kept on the device would add nothing: the
+// kernels pair operations by position, so it would equal its peers' wherever the host's does.
+// What no count can tell apart is a rank that skips one of several calls of the same shape and
+// goes on with the same calls as its peers (eager, or replays of one graph): the calls pair one
+// late, with equal numbers, until the last unpaired call meets its deadline, whose report names
+// the call each rank last started. Capture scopes compare the captured numbers when they close.
+// Kernels check the fingerprints of the peers whose data they take:
 //  - the barrier kernels (one-shot, two-shot, the exchange): a barrier flag is 64 bits, the
 //    barrier value and a 32-bit hash of the fingerprint, stored and loaded as one word, so the
 //    check costs no memory operation. A waiter that finds the peer's flag exactly at its barrier
@@ -158,11 +173,6 @@ __device__ __forceinline__ bool wait_until(Ready&& ready, const WaitContext& w, 
       }
     }
   }
-}
-
-/// The 32 bits of a fingerprint that travel in a barrier flag (NOTE [fingerprints]).
-__device__ __forceinline__ std::uint32_t flag_hash(std::uint64_t fingerprint) {
-  return static_cast<std::uint32_t>(fingerprint ^ (fingerprint >> 32));
 }
 
 /// Spins until the barrier value of `*flag` (its low half) reaches `target` (pattern 2); the

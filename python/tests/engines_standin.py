@@ -24,6 +24,7 @@ class GlooNative:
         self.device = torch.device("cpu")
         self.captures = []  # the streams graph_capture was opened on, innermost last
         self.closed = False
+        self.aborted = False
         self.pending = []  # sends in flight
 
     def _everyone(self, x):
@@ -91,6 +92,13 @@ class GlooNative:
             yield stream
         finally:
             self.captures.pop()
+
+    def health(self):
+        if self.aborted:
+            raise RuntimeError("stand-in: aborted")
+
+    def abort(self):
+        self.aborted = True
 
     def close(self):
         self.barrier()

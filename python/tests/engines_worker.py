@@ -38,6 +38,23 @@ def same(got, want, what):
     assert torch.equal(got, want), f"{what}: values differ\n{got}\n{want}"
 
 
+def health_and_abort(c, native):
+    """health() answers while the group is healthy and raises once it is aborted: both the
+    native group's, as the engines' own watchdogs call them."""
+    global checks
+    assert c.health() is None and not native.aborted
+    c.abort()
+    assert native.aborted
+    try:
+        c.health()
+    except RuntimeError as e:
+        assert "aborted" in str(e)
+    else:
+        raise AssertionError("health() after abort() did not raise")
+    native.aborted = False  # the stand-in's group goes on serving the checks after this one
+    checks += 1
+
+
 def common(c, w, me, name):
     same(c.all_reduce(inp(me, 4, 6)), sum(inp(r, 4, 6) for r in range(w)), f"{name} all_reduce")
     same(c.all_reduce(inp(me, 5), dist.ReduceOp.MAX), torch.stack([inp(r, 5) for r in range(w)])
@@ -140,6 +157,7 @@ def sglang(group, w, me):
         with other.graph_capture(ctx) as inner:
             assert inner is ctx and other.native.captures == [ctx.stream]
     assert native.captures == [] and other.native.captures == []
+    health_and_abort(c, native)
     c.destroy()
     assert native.closed and c.native is None
 
@@ -171,6 +189,7 @@ def vllm(group, w, me):
     h, logits = inp(me, 2), inp(me, 3)
     assert c.dispatch(h, logits) == (h, logits) and c.combine(h) is h
     c.prepare_communication_buffer_for_model(torch.nn.Linear(2, 2))
+    health_and_abort(c, native)
     c.destroy()
     assert native.closed
 

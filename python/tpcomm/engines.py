@@ -206,6 +206,19 @@ class _Communicator:
             yield (graph_capture_context if graph_capture_context is not None
                    else GraphCaptureContext(s))
 
+    def health(self):
+        """Raises the group's failure (a `tpcomm.TpcommError`: a lost rank, a kernel that gave up,
+        ranks that called different collectives or are out of step, an NCCL error or timeout),
+        if it has failed; returns None while the group is healthy. A watchdog notices failures
+        without being asked (`TPCOMM_ASYNC_ERROR_HANDLING`); this is how to ask."""
+        self.native.health()
+
+    def abort(self):
+        """Makes every waiting kernel, tpcomm's and NCCL's, give up and every later call raise.
+        Safe from any thread (an engine's own watchdog); not collective: every rank must abort
+        or fail alike."""
+        self.native.abort()
+
     def destroy(self):
         """Releases the group (its buffers and communicators); later calls raise."""
         if self.native is not None:

@@ -221,8 +221,9 @@ Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
                                  Stream stream, const CallTag& tag) noexcept {
   Impl& m = *impl_;
   kernels::ExchangeParams p{};
-  p.fingerprint = tag.fingerprint;
+  p.fingerprint = keyed_fingerprint(tag);
   p.call = tag.call;
+  p.poison = kernels::poison_pattern(in.dtype);
   p.input = in.data;
   p.input_bytes = plan.input_bytes;
   p.output = out.data;
@@ -243,7 +244,7 @@ Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
   // The push form copies the input into the peers' buffers: nothing to stage or register.
   if (info(choice.algo).lamport)
     return kernels::launch_exchange_push(p, choice.shape(), m.programmatic, stream);
-  bool stage = true;
+  bool stage = plan.input_bytes > 0;  // nothing to stage for a rank that sends nothing
   // Registered (NOTE [staging]) where the input is large enough that the end barrier costs less
   // than the staging copy, like the all-reduce; the slot is filled when the scope closes. The
   // threshold is the same on every rank; an input the kernel cannot read in place is still
@@ -257,6 +258,12 @@ Status CustomAllReduce::exchange(const ExchangePlan& plan, const TensorView& in,
     ++next_slot_;
   }
   return kernels::launch_exchange(p, choice.shape(), stage, m.programmatic, stream);
+}
+
+Status CustomAllReduce::check_call(const CallTag& tag, Stream stream) noexcept {
+  // One block of the pull form's barrier: no regions, nothing staged.
+  return exchange(ExchangePlan{}, TensorView{}, TensorView{},
+                  ExchangeChoice{ExchangeAlgo::kPull, 1, 32}, false, stream, tag);
 }
 
 void CustomAllReduce::prepare_exchange(std::int64_t bytes) {

@@ -59,6 +59,12 @@ class CustomAllReduce {
                                 const TensorView& out, ExchangeChoice choice, bool capturing,
                                 Stream stream, const CallTag& tag) noexcept;
 
+  /// Collective: one barrier of the exchange's kernel that moves nothing, its flags carrying
+  /// `tag` (NOTE [fingerprints]): ranks whose calls differ, or are out of step, fail with
+  /// kMismatch naming both, and the kernels after it give up. What checks an eager call that
+  /// NCCL serves before it reaches NCCL (`Options::nccl_check`).
+  [[nodiscard]] Status check_call(const CallTag& tag, Stream stream) noexcept;
+
   /// Collective: makes the exchange's staging buffer hold inputs of at least `bytes` bytes (an
   /// extra peer buffer, two halves of `bytes`; nothing when the all-reduce's staging already
   /// holds them or an earlier call made one as large), so that nothing is allocated later. All

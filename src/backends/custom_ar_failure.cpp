@@ -44,6 +44,9 @@ std::optional<CustomAllReduce::Impl::Progress> CustomAllReduce::Impl::progress(
   read = read && cudaStreamSynchronize(stream) == cudaSuccess;
   cudaSetDevice(previous);
   if (!read) return {};
+  // The kernels carry fingerprints keyed by their call numbers (NOTE [fingerprints]).
+  p.fingerprint = unkeyed_fingerprint(p.fingerprint, p.call);
+  p.peer_fingerprint = unkeyed_fingerprint(p.peer_fingerprint, p.peer_call);
   p.op = counts[0] + 1u;
   p.peer_op = counts[1];
   if (!lamport) {
@@ -61,18 +64,23 @@ std::pair<Status, std::string> CustomAllReduce::Impl::describe(const ErrorWord& 
   const std::uint32_t call = p ? p->call : 0;
   const std::uint64_t fingerprint = p ? p->fingerprint : 0;
   const std::string mine = describe_fingerprint(fingerprint);
-  auto mismatch = [&](std::uint64_t theirs) {
+  // The barrier kernels see a hash of the peer's fingerprint only: the peer posted the whole,
+  // and the number of the call it was in.
+  auto mismatch = [&](std::uint64_t theirs, std::uint32_t their_call) {
     return std::pair{
         Status::kMismatch,
-        detail::concat("ranks called different collectives (call ", call, "): rank ", e.rank, " ",
-                       mine, ", rank ", e.peer, " ", describe_fingerprint(theirs))};
+        detail::concat(theirs == fingerprint && their_call != call
+                           ? "ranks are out of step (one skipped or repeated a call): rank "
+                           : "ranks called different collectives: rank ",
+                       e.rank, " call ", call, " ", mine, ", rank ", e.peer, " call ", their_call,
+                       " ", describe_fingerprint(theirs))};
   };
-  // The barrier kernels see a hash of the peer's fingerprint only: the peer posted the whole.
-  if (e.code == ErrorWord::kMismatch) return mismatch(p ? p->peer_fingerprint : 0);
+  if (e.code == ErrorWord::kMismatch)
+    return mismatch(p ? p->peer_fingerprint : 0, p ? p->peer_call : 0);
   // A peer that waits in the same call with another fingerprint took another kind of kernel.
   if (e.code == ErrorWord::kTimeout && p && p->peer_call == call &&
       p->peer_fingerprint != fingerprint && p->peer_fingerprint != 0)
-    return mismatch(p->peer_fingerprint);
+    return mismatch(p->peer_fingerprint, p->peer_call);
   const bool peer_started = !p || static_cast<std::int32_t>(p->peer_op - p->op) >= 0;
   std::string message = detail::concat(
       "custom all-reduce: rank ", e.rank,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backends/custom_ar.hpp"
+#include "backends/fingerprint.hpp"
 #include "bootstrap/agree.hpp"
 #include "core/cuda_check.hpp"
 #include "core/cuda_driver.hpp"
@@ -270,7 +271,7 @@ struct CustomAllReduce::Impl {
   kernels::AllReduceParams params(const TensorView& in, const TensorView& out,
                                   const CallTag& tag) const {
     kernels::AllReduceParams p{};
-    p.fingerprint = tag.fingerprint;
+    p.fingerprint = keyed_fingerprint(tag);
     p.call = tag.call;
     p.input = in.data;
     p.output = out.data;

@@ -35,4 +35,23 @@ namespace tpcomm {
 /// residual, f32 gamma, 1 + gamma)", "gather 4096 bfloat16 (to rank 2)".
 [[nodiscard]] std::string describe_fingerprint(std::uint64_t fingerprint);
 
+/// The key of call number `call` (NOTE [fingerprints]): the call number times an odd constant,
+/// in the low 32 bits, so that two call numbers less than 2^30 apart give keys that differ in the
+/// low 30 bits, the bits of a barrier flag's hash and of a Lamport header that carry it.
+[[nodiscard]] constexpr std::uint64_t call_key(std::uint32_t call) noexcept {
+  return static_cast<std::uint32_t>(call * 0x9E3779B1u);
+}
+
+/// What the kernels of a call carry and compare (NOTE [fingerprints]): its fingerprint keyed by
+/// its call number, so that ranks whose calls of the same shape are out of step differ too.
+[[nodiscard]] constexpr std::uint64_t keyed_fingerprint(const CallTag& tag) noexcept {
+  return tag.fingerprint ^ call_key(tag.call);
+}
+
+/// The fingerprint of call number `call` whose kernels carried `keyed` (a posted fingerprint).
+[[nodiscard]] constexpr std::uint64_t unkeyed_fingerprint(std::uint64_t keyed,
+                                                          std::uint32_t call) noexcept {
+  return keyed ^ call_key(call);
+}
+
 }  // namespace tpcomm

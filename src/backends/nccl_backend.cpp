@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "backends/nccl_backend.hpp"
 
+#include <cuda_runtime.h>
+
 #include <span>
+#include <utility>
 #include <vector>
+
+#include "kernels/kernels.hpp"
 
 namespace tpcomm {
 
@@ -15,7 +20,35 @@ Plan NcclBackend::plan(const Request& r) const noexcept {
   return Plan::yes({this});
 }
 
-Status NcclBackend::run(const Request& r, const Plan&, Stream s) noexcept {
+Status NcclBackend::run(const Request& r, const Plan& plan, Stream s) noexcept {
+  const Status status = enqueue(r, plan, s);
+  if (status == Status::kOk && !r.capturing && r.op != Op::kSend) {
+    last_out_ = r.out;
+    last_stream_ = s;
+    last_call_ = r.tag.call;
+  }
+  return status;
+}
+
+void NcclBackend::poison_after_failure(std::uint32_t checked) noexcept {
+  if (last_out_.data == nullptr ||
+      !(comm_->aborted_unfinished() || (checked != 0 && checked == last_call_)))
+    return;
+  const TensorView out = std::exchange(last_out_, TensorView{});
+  const auto bytes = static_cast<std::size_t>(out.nbytes());
+  const std::size_t elem = dtype_size(out.dtype);
+  const std::uint64_t pattern = kernels::poison_pattern(out.dtype);
+  auto* stream = reinterpret_cast<cudaStream_t>(last_stream_);
+  if (pattern == ~std::uint64_t{0}) {
+    (void)cudaMemsetAsync(out.data, 0xFF, bytes, stream);
+  } else {  // signed integers: the most negative value, its top byte 0x80 and the rest zero
+    (void)cudaMemsetAsync(out.data, 0, bytes, stream);
+    (void)cudaMemset2DAsync(static_cast<char*>(out.data) + elem - 1, elem, 0x80, 1, bytes / elem,
+                            stream);
+  }
+}
+
+Status NcclBackend::enqueue(const Request& r, const Plan&, Stream s) noexcept {
   const auto n = static_cast<std::size_t>(r.out.numel());
   const int world = comm_->world_size();
   switch (r.op) {

@@ -1,282 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
+// NcclComm's lifecycle (the id exchange, initialisation, warm-up, destruction), its waits, and
+// what other threads may call: abort, the watchdog's poll, health.
 #include "backends/nccl_comm.hpp"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <span>
-#include <string_view>
-#include <thread>
 #include <utility>
-#include <vector>
 
-#include "backends/nccl_lib.hpp"
-#include "core/check.hpp"
+#include "backends/nccl_comm_impl.hpp"
 #include "core/cuda_check.hpp"
-#include "core/log.hpp"
 #include "tpcomm/bootstrap.hpp"
-#include "tpcomm/options.hpp"
 
 namespace tpcomm {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES);
-
-/// Paces a polling loop: yields for the first polls, then sleeps briefly, so that a wait of
-/// microseconds costs microseconds and a wait of seconds does not burn a core.
-class Backoff {
- public:
-  void pause() noexcept {
-    if (++polls_ < kYieldPolls) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-
- private:
-  static constexpr int kYieldPolls = 1000;
-  int polls_ = 0;
-};
-
-std::string cuda_error(const char* call, cudaError_t e) {
-  return detail::concat(call, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
-}
-
-}  // namespace
-
-struct NcclComm::Impl {
-  const NcclLib* lib = nullptr;
-  ncclComm_t comm = nullptr;
-  int rank = 0;
-  int world_size = 1;
-  int device = -1;
-  Milliseconds timeout{30000};
-  bool enabled = true;
-  Status health = Status::kOk;
-  std::string last_error;
-
-  Impl() = default;
-  Impl(const Impl&) = delete;
-  Impl& operator=(const Impl&) = delete;
-  ~Impl() { release(); }
-
-  /// Keeps `message` as the last error and returns `s`; the communicator stays usable.
-  Status refuse(Status s, std::string_view message) noexcept {
-    try {
-      last_error.assign(message);
-      if (s == Status::kUnsupported) {
-        TPCOMM_LOG_DEBUG("nccl rank ", rank, ": ", message);
-      } else {
-        TPCOMM_LOG_WARN("nccl rank ", rank, ": ", message);
-      }
-    } catch (...) {
-    }
-    return s;
-  }
-
-  /// Records a failure that leaves the communicator unusable, aborts it and returns `s`.
-  Status fail(Status s, std::string_view message) noexcept {
-    try {
-      last_error.assign(message);
-      TPCOMM_LOG_ERROR("nccl rank ", rank, ": ", message, "; communicator aborted");
-    } catch (...) {
-    }
-    health = s;
-    abort_comm();
-    return s;
-  }
-
-  /// Construction failed: aborts the half-made communicator (quietly: the exception reports)
-  /// and throws.
-  [[noreturn]] void give_up(Status s, const std::string& message) {
-    health = s;
-    abort_comm();
-    TPCOMM_THROW(s, message);
-  }
-
-  /// Loads NCCL, checks the device and hands every rank rank 0's unique id (collective over
-  /// `bootstrap`). Throws when this rank or rank 0 cannot go on.
-  ncclUniqueId share_id(Bootstrap& bootstrap, const Options& options);
-  /// Creates the communicator from `id` with this device current and checks that NCCL agrees
-  /// on rank and world size; `who` names this rank in errors. Throws, aborting, on failure.
-  void init(const ncclUniqueId& id, const Options& options, const std::string& who);
-
-  void abort_comm() noexcept {
-    if (comm == nullptr) return;
-    if (ncclResult_t r = lib->ncclCommAbort(comm); r != ncclSuccess) {
-      TPCOMM_LOG_WARN("nccl rank ", rank, ": ncclCommAbort: ", lib->error_string(r));
-    }
-    comm = nullptr;
-  }
-
-  /// Polls NCCL until the non-blocking call that returned `r` has finished, leaving its final
-  /// result in `r`; false when `deadline` passes first.
-  bool settle(ncclResult_t& r, Clock::time_point deadline) const noexcept {
-    Backoff backoff;
-    while (r == ncclInProgress) {
-      if (Clock::now() >= deadline) return false;
-      backoff.pause();
-      ncclResult_t state = ncclInProgress;
-      const ncclResult_t q = lib->ncclCommGetAsyncError(comm, &state);
-      r = q != ncclSuccess ? q : state;
-    }
-    return true;
-  }
-
-  /// The status of an enqueueing call `what` that returned `r`, after NCCL has finished it.
-  Status finish(ncclResult_t r, const char* what) noexcept {
-    if (r == ncclSuccess) return Status::kOk;
-    if (!settle(r, Clock::now() + timeout)) {
-      return fail(Status::kTimeout,
-                  detail::concat(what, " still in progress after ", timeout.count(), " ms"));
-    }
-    if (r == ncclSuccess) return Status::kOk;
-    if (r == ncclInvalidArgument) {
-      return refuse(Status::kInvalidArgument,
-                    detail::concat(what, ": ", lib->error_string(r, comm)));
-    }
-    return fail(Status::kNcclError, detail::concat(what, ": ", lib->error_string(r, comm)));
-  }
-
-  Status nccl_type(DType t, ncclDataType_t& out) noexcept {
-    if (auto v = lib->to_nccl(t)) {
-      out = *v;
-      return Status::kOk;
-    }
-    return refuse(Status::kUnsupported,
-                  detail::concat("NCCL ", lib->version_string(), " has no ", to_string(t),
-                                 " type (fp8 needs NCCL 2.24 or newer)"));
-  }
-
-  /// Refuses a null buffer that NCCL would read or write (`count` elements).
-  Status check_buffer(const char* what, const char* name, std::size_t count,
-                      const void* p) noexcept {
-    if (count > 0 && p == nullptr) {
-      return refuse(Status::kInvalidArgument,
-                    detail::concat(what, ": ", name, " is null for ", count, " elements"));
-    }
-    return Status::kOk;
-  }
-
-  /// `check_buffer` of `in`, then of `out`.
-  Status check_in_out(const char* what, std::size_t count, const void* in,
-                      const void* out) noexcept {
-    TPCOMM_TRY(check_buffer(what, "in", count, in));
-    return check_buffer(what, "out", count, out);
-  }
-
-  Status check_rank(const char* what, const char* role, int r) noexcept {
-    if (r < 0 || r >= world_size) {
-      return refuse(Status::kInvalidArgument,
-                    detail::concat(what, ": ", role, " ", r, " is not a rank of ", world_size));
-    }
-    return Status::kOk;
-  }
-
-  /// An all-to-all as grouped `ncclSend`/`ncclRecv`: `counts[s * world_size + d]` elements
-  /// from rank s to rank d, taken in order of d from `in` and stored in order of s in `out`.
-  /// For an NCCL without `ncclAlltoAll`, and for per-peer counts.
-  Status all_to_all_grouped(const void* in, void* out, std::span<const std::int64_t> counts,
-                            DType dtype, ncclDataType_t type, Stream stream) noexcept {
-    const auto elem = static_cast<std::size_t>(dtype_size(dtype));
-    const auto* src = static_cast<const std::byte*>(in);
-    auto* dst = static_cast<std::byte*>(out);
-    auto count = [&](int from, int to) {
-      return static_cast<std::size_t>(counts[static_cast<std::size_t>(from) * world_size + to]);
-    };
-    if (ncclResult_t r = lib->ncclGroupStart(); r != ncclSuccess) {
-      return finish(r, "ncclGroupStart");
-    }
-    // Peers in the same order on every rank; the send to self pairs with the receive from self
-    // inside the group. Calls inside a group only queue work, so anything but success or "in
-    // progress" is an error.
-    ncclResult_t first = ncclSuccess;
-    const char* first_call = "";
-    std::size_t sent = 0;
-    std::size_t received = 0;
-    for (int peer = 0; peer < world_size; ++peer) {
-      const std::size_t out_count = count(rank, peer);
-      const std::size_t in_count = count(peer, rank);
-      ncclResult_t r = lib->ncclSend(src + sent * elem, out_count, type, peer, comm, stream);
-      if (r != ncclSuccess && r != ncclInProgress) {
-        first = r;
-        first_call = "ncclSend (all_to_all)";
-        break;
-      }
-      r = lib->ncclRecv(dst + received * elem, in_count, type, peer, comm, stream);
-      if (r != ncclSuccess && r != ncclInProgress) {
-        first = r;
-        first_call = "ncclRecv (all_to_all)";
-        break;
-      }
-      sent += out_count;
-      received += in_count;
-    }
-    // The group is closed even after an error, or this thread's next NCCL call would join it.
-    const ncclResult_t end = lib->ncclGroupEnd();
-    if (first != ncclSuccess) return finish(first, first_call);
-    return finish(end, "ncclGroupEnd (all_to_all)");
-  }
-
-  Status wait(Stream stream, Milliseconds limit) noexcept {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
-        capture != cudaStreamCaptureStatusNone) {
-      return refuse(Status::kInvalidArgument,
-                    "wait: the stream is being captured into a CUDA graph");
-    }
-    // The caller's limit may be anything; clamped, `now + limit` cannot overflow.
-    const auto deadline =
-        Clock::now() + std::clamp(limit, Milliseconds{0}, Milliseconds{Options::kMaxTimeoutMs});
-    Backoff backoff;
-    for (;;) {
-      const cudaError_t e = cudaStreamQuery(stream);
-      if (e == cudaSuccess) return Status::kOk;
-      if (e != cudaErrorNotReady) return fail(Status::kCudaError, cuda_error("cudaStreamQuery", e));
-      ncclResult_t state = ncclSuccess;
-      if (ncclResult_t q = lib->ncclCommGetAsyncError(comm, &state); q != ncclSuccess) state = q;
-      if (state != ncclSuccess && state != ncclInProgress) {
-        return fail(Status::kNcclError,
-                    "asynchronous NCCL error: " + lib->error_string(state, comm));
-      }
-      if (Clock::now() >= deadline) {
-        return fail(Status::kTimeout,
-                    detail::concat("wait: the stream did not finish within ", limit.count(),
-                                   " ms (a peer missing or stuck?)"));
-      }
-      backoff.pause();
-    }
-  }
-
-  /// Destroys a healthy communicator, aborts any other. Bounded by `timeout`.
-  void release() noexcept {
-    if (comm == nullptr) return;
-    if (health != Status::kOk) {
-      abort_comm();
-      return;
-    }
-    if (lib->has_comm_finalize) {
-      ncclResult_t r = lib->ncclCommFinalize(comm);
-      if (!settle(r, Clock::now() + timeout) || r != ncclSuccess) {
-        TPCOMM_LOG_WARN("nccl rank ", rank, ": ncclCommFinalize did not finish cleanly (",
-                        lib->error_string(r, comm), "); aborting the communicator");
-        abort_comm();
-        return;
-      }
-    }
-    // After a successful finalize, destroy only frees local resources and does not block.
-    if (ncclResult_t r = lib->ncclCommDestroy(comm); r != ncclSuccess) {
-      TPCOMM_LOG_WARN("nccl rank ", rank, ": ncclCommDestroy: ", lib->error_string(r));
-    }
-    comm = nullptr;
-  }
-};
 
 ncclUniqueId NcclComm::Impl::share_id(Bootstrap& bootstrap, const Options& options) {
   // Local checks come before the id exchange, and rank 0 sends an empty id when it cannot
@@ -290,7 +28,7 @@ ncclUniqueId NcclComm::Impl::share_id(Bootstrap& bootstrap, const Options& optio
     int count = 0;
     if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
       local = Status::kUnavailable;
-      why = cuda_error("cudaGetDeviceCount", e);
+      why = nccl_cuda_error("cudaGetDeviceCount", e);
     } else if (device < 0 || device >= count) {
       local = Status::kInvalidArgument;
       why = detail::concat("device ", device, " does not exist (", count, " visible)");
@@ -321,7 +59,7 @@ void NcclComm::Impl::init(const ncclUniqueId& id, const Options& options, const 
     // Non-blocking, so that no call can hang this thread inside NCCL and abort always works.
     config.blocking = 0;
     ncclResult_t r = lib->ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
-    if (!settle(r, Clock::now() + timeout)) {
+    if (!settle(r, NcclClock::now() + timeout)) {
       give_up(Status::kTimeout,
               detail::concat("ncclCommInitRankConfig (", who, ") did not finish within ",
                              options.timeout_ms, " ms: a peer is missing or stuck"));
@@ -364,17 +102,17 @@ void NcclComm::warm_up() {
   DeviceGuard guard(impl_->device);
   cudaStream_t stream = nullptr;
   if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
-    TPCOMM_THROW(Status::kCudaError, cuda_error("cudaStreamCreateWithFlags", e));
+    TPCOMM_THROW(Status::kCudaError, nccl_cuda_error("cudaStreamCreateWithFlags", e));
   }
   void* buffer = nullptr;
   Status s = Status::kOk;
   std::string message;
   if (cudaError_t e = cudaMalloc(&buffer, sizeof(float)); e != cudaSuccess) {
     s = Status::kCudaError;
-    message = cuda_error("cudaMalloc", e);
+    message = nccl_cuda_error("cudaMalloc", e);
   } else if (e = cudaMemsetAsync(buffer, 0, sizeof(float), stream); e != cudaSuccess) {
     s = Status::kCudaError;
-    message = cuda_error("cudaMemsetAsync", e);
+    message = nccl_cuda_error("cudaMemsetAsync", e);
   } else {
     s = all_reduce(buffer, buffer, 1, DType::kF32, ReduceOp::kSum, stream);
     if (s == Status::kOk) s = wait(stream);
@@ -395,123 +133,10 @@ NcclComm::~NcclComm() = default;
 NcclComm::NcclComm(NcclComm&& other) noexcept = default;
 NcclComm& NcclComm::operator=(NcclComm&& other) noexcept = default;
 
-Status NcclComm::ready() const noexcept {
-  if (!impl_) return Status::kInvalidArgument;
-  if (impl_->health != Status::kOk) return Status::kAborted;
-  if (!impl_->enabled) return Status::kUnsupported;
-  return Status::kOk;
-}
-
-template <class Enqueue>
-Status NcclComm::call(DType dtype, Enqueue&& enqueue) noexcept {
-  TPCOMM_TRY(ready());
-  ncclDataType_t type{};
-  TPCOMM_TRY(impl_->nccl_type(dtype, type));
-  return enqueue(*impl_, type);
-}
-
-Status NcclComm::all_reduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
-                            Stream stream) noexcept {
-  return call(dtype, [&](Impl& s, ncclDataType_t type) {
-    TPCOMM_TRY(s.check_in_out("all_reduce", count, in, out));
-    return s.finish(
-        s.lib->ncclAllReduce(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
-        "ncclAllReduce");
-  });
-}
-
-Status NcclComm::all_gather(const void* in, void* out, std::size_t count, DType dtype,
-                            Stream stream) noexcept {
-  return call(dtype, [&](Impl& s, ncclDataType_t type) {
-    TPCOMM_TRY(s.check_in_out("all_gather", count, in, out));
-    return s.finish(s.lib->ncclAllGather(in, out, count, type, s.comm, stream), "ncclAllGather");
-  });
-}
-
-Status NcclComm::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
-                                ReduceOp op, Stream stream) noexcept {
-  return call(dtype, [&](Impl& s, ncclDataType_t type) {
-    TPCOMM_TRY(s.check_in_out("reduce_scatter", count, in, out));
-    return s.finish(
-        s.lib->ncclReduceScatter(in, out, count, type, NcclLib::to_nccl(op), s.comm, stream),
-        "ncclReduceScatter");
-  });
-}
-
-Status NcclComm::broadcast(const void* in, void* out, std::size_t count, DType dtype, int root,
-                           Stream stream) noexcept {
-  return call(dtype, [&](Impl& s, ncclDataType_t type) {
-    TPCOMM_TRY(s.check_rank("broadcast", "root", root));
-    if (root == s.rank) TPCOMM_TRY(s.check_buffer("broadcast", "in (root)", count, in));
-    TPCOMM_TRY(s.check_buffer("broadcast", "out", count, out));
-    return s.finish(s.lib->ncclBroadcast(in, out, count, type, root, s.comm, stream),
-                    "ncclBroadcast");
-  });
-}
-
-Status NcclComm::send(const void* in, std::size_t count, DType dtype, int peer,
-                      Stream stream) noexcept {
-  return call(dtype, [&](Impl& s, ncclDataType_t type) {
-    TPCOMM_TRY(s.check_rank("send", "peer", peer));
-    TPCOMM_TRY(s.check_buffer("send", "in", count, in));
-    return s.finish(s.lib->ncclSend(in, count, type, peer, s.comm, stream), "ncclSend");
-  });
-}
-
-Status NcclComm::recv(void* out, std::size_t count, DType dtype, int peer, Stream stream) noexcept {
-  return call(dtype, [&](Impl& s, ncclDataType_t type) {
-    TPCOMM_TRY(s.check_rank("recv", "peer", peer));
-    TPCOMM_TRY(s.check_buffer("recv", "out", count, out));
-    return s.finish(s.lib->ncclRecv(out, count, type, peer, s.comm, stream), "ncclRecv");
-  });
-}
-
-Status NcclComm::all_to_all(const void* in, void* out, std::size_t count, DType dtype,
-                            Stream stream) noexcept {
-  return call(dtype, [&](Impl& s, ncclDataType_t type) {
-    TPCOMM_TRY(s.check_in_out("all_to_all", count, in, out));
-    if (!s.lib->has_all_to_all) {
-      const std::vector<std::int64_t> counts(
-          static_cast<std::size_t>(s.world_size) * static_cast<std::size_t>(s.world_size),
-          static_cast<std::int64_t>(count));
-      return s.all_to_all_grouped(in, out, counts, dtype, type, stream);
-    }
-    return s.finish(s.lib->ncclAlltoAll(in, out, count, type, s.comm, stream), "ncclAlltoAll");
-  });
-}
-
-Status NcclComm::all_to_all(const void* in, void* out, std::span<const std::int64_t> counts,
-                            DType dtype, Stream stream) noexcept {
-  return call(dtype, [&](Impl& s, ncclDataType_t type) {
-    if (counts.size() !=
-        static_cast<std::size_t>(s.world_size) * static_cast<std::size_t>(s.world_size))
-      return s.refuse(Status::kInvalidArgument,
-                      "all_to_all: the counts do not have world size x world size entries");
-    std::int64_t sent = 0;
-    std::int64_t received = 0;
-    for (int peer = 0; peer < s.world_size; ++peer) {
-      sent += counts[static_cast<std::size_t>(s.rank) * s.world_size + peer];
-      received += counts[static_cast<std::size_t>(peer) * s.world_size + s.rank];
-    }
-    TPCOMM_TRY(s.check_buffer("all_to_all", "in", static_cast<std::size_t>(sent), in));
-    TPCOMM_TRY(s.check_buffer("all_to_all", "out", static_cast<std::size_t>(received), out));
-    return s.all_to_all_grouped(in, out, counts, dtype, type, stream);
-  });
-}
-
-Status NcclComm::group_start() noexcept {
-  TPCOMM_TRY(ready());
-  return impl_->finish(impl_->lib->ncclGroupStart(), "ncclGroupStart");
-}
-
-Status NcclComm::group_end() noexcept {
-  TPCOMM_TRY(ready());
-  return impl_->finish(impl_->lib->ncclGroupEnd(), "ncclGroupEnd");
-}
-
 Status NcclComm::wait(Stream stream, Milliseconds timeout) noexcept {
   if (!impl_) return Status::kInvalidArgument;
-  if (impl_->health != Status::kOk) return Status::kAborted;
+  std::lock_guard lock(impl_->mu);
+  if (impl_->health.load() != Status::kOk || impl_->comm == nullptr) return Status::kAborted;
   return impl_->wait(stream, timeout);
 }
 
@@ -521,17 +146,63 @@ Status NcclComm::wait(Stream stream) noexcept {
 
 void NcclComm::abort() noexcept {
   if (!impl_) return;
-  if (impl_->health == Status::kOk) impl_->health = Status::kAborted;
-  impl_->abort_comm();
+  Impl& s = *impl_;
+  s.abort_pending.store(true, std::memory_order_release);
+  std::lock_guard lock(s.mu);  // an owner settling a call lets go at its next poll
+  Status expected = Status::kOk;
+  s.health.compare_exchange_strong(expected, Status::kAborted);
+  s.abort_comm();
+}
+
+Status NcclComm::poll(std::string* message) noexcept {
+  if (!impl_) return Status::kInvalidArgument;
+  Impl& s = *impl_;
+  std::unique_lock lock(s.mu, std::try_to_lock);
+  // The owner is inside a call, which polls NCCL's error itself and is bounded by the timeout.
+  if (!lock.owns_lock()) return s.health.load();
+  auto report = [&](Status st) {
+    if (message != nullptr) {
+      try {
+        *message = s.last_error;
+      } catch (...) {  // NOLINT(bugprone-empty-catch): the status stands without its message
+      }
+    }
+    return st;
+  };
+  if (Status h = s.health.load(); h != Status::kOk) return report(h);
+  if (s.comm == nullptr) return Status::kOk;
+  ncclResult_t state = ncclSuccess;
+  if (ncclResult_t q = s.lib->ncclCommGetAsyncError(s.comm, &state); q != ncclSuccess) state = q;
+  if (state != ncclSuccess && state != ncclInProgress)
+    return report(s.fail(Status::kNcclError,
+                         "asynchronous NCCL error: " + s.lib->error_string(state, s.comm)));
+  if (!s.pending) return Status::kOk;
+  const cudaError_t e = cudaEventQuery(s.done);
+  if (e == cudaSuccess) {
+    s.pending = false;
+    return Status::kOk;
+  }
+  if (e != cudaErrorNotReady)
+    return report(
+        s.fail(Status::kCudaError, nccl_cuda_error("cudaEventQuery (NCCL's eager work)", e)));
+  if (NcclClock::now() - s.pending_since < s.timeout) return Status::kOk;
+  return report(s.fail(Status::kTimeout,
+                       detail::concat("an NCCL operation enqueued ", s.timeout.count(),
+                                      " ms ago has not finished (a peer missing or stuck?)")));
+}
+
+bool NcclComm::aborted_unfinished() const noexcept {
+  return impl_ && impl_->unfinished.load(std::memory_order_acquire);
 }
 
 Status NcclComm::health() const noexcept {
-  return impl_ ? impl_->health : Status::kInvalidArgument;
+  return impl_ ? impl_->health.load() : Status::kInvalidArgument;
 }
 
-const std::string& NcclComm::last_error() const noexcept {
-  static const std::string kNone;
-  return impl_ ? impl_->last_error : kNone;
+std::string NcclComm::last_error() const {
+  if (!impl_) return {};
+  std::lock_guard lock(impl_->mu);
+  return impl_->last_error;
 }
 
 bool NcclComm::enabled() const noexcept { return impl_ && impl_->enabled; }

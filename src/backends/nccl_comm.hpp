@@ -43,9 +43,10 @@ struct Options;
 /// arguments. Operations enqueue on the caller's stream and may be captured into a CUDA graph
 /// (NCCL supports stream capture); `wait` must not be called on a capturing stream.
 ///
-/// Not thread-safe: one thread drives a communicator, and `abort()` must not run while
-/// another thread is inside one of its calls (an NCCL rule). Move-only; a moved-from
-/// communicator answers `kInvalidArgument` and may only be destroyed or assigned to.
+/// One thread drives a communicator; `abort()`, `poll()`, `health()` and `last_error()` are
+/// thread-safe besides (NOTE [nccl from two threads] in nccl_comm.cpp): a watchdog can abort a
+/// communicator whose owner is inside a call. Move-only (not while another thread uses it); a
+/// moved-from communicator answers `kInvalidArgument` and may only be destroyed or assigned to.
 ///
 /// `NCCL_COMM_BLOCKING=1` in the environment makes NCCL create a blocking communicator
 /// whatever tpcomm asks; everything still works, but a dead peer can then hang a call.
@@ -122,14 +123,25 @@ class NcclComm {
   /// `wait` with the communicator's timeout (`Options::timeout_ms`).
   [[nodiscard]] Status wait(Stream stream) noexcept;
 
-  /// Aborts the communicator (`ncclCommAbort`): in-flight operations stop and every later
-  /// call answers `kAborted`. Idempotent. Not collective, but every peer must abort too.
+  /// Aborts the communicator (`ncclCommAbort`): in-flight operations stop (NCCL's kernels
+  /// return, so the streams move on) and every later call answers `kAborted`. Idempotent,
+  /// thread-safe: a call the owning thread is settling lets go within microseconds. Not
+  /// collective, but every peer must abort too.
   void abort() noexcept;
+  /// For a watchdog, from any thread: `kOk` while usable; otherwise the failure, with its
+  /// message in `*message`. Fails (and aborts) the communicator on NCCL's asynchronous error
+  /// (`kNcclError`) and when eager work enqueued more than the timeout ago has not finished
+  /// (`kTimeout`). Never blocks: while the owner is inside a call it answers `health()`.
+  [[nodiscard]] Status poll(std::string* message) noexcept;
+  /// Whether the communicator failed or was aborted while eager work it had enqueued was still
+  /// running (its outputs then hold whatever NCCL had written). Thread-safe.
+  [[nodiscard]] bool aborted_unfinished() const noexcept;
   /// `kOk` while usable; otherwise the status that broke it (`kNcclError`, `kTimeout`,
-  /// `kCudaError`) or `kAborted` after `abort()`.
+  /// `kCudaError`) or `kAborted` after `abort()`. Thread-safe.
   [[nodiscard]] Status health() const noexcept;
   /// The message of the latest failed or refused call (NCCL's text included); empty if none.
-  [[nodiscard]] const std::string& last_error() const noexcept;
+  /// Thread-safe.
+  [[nodiscard]] std::string last_error() const;
 
   /// Whether operations run (true) or answer `kUnsupported` (false), as pynccl's `disabled`
   /// flag inverted. Local, not collective: ranks must switch together (a rank that skips a
@@ -172,9 +184,11 @@ class NcclComm {
   [[nodiscard]] Status ready() const noexcept;
   /// The frame of the operations that take a dtype: `ready()`, then NCCL's type for `dtype`
   /// (`kUnsupported` when the loaded NCCL lacks it), then `enqueue(impl, type)`, which checks
-  /// the operation's own arguments and enqueues it. The first refusal is returned.
+  /// the operation's own arguments and enqueues it. The first refusal is returned. Holds the
+  /// lock of NOTE [nccl from two threads] throughout, and tracks the eager work it enqueued on
+  /// `stream`.
   template <class Enqueue>
-  [[nodiscard]] Status call(DType dtype, Enqueue&& enqueue) noexcept;
+  [[nodiscard]] Status call(DType dtype, Stream stream, Enqueue&& enqueue) noexcept;
   /// One all-reduce of one float on a private stream, waited for (part of construction).
   void warm_up();
 

@@ -4,6 +4,7 @@
 // group_setup.cpp, the operations' entry points in group_ops.cpp.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <string>
@@ -44,6 +45,8 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
   req.capturing = capturing(stream);
   if (req.capturing && collective) captured.push_back(req.tag);
   const Plan plan = chain.plan(req);
+  if (collective && checks_before_nccl(req, plan))
+    TPCOMM_TRY(fail_on(custom->impl().check_call(req.tag, stream), "checking a call before NCCL"));
   const Backend* served = nullptr;
   const Status s = chain.run(req, plan, stream, &served);
   if (s == Status::kOk) return s;
@@ -57,6 +60,25 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
                              " failed: ", to_string(s));
   TPCOMM_LOG_ERROR("rank ", boot.rank(), ": ", message);
   return fail(s, std::move(message));
+}
+
+/// Whether `req`, planned as `plan`, is an eager call that NCCL serves and `Options::nccl_check`
+/// wants checked first (the same answer on every rank: the plan, the size and the knob are).
+bool Group::Impl::checks_before_nccl(const Request& req, const Plan& plan) const noexcept {
+  if (custom == nullptr || nccl == nullptr || req.capturing || options.nccl_check == Switch::kOff)
+    return false;
+  bool by_nccl = plan.step.backend == nccl;
+  for (const Step& s : plan.inner) by_nccl = by_nccl || s.backend == nccl;
+  if (!by_nccl) return false;
+  return options.nccl_check == Switch::kOn ||
+         std::max(req.in.nbytes(), req.out.nbytes()) >= Options::kNcclCheckMinBytes;
+}
+
+/// `s` as a failure of the group, named `what` where the backend said nothing.
+Status Group::Impl::fail_on(Status s, const char* what) noexcept {
+  if (s == Status::kOk) return s;
+  std::string message = custom != nullptr ? custom->impl().error_message() : std::string();
+  return fail(s, message.empty() ? detail::concat(what, ": ", to_string(s)) : std::move(message));
 }
 
 Status Group::Impl::fail(Status s, std::string message) noexcept {
@@ -80,13 +102,32 @@ Status Group::Impl::poll_health() noexcept {
       status = abort_status;
     }
     if (custom != nullptr) custom->impl().abort();
-    if (nccl != nullptr) nccl->comm().abort();
+    if (nccl != nullptr) {
+      nccl->comm().abort();
+      nccl->poison_after_failure(status == Status::kMismatch ? calls : 0);
+    }
     TPCOMM_LOG_ERROR("group rank ", boot.rank(), ": ", why, "; the group is aborted");
     return fail(status, std::move(why));
   }
   if (custom != nullptr) {
-    if (Status h = custom->impl().health(); h != Status::kOk)
+    if (Status h = custom->impl().health(); h != Status::kOk) {
+      // NCCL's kernels enqueued behind the failure return (a call whose check failed among them).
+      if (nccl != nullptr) {
+        nccl->comm().abort();
+        nccl->poison_after_failure(h == Status::kMismatch ? calls : 0);
+      }
       return fail(h, custom->impl().error_message());
+    }
+  }
+  if (nccl != nullptr) {
+    // Failed in a call, or by the watchdog (NOTE [nccl from two threads]): the custom kernels
+    // give up too, and the output of an eager call NCCL left unfinished is poisoned, here, on
+    // the thread that made the call, behind it on its stream.
+    if (Status h = nccl->comm().health(); h != Status::kOk) {
+      if (custom != nullptr) custom->impl().abort();
+      nccl->poison_after_failure();
+      return fail(h, detail::concat("NCCL: ", nccl->comm().last_error()));
+    }
   }
   return Status::kOk;
 }
@@ -141,17 +182,25 @@ Status Group::Impl::compare_captured() noexcept {
   for (int r = 1; r < boot.world_size(); ++r) {
     const std::vector<CallTag> other = calls_of(r);
     std::size_t i = 0;
-    while (i < first.size() && i < other.size() && first[i].fingerprint == other[i].fingerprint)
+    // The same calls with other call numbers: the ranks were out of step before the capture
+    // (one skipped or repeated a call), and the graphs would meet other calls at every replay.
+    while (i < first.size() && i < other.size() && first[i].fingerprint == other[i].fingerprint &&
+           first[i].call == other[i].call)
       ++i;
     if (i == first.size() && i == other.size()) continue;
     auto name = [&](const std::vector<CallTag>& tags) {
-      return i < tags.size() ? describe_fingerprint(tags[i].fingerprint)
+      return i < tags.size() ? detail::concat("call ", tags[i].call, " ",
+                                              describe_fingerprint(tags[i].fingerprint))
                              : std::string("no call (its capture ended)");
     };
+    const bool out_of_step =
+        i < first.size() && i < other.size() && first[i].fingerprint == other[i].fingerprint;
     if (custom != nullptr) custom->impl().abort();
     return fail(Status::kMismatch,
-                detail::concat("ranks captured different collectives (captured call ", i + 1,
-                               " of the scope): rank 0 ", name(first), ", rank ", r, " ",
+                detail::concat(out_of_step ? "ranks captured calls out of step (one skipped or "
+                                             "repeated a call before the capture; captured call "
+                                           : "ranks captured different collectives (captured call ",
+                               i + 1, " of the scope): rank 0 ", name(first), ", rank ", r, " ",
                                name(other), "; every rank must capture the same calls"));
   }
   return Status::kOk;
@@ -169,6 +218,9 @@ void Group::Impl::request_abort(std::string reason, Status status) noexcept {
   }
   abort_requested.store(true, std::memory_order_release);
   if (custom != nullptr) custom->impl().abort_kernels();
+  // NCCL's kernels already enqueued, graph-replayed ones included, return now (NOTE [nccl from
+  // two threads] in backends/nccl_comm.cpp).
+  if (nccl != nullptr) nccl->comm().abort();
 }
 
 /// The failure the watchdog acts on, if any (NOTE [watchdog]); thread-safe.
@@ -185,6 +237,11 @@ std::optional<Watchdog::Failure> Group::Impl::watched_failure() noexcept {
   if (abort_requested.load(std::memory_order_acquire)) {
     std::lock_guard lock(abort_mu);
     return std::pair{abort_status, abort_reason};
+  }
+  if (nccl != nullptr) {
+    std::string message;
+    if (Status s = nccl->comm().poll(&message); s != Status::kOk)
+      return std::pair{s, detail::concat("NCCL: ", message)};
   }
   return std::nullopt;
 }

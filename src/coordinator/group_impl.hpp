@@ -88,6 +88,8 @@ struct Group::Impl {
     return BackendChain::describe(chain.plan(req));
   }
   Status fail(Status s, std::string message) noexcept;
+  [[nodiscard]] bool checks_before_nccl(const Request& req, const Plan& plan) const noexcept;
+  Status fail_on(Status s, const char* what) noexcept;
   Status poll_health() noexcept;
   Status order(Stream stream) noexcept;
   [[nodiscard]] bool capturing(Stream stream) const noexcept;

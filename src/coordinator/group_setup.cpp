@@ -103,7 +103,7 @@ void Group::Impl::watch_members() {
 }
 
 void Group::Impl::start_watchdog() {
-  if (custom == nullptr && !rank_watch) return;
+  if (custom == nullptr && nccl == nullptr && !rank_watch) return;
   watchdog.emplace(
       detail::concat("group of ", boot.world_size(), " ranks, rank ", boot.rank(), " (device ",
                      device, ")"),
@@ -241,6 +241,7 @@ void require_same_settings(Bootstrap& boot, const Options& o, const GroupConfig&
       {"TPCOMM_DISABLE_CUSTOM_AR", flag(o.disable_custom_ar)},
       {"TPCOMM_DISABLE_NCCL", flag(o.disable_nccl)},
       {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
+      {"TPCOMM_NCCL_CHECK", std::string(to_string(o.nccl_check))},
       {"GroupConfig::custom_all_reduce", flag(c.custom_all_reduce)},
       {"GroupConfig::nccl", flag(c.nccl)},
       {"GroupConfig::fusion", flag(c.fusion)},

@@ -17,13 +17,16 @@ namespace tpcomm {
 
 // NOTE [watchdog]
 // A thread per group polls, every `kPeriod`, what the group's kernels reported (the host-mapped
-// error word) and the abort requests of the rank watch, so that a failure is noticed and acted on
+// error word), the abort requests of the rank watch, and its NCCL communicator (its asynchronous
+// error, and eager work unfinished past the deadline: `NcclComm::poll`, which aborts NCCL on
+// either), so that a failure is noticed and acted on
 // though the caller never calls again (a CUDA graph replayed in a loop). On the first failure it
 // logs the group, the rank and the fault once, then, by the failure mode, marks the group failed
 // (raise: the kernels give up, the next call fails), also calls the caller's handler (callback),
 // or takes the process down (teardown: the one place where the library ends the process, by
-// request, as PyTorch's process groups do). Its `check` reads only what is safe from another
-// thread, and it never launches work.
+// request, as PyTorch's process groups do). Whatever the mode, acting on a failure aborts the
+// custom kernels and NCCL, so that the kernels already enqueued, graph-replayed ones included,
+// return. Its `check` reads only what is safe from another thread, and it never launches work.
 class Watchdog {
  public:
   static constexpr auto kPeriod = std::chrono::milliseconds(10);

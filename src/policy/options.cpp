@@ -262,6 +262,11 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
     if (!s) bad("TPCOMM_LM_HEAD_A2A", *v, "auto, 1 or 0 (or on/off, true/false)");
     o.lm_head_a2a = *s;
   }
+  if (auto v = getenv("TPCOMM_NCCL_CHECK")) {
+    auto s = parse_switch(*v);
+    if (!s) bad("TPCOMM_NCCL_CHECK", *v, "auto, 1 or 0 (or on/off, true/false)");
+    o.nccl_check = *s;
+  }
   if (auto v = getenv("TPCOMM_STORE_TOKEN")) {
     // The value is a secret: the message gives its length, never its bytes.
     if (v->size() > wire::kMaxTokenBytes) {

@@ -58,10 +58,12 @@ TEST(Options, ReadsEveryKnob) {
                     {"TPCOMM_DISABLE_NCCL", "yes"},
                     {"TPCOMM_PDL", "0"},
                     {"TPCOMM_LM_HEAD_A2A", "1"},
+                    {"TPCOMM_NCCL_CHECK", "off"},
                     {"TPCOMM_ASYNC_ERROR_HANDLING", "Teardown"},
                     {"TPCOMM_STORE_TOKEN", "s3cret"},
                     {"TPCOMM_STORE_BIND", "0.0.0.0"}});
   EXPECT_EQ(o.log_level, LogLevel::kDebug);
+  EXPECT_EQ(o.nccl_check, Switch::kOff);
   EXPECT_EQ(o.nccl_path, "/opt/nccl/libnccl.so.2");
   EXPECT_EQ(o.timeout_ms, 1500);
   EXPECT_EQ(o.algo, "lamport_two_shot");  // canonical spelling
@@ -90,6 +92,7 @@ TEST(Options, MalformedValuesAreErrorsNamingTheVariable) {
            {"TPCOMM_LAMPORT_MAX_BYTES", "100"},
            {"TPCOMM_DISABLE_NCCL", "maybe"},
            {"TPCOMM_LM_HEAD_A2A", "sometimes"},
+           {"TPCOMM_NCCL_CHECK", "sometimes"},
            {"TPCOMM_ASYNC_ERROR_HANDLING", "1"},
            {"TPCOMM_CUSTOM_AR_MAX_BYTES", "4611686018427387904"},
            {"TPCOMM_CUSTOM_AR_MAX_BYTES", "5G"},

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -35,7 +36,7 @@ using Clock = std::chrono::steady_clock;
 /// One rank's side of a call: which collective, its dtype and element count, and the hidden
 /// size of a fused call.
 struct Call {
-  enum Kind { kAllReduce, kAllGather, kFused } kind = kAllReduce;
+  enum Kind { kAllReduce, kAllGather, kFused, kAllToAll } kind = kAllReduce;
   DType dtype = DType::kBF16;
   std::int64_t count = 0;
   std::int64_t hidden = 0;
@@ -50,6 +51,8 @@ struct Call {
       case kFused:
         return "all_reduce_add_rmsnorm " + std::to_string(count) + " " +
                std::string(to_string(dtype)) + " (hidden " + std::to_string(hidden) + ")";
+      case kAllToAll:
+        return "all_to_all " + std::to_string(count) + " " + std::string(to_string(dtype));
     }
     return "";
   }
@@ -84,6 +87,9 @@ Status issue(Group& g, const Call& c, Buffers& b, Stream s) {
     case Call::kAllGather:
       return g.all_gather(TensorView::flat(b.in.get(), c.dtype, c.count, dev),
                           TensorView::flat(b.out.get(), c.dtype, c.count * g.world_size(), dev), s);
+    case Call::kAllToAll:
+      return g.all_to_all(TensorView::flat(b.in.get(), c.dtype, c.count, dev),
+                          TensorView::flat(b.out.get(), c.dtype, c.count, dev), s);
     case Call::kFused: {
       // In place as engines call it: norm_out is x (here `out`, holding x), residual_out the
       // residual.
@@ -151,10 +157,24 @@ const Mismatch kMismatches[] = {
      {Call::kAllReduce, DType::kBF16, 1 << 20}},
 };
 
+/// Whether `e` names rank `rank`'s call `what` ("rank 1 call 12 all_reduce 4096 bfloat16"),
+/// with call number `call` where it is not 0.
+bool names(const std::string& e, int rank, const std::string& what, std::uint32_t call = 0) {
+  const std::string head = "rank " + std::to_string(rank) + " call ";
+  for (std::size_t at = e.find(head); at != std::string::npos; at = e.find(head, at + 1)) {
+    std::size_t end = at + head.size();
+    while (end < e.size() && e[end] >= '0' && e[end] <= '9') ++end;
+    if (end == at + head.size() || e.compare(end, 1 + what.size(), " " + what) != 0) continue;
+    if (call == 0 || e.substr(at + head.size(), end - at - head.size()) == std::to_string(call))
+      return true;
+  }
+  return false;
+}
+
 void expect_names_both(const Group& g, const Mismatch& m) {
   const std::string& e = g.last_error();
-  EXPECT_NE(e.find("rank 0 " + m.rank0.describe()), std::string::npos) << e;
-  EXPECT_NE(e.find("rank 1 " + m.rank1.describe()), std::string::npos) << e;
+  EXPECT_TRUE(names(e, 0, m.rank0.describe())) << e;
+  EXPECT_TRUE(names(e, 1, m.rank1.describe())) << e;
 }
 
 /// Runs `body(rank, group, buffers, stream, call)` on two virtual ranks for mismatch `m`, with a
@@ -226,6 +246,107 @@ TEST(Faults, MismatchedCapturedCallsFailWhenTheScopeCloses) {
       EXPECT_EQ(not_poisoned(b, mine, 2), 0u) << "output not poisoned";
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
+    });
+  }
+}
+
+// Calls out of step (NOTE [fingerprints]): the ranks capture the same call and replay it once
+// together; then one rank replays it once more than the other (rank 1 skips a replay, or
+// repeats one) before both make the same call eagerly. The replayed call (the number it was
+// captured with) meets the peer's eager call (a later number): every rank fails with
+// kMismatch at that call, naming both numbers, its outputs poisoned, well before the deadline.
+// For each custom all-reduce algorithm, the fused norm, the all-gather and the all-to-all.
+TEST(Faults, CallsOutOfStepFailEveryRankAtThatCall) {
+  struct Kind {
+    const char* algo;
+    Call call;
+  };
+  const Kind kinds[] = {
+      {"lamport", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
+      {"lamport_two_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
+      {"one_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
+      {"two_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
+      {"auto", {Call::kFused, DType::kBF16, 4 * 7168, 7168}},
+      {"auto", {Call::kAllGather, DType::kBF16, 8 * 4096}},
+      {"auto", {Call::kAllToAll, DType::kBF16, 8 * 4096}},
+  };
+  for (const Kind& k : kinds) {
+    for (const bool repeat : {false, true}) {
+      SCOPED_TRACE(std::string(k.algo) + " " + k.call.describe() +
+                   (repeat ? ": rank 1 repeats a replay" : ": rank 1 skips a replay"));
+      run_ranks(2, [&](int rank, Bootstrap& boot) {
+        StreamHolder stream;
+        Buffers b;
+        Options o = options_for(k.algo);
+        o.timeout_ms = 2000;
+        Group g(boot, 0, o);
+        b.reset(stream.stream(), rank);
+        const testing::CapturedGraph graph(g, stream.stream(), [&] {
+          ASSERT_EQ(issue(g, k.call, b, stream.stream()), Status::kOk) << g.last_error();
+        });  // call 1
+        ASSERT_TRUE(graph.ok());
+        ASSERT_EQ(graph.launch(), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+        ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+        boot.barrier();
+        const auto start = Clock::now();
+        // Rank 0 replays once more, or rank 1 does: the other's eager call meets that replay.
+        if (rank == (repeat ? 1 : 0)) {
+          ASSERT_EQ(graph.launch(), cudaSuccess);
+        }
+        b.reset(stream.stream(), rank);
+        ASSERT_EQ(issue(g, k.call, b, stream.stream()), Status::kOk) << g.last_error();  // call 2
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+        EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 1.0)
+            << "found at the deadline, not at the call";
+        EXPECT_EQ(g.health(), Status::kMismatch) << g.last_error();
+        const std::string& e = g.last_error();
+        const int replaying = repeat ? 1 : 0;
+        EXPECT_NE(e.find("out of step"), std::string::npos) << e;
+        EXPECT_TRUE(names(e, replaying, k.call.describe(), 1)) << e;
+        EXPECT_TRUE(names(e, 1 - replaying, k.call.describe(), 2)) << e;
+        EXPECT_EQ(not_poisoned(b, k.call, 2), 0u) << "output not poisoned";
+        boot.barrier();
+      });
+    }
+  }
+}
+
+// Signed integers are poisoned with their most negative value, not -1 (the "none" of token and
+// expert ids): an int32 and an int64 all-gather whose peer never calls.
+TEST(Faults, SignedIntegersArePoisonedWithTheirMostNegativeValue) {
+  for (const DType dtype : {DType::kI32, DType::kI64}) {
+    SCOPED_TRACE(std::string(to_string(dtype)));
+    run_ranks(2, [&](int rank, Bootstrap& boot) {
+      StreamHolder stream;
+      Buffers b;
+      Options o = options_for("auto");
+      o.timeout_ms = 300;
+      Group g(boot, 0, o);
+      b.reset(stream.stream(), rank);
+      ASSERT_EQ(g.warm_up(stream.stream()), Status::kOk);
+      const std::int64_t count = 1024;
+      if (rank == 0) {
+        ASSERT_EQ(issue(g, {Call::kAllGather, dtype, count}, b, stream.stream()), Status::kOk);
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+        EXPECT_EQ(g.health(), Status::kTimeout) << g.last_error();
+        const std::vector<unsigned char> h =
+            to_host(b.out.get(), static_cast<std::size_t>(2 * count) * dtype_size(dtype));
+        std::size_t wrong = 0;
+        for (std::int64_t i = 0; i < 2 * count; ++i) {
+          if (dtype == DType::kI32) {
+            std::int32_t v;
+            std::memcpy(&v, h.data() + 4 * i, 4);
+            wrong += v == std::numeric_limits<std::int32_t>::min() ? 0 : 1;
+          } else {
+            std::int64_t v;
+            std::memcpy(&v, h.data() + 8 * i, 8);
+            wrong += v == std::numeric_limits<std::int64_t>::min() ? 0 : 1;
+          }
+        }
+        EXPECT_EQ(wrong, 0u) << "elements not poisoned with the most negative value";
+      }
+      boot.barrier();
     });
   }
 }

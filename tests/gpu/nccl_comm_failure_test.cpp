@@ -12,15 +12,22 @@
 #include "support/scripted.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <mutex>
+
 #include "backends/nccl_comm.hpp"
 #include "backends/nccl_lib.hpp"
 #include "tpcomm/bootstrap.hpp"
+#include "tpcomm/group.hpp"
 #include "tpcomm/options.hpp"
 
 namespace tpcomm {
@@ -300,6 +307,158 @@ TEST(NcclCommAllToAllFallback, SendsAndReceivesEveryBlockInRankOrder) {
     EXPECT_TRUE(problems[r].empty())
         << "rank " << r << ": " << ::testing::PrintToString(problems[r]);
   }
+}
+
+// NCCL under the group's watchdog (NOTE [nccl from two threads] in backends/nccl_comm.cpp): a
+// group at world size 1 with TPCOMM_ALGO=nccl drives the scripted NCCL. An asynchronous NCCL
+// error while the caller does nothing, and eager NCCL work that never finishes (the stream held
+// by a host function), are each noticed by the watchdog within the deadline and its period: NCCL
+// is aborted, the callback mode calls back, the raise mode fails the group's next call, and
+// nothing waits for the stream.
+class GroupOverScriptedNccl : public NcclCommFailures {
+ protected:
+  struct Seen {
+    std::mutex m;
+    int calls = 0;
+    Status status = Status::kOk;
+    std::string message;
+  };
+
+  std::unique_ptr<Group> make_group(FailureMode mode) {
+    Options o = scripted_options();
+    o.algo = "nccl";
+    o.failure_mode = mode;
+    return std::make_unique<Group>(boots_[0], 0, o);
+  }
+
+  /// One eager all-reduce on the group; the scripted NCCL enqueues nothing.
+  Status all_reduce(Group& g) {
+    const auto x = TensorView::flat(buffer_, DType::kF32, 16, 0);
+    return g.all_reduce(x, x, reinterpret_cast<Stream>(stream_));
+  }
+
+  /// Waits up to `limit` for `done`; the seconds it took, or a negative number.
+  template <class Done>
+  static double wait_for(Done&& done, std::chrono::milliseconds limit) {
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - start < limit) {
+      if (done())
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return -1;
+  }
+
+  void SetUp() override {
+    NcclCommFailures::SetUp();
+    ASSERT_EQ(cudaMalloc(&buffer_, 64), cudaSuccess);
+  }
+  void TearDown() override {
+    NcclCommFailures::TearDown();
+    cudaFree(buffer_);
+  }
+
+  void* buffer_ = nullptr;
+};
+
+TEST_F(GroupOverScriptedNccl, TheWatchdogActsOnAnAsynchronousNcclError) {
+  for (FailureMode mode : {FailureMode::kRaise, FailureMode::kCallback}) {
+    SCOPED_TRACE(mode == FailureMode::kRaise ? "raise" : "callback");
+    script_.set_mode(ScriptedMode::kHealthy);
+    auto g = make_group(mode);
+    Seen seen;
+    if (mode == FailureMode::kCallback)
+      g->set_failure_mode(mode, [&](Status s, const std::string& message) {
+        std::lock_guard lock(seen.m);
+        ++seen.calls;
+        seen.status = s;
+        seen.message = message;
+      });
+    ASSERT_EQ(g->backend_for_all_reduce(TensorView::flat(buffer_, DType::kF32, 16, 0),
+                                        TensorView::flat(buffer_, DType::kF32, 16, 0)),
+              "nccl");
+    ASSERT_EQ(all_reduce(*g), Status::kOk) << g->last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    const int aborts = script_.aborts();
+    script_.set_mode(ScriptedMode::kAsyncErrorWhileIdle);
+    // Nobody calls: the watchdog polls NCCL's error and aborts the communicator.
+    const double took =
+        wait_for([&] { return script_.aborts() > aborts; }, std::chrono::milliseconds(2000));
+    EXPECT_GE(took, 0.0) << "NCCL was not aborted";
+    EXPECT_LT(took, 0.5);
+    if (mode == FailureMode::kCallback) {
+      EXPECT_GE(wait_for(
+                    [&] {
+                      std::lock_guard l(seen.m);
+                      return seen.calls > 0;
+                    },
+                    std::chrono::milliseconds(1000)),
+                0.0);
+      std::lock_guard lock(seen.m);
+      EXPECT_EQ(seen.calls, 1);
+      EXPECT_EQ(seen.status, Status::kNcclError);
+      EXPECT_NE(seen.message.find("ncclRemoteError"), std::string::npos) << seen.message;
+    }
+    EXPECT_EQ(all_reduce(*g), Status::kNcclError) << g->last_error();
+    EXPECT_NE(g->last_error().find("asynchronous NCCL error"), std::string::npos)
+        << g->last_error();
+    script_.set_mode(ScriptedMode::kHealthy);
+  }
+}
+
+TEST_F(GroupOverScriptedNccl, TheWatchdogAbortsNcclWorkPastTheDeadline) {
+  for (FailureMode mode : {FailureMode::kRaise, FailureMode::kCallback}) {
+    SCOPED_TRACE(mode == FailureMode::kRaise ? "raise" : "callback");
+    auto g = make_group(mode);
+    Seen seen;
+    if (mode == FailureMode::kCallback)
+      g->set_failure_mode(mode, [&](Status s, const std::string& message) {
+        std::lock_guard lock(seen.m);
+        ++seen.calls;
+        seen.status = s;
+        seen.message = message;
+      });
+    const int aborts = script_.aborts();
+    // The stream is held for 1.5 s: the call's work cannot finish within the 200 ms deadline.
+    occupy(stream_, 1500);
+    ASSERT_EQ(all_reduce(*g), Status::kOk) << g->last_error();
+    const double took =
+        wait_for([&] { return script_.aborts() > aborts; }, std::chrono::milliseconds(1200));
+    EXPECT_GE(took, kTimeoutMs / 1000.0 - 0.01) << "aborted before the deadline";
+    EXPECT_LT(took, kTimeoutMs / 1000.0 + 0.3) << "not aborted within the deadline";
+    if (mode == FailureMode::kCallback) {
+      EXPECT_GE(wait_for(
+                    [&] {
+                      std::lock_guard l(seen.m);
+                      return seen.calls > 0;
+                    },
+                    std::chrono::milliseconds(1000)),
+                0.0);
+      std::lock_guard lock(seen.m);
+      EXPECT_EQ(seen.status, Status::kTimeout);
+      EXPECT_NE(seen.message.find("has not finished"), std::string::npos) << seen.message;
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    EXPECT_EQ(g->health(), Status::kTimeout) << g->last_error();
+    // The call's output, unfinished when NCCL was aborted, was poisoned behind it (NaN).
+    float host[16] = {};
+    ASSERT_EQ(cudaMemcpy(host, buffer_, sizeof(host), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (float v : host) EXPECT_TRUE(std::isnan(v));
+  }
+}
+
+// Teardown: an asynchronous NCCL error takes the process down though nobody calls.
+TEST_F(GroupOverScriptedNccl, TeardownTakesTheProcessDownOnAnNcclError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto g = make_group(FailureMode::kTeardown);
+        if (all_reduce(*g) != Status::kOk) std::exit(1);
+        script_.set_mode(ScriptedMode::kAsyncErrorWhileIdle);
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        std::exit(0);
+      },
+      ::testing::KilledBySignal(SIGABRT), "taking the process down");
 }
 
 }  // namespace

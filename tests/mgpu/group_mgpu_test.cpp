@@ -455,15 +455,34 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
       told_message = message;
     });
   StreamHolder stream;
+  // TPCOMM_MGPU_KILL_OP: the operation replayed, all_reduce by default, or the fused norm, the
+  // all-gather or the all-to-all. Every input is zero, so every exact output element is zero.
+  const char* op_env = std::getenv("TPCOMM_MGPU_KILL_OP");
+  const std::string op = op_env != nullptr ? op_env : "all_reduce";
   constexpr std::int64_t kCount = 8192;
-  DeviceBuffer in(kCount * 2), out(kCount * 2);
-  ASSERT_EQ(cudaMemset(in.get(), 0, kCount * 2), cudaSuccess);
+  constexpr std::int64_t kHidden = 4096;
+  DeviceBuffer in(kCount * 2), out(kCount * 2), residual(kCount * 2), gamma(kHidden * 2);
+  for (DeviceBuffer* b : {&in, &out, &residual, &gamma})
+    ASSERT_EQ(cudaMemset(b->get(), 0, b->size()), cudaSuccess);
   ASSERT_EQ(g->warm_up(stream.stream()), Status::kOk) << g->last_error();
   g_boot->barrier();
+  const int world = g_boot->world_size();
   const auto ar = [&] {
-    return g->all_reduce(TensorView::flat(in.get(), DType::kBF16, kCount, g_device),
-                         TensorView::flat(out.get(), DType::kBF16, kCount, g_device),
-                         stream.stream());
+    const auto flat = [&](DeviceBuffer& b, std::int64_t n) {
+      return TensorView::flat(b.get(), DType::kBF16, n, g_device);
+    };
+    if (op == "fused") {
+      const auto x =
+          TensorView::contiguous(out.get(), DType::kBF16, {kCount / kHidden, kHidden}, g_device);
+      const auto r = TensorView::contiguous(residual.get(), DType::kBF16,
+                                            {kCount / kHidden, kHidden}, g_device);
+      return g->all_reduce_add_rmsnorm(x, r, flat(gamma, kHidden), 1e-6f, x, r, stream.stream());
+    }
+    if (op == "all_gather")
+      return g->all_gather(flat(in, kCount / world), flat(out, kCount), stream.stream());
+    if (op == "all_to_all")
+      return g->all_to_all(flat(in, kCount), flat(out, kCount), stream.stream());
+    return g->all_reduce(flat(in, kCount), flat(out, kCount), stream.stream());
   };
   const bool graph = std::getenv("TPCOMM_MGPU_KILL_GRAPH") != nullptr;
   const int fault_at = graph ? 20 : 200;
@@ -522,9 +541,9 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
     const Status health = g->health();
     EXPECT_EQ(health, stop ? Status::kTimeout : Status::kAborted) << g->last_error();
     std::printf(
-        "rank %d %s (%s, graph replays, %s): first poisoned replay %.3f s after the last exact "
-        "one, %d poisoned replays, told %.3f s after: %s\n",
-        victim, stop ? "stopped" : "killed", o.algo.c_str(),
+        "rank %d %s (%s %s, graph replays, %s): first poisoned replay %.3f s after the last "
+        "exact one, %d poisoned replays, told %.3f s after: %s\n",
+        victim, stop ? "stopped" : "killed", op.c_str(), o.algo.c_str(),
         std::string(to_string(o.failure_mode)).c_str(), poisoned_s, replays_poisoned, told_s,
         g->last_error().c_str());
     g.reset();
@@ -589,15 +608,64 @@ TEST(MultiProcess, MismatchedCallsFailEveryRank) {
     ASSERT_EQ(s, Status::kOk) << g.last_error();
     ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
     EXPECT_EQ(g.health(), Status::kMismatch) << g.last_error();
-    const std::string other = kinds ? "rank 1 all_gather 4096" : "rank 1 all_reduce 8192";
-    EXPECT_NE(g.last_error().find("rank 0 all_reduce 4096"), std::string::npos) << g.last_error();
-    EXPECT_NE(g.last_error().find(other), std::string::npos) << g.last_error();
+    // "rank 0 call 2 all_reduce 4096 bfloat16, rank 1 call 2 all_gather 4096 bfloat16"
+    const std::string other = kinds ? " all_gather 4096" : " all_reduce 8192";
+    const std::string& e = g.last_error();
+    EXPECT_NE(e.find("rank 0 call "), std::string::npos) << e;
+    EXPECT_NE(e.find(" all_reduce 4096"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank 1 call "), std::string::npos) << e;
+    EXPECT_NE(e.find(other), std::string::npos) << e;
     std::printf("rank %d: %s\n", rank, g.last_error().c_str());
     g_boot->barrier();
   }
 }
 
 }  // namespace
+// Ranks that disagree on a call NCCL serves (above the custom kernels' limit): the check before
+// NCCL (TPCOMM_NCCL_CHECK, on here; auto checks calls from 32 MiB) compares the calls over one
+// barrier of the custom kernels, so every rank fails with kMismatch naming both calls, within
+// the deadline, and NCCL, which would wait for a partner call or sum mismatched data, is
+// aborted; the output of the call is poisoned. Needs a GPU per rank (NCCL refuses two ranks on
+// one GPU).
+TEST(MultiProcess, MismatchedCallsThatNcclServesFailEveryRank) {
+  if (g_boot->world_size() != 2) GTEST_SKIP() << "two ranks";
+  if (!g_gpu_per_rank) GTEST_SKIP() << "ranks share a GPU: NCCL refuses that";
+  for (const bool kinds : {false, true}) {
+    SCOPED_TRACE(kinds ? "all-reduce vs all-gather" : "1 MiB vs 2 MiB");
+    Options o = mgpu_options("auto");
+    o.timeout_ms = 3000;
+    o.custom_ar_max_bytes = 64 << 10;
+    o.nccl_check = Switch::kOn;
+    Group g(*g_boot, g_device, o);
+    StreamHolder stream;
+    const std::int64_t most = std::int64_t{1} << 20;
+    DeviceBuffer in(most * 2), out(most * 2);
+    ASSERT_EQ(cudaMemset(in.get(), 0, most * 2), cudaSuccess);
+    const int rank = g_boot->rank();
+    const auto half = TensorView::flat(in.get(), DType::kBF16, most / 2, g_device);
+    ASSERT_EQ(g.backend_for_all_reduce(half, half), "nccl");
+    Status s;
+    if (kinds && rank == 1)
+      s = g.all_gather(TensorView::flat(in.get(), DType::kBF16, most / 2, g_device),
+                       TensorView::flat(out.get(), DType::kBF16, most, g_device), stream.stream());
+    else
+      s = g.all_reduce(
+          TensorView::flat(in.get(), DType::kBF16, rank == 0 ? most / 2 : most, g_device),
+          TensorView::flat(out.get(), DType::kBF16, rank == 0 ? most / 2 : most, g_device),
+          stream.stream());
+    ASSERT_EQ(s, Status::kOk) << g.last_error();
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    const Status health = g.health();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              o.timeout_ms / 1000.0 + 1.0);
+    EXPECT_EQ(health, Status::kMismatch) << g.last_error();
+    EXPECT_NE(g.last_error().find("rank 1 call 1 "), std::string::npos) << g.last_error();
+    std::printf("rank %d: %s\n", rank, g.last_error().c_str());
+    g_boot->barrier();
+  }
+}
+
 }  // namespace tpcomm
 
 int main(int argc, char** argv) {
