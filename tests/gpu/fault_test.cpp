@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/custom_ar.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/test_data.hpp"
 #include "support/all_reduce_cases.hpp"
@@ -36,7 +37,9 @@ using Clock = std::chrono::steady_clock;
 /// One rank's side of a call: which collective, its dtype and element count, and the hidden
 /// size of a fused call.
 struct Call {
-  enum Kind { kAllReduce, kAllGather, kFused, kAllToAll } kind = kAllReduce;
+  /// kLmHead: `count` shard logits of `hidden` columns (vocabulary / world size), two ranks'
+  /// rows each.
+  enum Kind { kAllReduce, kAllGather, kFused, kAllToAll, kLmHead } kind = kAllReduce;
   DType dtype = DType::kBF16;
   std::int64_t count = 0;
   std::int64_t hidden = 0;
@@ -53,6 +56,8 @@ struct Call {
                std::string(to_string(dtype)) + " (hidden " + std::to_string(hidden) + ")";
       case kAllToAll:
         return "all_to_all " + std::to_string(count) + " " + std::string(to_string(dtype));
+      case kLmHead:
+        return "lm_head_exchange " + std::to_string(count) + " " + std::string(to_string(dtype));
     }
     return "";
   }
@@ -90,6 +95,14 @@ Status issue(Group& g, const Call& c, Buffers& b, Stream s) {
     case Call::kAllToAll:
       return g.all_to_all(TensorView::flat(b.in.get(), c.dtype, c.count, dev),
                           TensorView::flat(b.out.get(), c.dtype, c.count, dev), s);
+    case Call::kLmHead: {
+      // Every rank computed [world x rows, vocab / world] logits; it gets [rows, vocab] back.
+      const std::int64_t rows = c.count / c.hidden / g.world_size();
+      return g.lm_head_exchange(
+          TensorView::contiguous(b.in.get(), c.dtype, {g.world_size() * rows, c.hidden}, dev),
+          TensorView::contiguous(b.out.get(), c.dtype, {rows, c.hidden * g.world_size()}, dev),
+          LmHeadLayout::equal(rows), s);
+    }
     case Call::kFused: {
       // In place as engines call it: norm_out is x (here `out`, holding x), residual_out the
       // residual.
@@ -269,6 +282,7 @@ TEST(Faults, CallsOutOfStepFailEveryRankAtThatCall) {
       {"auto", {Call::kFused, DType::kBF16, 4 * 7168, 7168}},
       {"auto", {Call::kAllGather, DType::kBF16, 8 * 4096}},
       {"auto", {Call::kAllToAll, DType::kBF16, 8 * 4096}},
+      {"auto", {Call::kLmHead, DType::kBF16, 8 * 1024, 1024}},
   };
   for (const Kind& k : kinds) {
     for (const bool repeat : {false, true}) {
@@ -309,6 +323,51 @@ TEST(Faults, CallsOutOfStepFailEveryRankAtThatCall) {
         boot.barrier();
       });
     }
+  }
+}
+
+// The check that comes before an eager call NCCL serves (CustomAllReduce::check_call; NCCL
+// itself cannot run two ranks on one GPU, so the check is run alone here): one barrier that
+// moves nothing, its flags carrying the keyed fingerprint. The same call passes on every rank;
+// another call, or the same call out of step, fails both ranks with kMismatch naming both, at
+// once.
+TEST(Faults, TheCheckBeforeNcclComparesTheCalls) {
+  const std::uint64_t big = fingerprint(Op::kAllReduce, DType::kBF16, std::int64_t{1} << 25);
+  const std::uint64_t other = fingerprint(Op::kAllGather, DType::kBF16, std::int64_t{1} << 24);
+  struct Case {
+    const char* what;
+    CallTag rank0, rank1;
+    Status want;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"the same call", {big, 7}, {big, 7}, Status::kOk, ""},
+      {"another call",
+       {big, 7},
+       {other, 7},
+       Status::kMismatch,
+       "rank 1 call 7 all_gather 16777216 bfloat16"},
+      {"out of step", {big, 8}, {big, 7}, Status::kMismatch, "out of step"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    run_ranks(2, [&](int rank, Bootstrap& boot) {
+      StreamHolder stream;
+      Options o = options_for("auto");
+      o.timeout_ms = 2000;
+      std::string why;
+      auto custom = CustomAllReduce::create(boot, 0, o, &why);
+      ASSERT_NE(custom, nullptr) << why;
+      ASSERT_EQ(custom->warm_up(stream.stream()), Status::kOk) << custom->error_message();
+      boot.barrier();
+      const auto start = Clock::now();
+      ASSERT_EQ(custom->check_call(rank == 0 ? c.rank0 : c.rank1, stream.stream()), Status::kOk);
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 1.0);
+      EXPECT_EQ(custom->health(), c.want) << custom->error_message();
+      EXPECT_NE(custom->error_message().find(c.says), std::string::npos) << custom->error_message();
+      boot.barrier();
+    });
   }
 }
 

@@ -461,5 +461,19 @@ TEST_F(GroupOverScriptedNccl, TeardownTakesTheProcessDownOnAnNcclError) {
       ::testing::KilledBySignal(SIGABRT), "taking the process down");
 }
 
+// Teardown: eager NCCL work that does not finish within the deadline takes the process down.
+TEST_F(GroupOverScriptedNccl, TeardownTakesTheProcessDownOnUnfinishedNcclWork) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto g = make_group(FailureMode::kTeardown);
+        occupy(stream_, 3000);
+        if (all_reduce(*g) != Status::kOk) std::exit(1);
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        std::exit(0);
+      },
+      ::testing::KilledBySignal(SIGABRT), "has not finished");
+}
+
 }  // namespace
 }  // namespace tpcomm
