@@ -56,7 +56,7 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
 /// | `TPCOMM_RANK_WATCH` | `rank_watch` | 1 |
-/// | `TPCOMM_HEARTBEAT_TIMEOUT_MS` | `heartbeat_timeout_ms` | 5000 (at most `kMaxTimeoutMs`) |
+/// | `TPCOMM_HEARTBEAT_TIMEOUT_MS` | `heartbeat_timeout_ms` | 5000 (200 to `kMaxTimeoutMs`) |
 /// | `TPCOMM_ASYNC_ERROR_HANDLING` | `failure_mode` | `raise` (or `teardown`, `callback`) |
 /// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
@@ -132,7 +132,12 @@ struct Options {
   /// Over the application's own store (`tpcomm_bootstrap_from_store`), where no connection
   /// tells that a rank is gone, the rank watch is a heartbeat: a peer whose heartbeat stopped
   /// for this long is reported lost (NOTE [heartbeat watch] in src/bootstrap/heartbeat.hpp).
+  /// At least `kMinHeartbeatTimeoutMs`, at most `kMaxTimeoutMs`.
   std::int64_t heartbeat_timeout_ms = 5000;
+  /// Shortest `heartbeat_timeout_ms`: 20 beats of the shortest period (10 ms), so that a healthy
+  /// rank's beats, late by a busy host or a slow store call, are not taken for silence. Below
+  /// it, a timeout of one or two periods would report a healthy peer lost within milliseconds.
+  static constexpr std::int64_t kMinHeartbeatTimeoutMs = 200;
   /// What each group's watchdog does when the group fails (`FailureMode`); `Group::
   /// set_failure_mode` overrides it per group.
   FailureMode failure_mode = FailureMode::kRaise;

@@ -190,9 +190,11 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   }
   if (auto v = getenv("TPCOMM_HEARTBEAT_TIMEOUT_MS")) {
     auto t = parse_int(*v);
-    if (!t || *t <= 0 || *t > kMaxTimeoutMs) {
+    if (!t || *t < kMinHeartbeatTimeoutMs || *t > kMaxTimeoutMs) {
       bad("TPCOMM_HEARTBEAT_TIMEOUT_MS", *v,
-          detail::concat("a positive number of milliseconds, at most ", kMaxTimeoutMs));
+          detail::concat("milliseconds from ", kMinHeartbeatTimeoutMs, " to ", kMaxTimeoutMs,
+                         " (a heartbeat every 1/20 of it, 10 to 500 ms: below ",
+                         kMinHeartbeatTimeoutMs, " ms a healthy rank would be reported lost)"));
     }
     o.heartbeat_timeout_ms = *t;
   }

@@ -127,6 +127,25 @@ TEST(Options, TimeoutIsCappedAtOneYear) {
   }
 }
 
+// A heartbeat comes every 1/20 of the timeout but at most every 10 ms: a timeout of a few
+// periods would report a healthy rank lost, so it is refused below a floor, naming the range.
+TEST(Options, HeartbeatTimeoutHasAFloorOfSeveralBeats) {
+  EXPECT_EQ(from({{"TPCOMM_HEARTBEAT_TIMEOUT_MS", "200"}}).heartbeat_timeout_ms, 200);
+  EXPECT_GE(Options::kMinHeartbeatTimeoutMs, 100);
+  for (const char* value : {"1", "5", "10", "199", "0", "-3"}) {
+    SCOPED_TRACE(value);
+    try {
+      from({{"TPCOMM_HEARTBEAT_TIMEOUT_MS", value}});
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("TPCOMM_HEARTBEAT_TIMEOUT_MS"), std::string::npos) << what;
+      EXPECT_NE(what.find("from 200 to 31536000000"), std::string::npos) << what;
+    }
+  }
+}
+
 // The store refuses longer tokens; the error names the variable and never repeats the secret.
 TEST(Options, OverlongStoreTokenNamesTheVariable) {
   EXPECT_EQ(from({{"TPCOMM_STORE_TOKEN", std::string(1024, 't')}}).store_token.size(), 1024u);
