@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -64,6 +65,11 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
 struct Options;
 
+/// Every environment variable `Options::from_env` reads, in the table's order above: the one
+/// list of knobs, which `tpcomm info` shows (each with its value) and which a cpu test compares
+/// with the names the code reads.
+std::span<const std::string_view> knob_names() noexcept;
+
 /// Bytes of one rank's slot in each Lamport buffer of a group of `world_size` ranks under `o`:
 /// `lamport_max_bytes` (at most `custom_ar_max_bytes`), or more where the fused operation's
 /// `fusion_max_tokens` x `fusion_hidden` rows need it; 0 when `lamport_max_bytes` is 0. Each rank
@@ -106,6 +112,9 @@ struct Options {
   /// the custom exchanges (all-gather, all-to-all, the LM head's), by the largest rank's input;
   /// they stage smaller inputs with a copy kernel of their own.
   std::int64_t custom_ar_register_min_bytes = std::int64_t{2} << 20;
+  /// Most bytes `from_env` accepts for `lamport_max_bytes`, and for the fused rows'
+  /// `fusion_max_tokens` x `fusion_hidden` x 2: 1 GiB.
+  static constexpr std::int64_t kMaxLamportBytes = std::int64_t{1} << 30;
   /// Largest all-reduce, in bytes, that the Lamport kernel serves (0: no Lamport buffers). Each
   /// rank holds 3 x world size x this many bytes of receive buffers.
   std::int64_t lamport_max_bytes = std::int64_t{512} << 10;
@@ -115,7 +124,8 @@ struct Options {
   /// bytes among the ranks: `lamport_slot_bytes`) when that is more than `lamport_max_bytes`
   /// gives. The defaults hold DeepSeek-V3 (7168) and Llama-3.1-70B (8192) decode batches of up
   /// to 128 tokens on 2 to 8 ranks, for 12 MiB of receive buffers per rank at any world size. At
-  /// most 65536 tokens and a hidden size of 65536; 0 tokens: only `lamport_max_bytes` counts.
+  /// most 65536 tokens and a hidden size of 65536, and rows of at most `kMaxLamportBytes` (tokens
+  /// x hidden x 2 bytes); 0 tokens: only `lamport_max_bytes` counts.
   /// Ignored when `lamport_max_bytes` is 0 (no Lamport buffers).
   std::int64_t fusion_max_tokens = 128;
   std::int64_t fusion_hidden = 8192;

@@ -299,6 +299,28 @@ TEST(Options, FusionBatchSizesTheLamportSlots) {
   EXPECT_EQ(from({{"TPCOMM_FUSION_MAX_TOKENS", "65536"}}).fusion_max_tokens, 65536);
 }
 
+// The rows size the Lamport slots as TPCOMM_LAMPORT_MAX_BYTES does, under the same 1 GiB cap:
+// 65536 x 65536 rows would be an 8 GiB slot (about 48 GiB of peer memory a rank at 2 ranks).
+TEST(Options, FusionRowsAreCappedLikeTheLamportBytes) {
+  const Options most =
+      from({{"TPCOMM_FUSION_MAX_TOKENS", "65536"}, {"TPCOMM_FUSION_HIDDEN", "8192"}});
+  EXPECT_EQ(lamport_slot_bytes(most, 2), Options::kMaxLamportBytes);
+  for (const char* hidden : {"65536", "8193"}) {
+    SCOPED_TRACE(hidden);
+    try {
+      from({{"TPCOMM_FUSION_MAX_TOKENS", "65536"}, {"TPCOMM_FUSION_HIDDEN", hidden}});
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("TPCOMM_FUSION_MAX_TOKENS (65536) x TPCOMM_FUSION_HIDDEN"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("at most 1 GiB"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(Parse, Bytes) {
   EXPECT_EQ(parse_bytes("512"), 512);
   EXPECT_EQ(parse_bytes("1K"), 1024);
