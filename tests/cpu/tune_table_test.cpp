@@ -65,7 +65,7 @@ void expect_error(F&& f, Status status, const std::string& needle) {
 }
 
 const std::string kGoodHead =
-    "# tpcomm tune table v1\n"
+    "# tpcomm tune table v2\n"
     "key gpu=\"NVIDIA H200\" world_size=8 topology=nvlink-full driver_version=12040 "
     "nccl_version=22703 tpcomm_version=0.1.0\n";
 
@@ -202,7 +202,8 @@ TEST(TuneTableText, ExactFormOfASmallTable) {
                              "512 one_shot 1 512 4.5\n"
                              "1024 two_shot 2 256 10\n"
                              "1536 lamport_two_shot 4 512 7\n"
-                             "2048 none 0 0 0.125\n");
+                             "2048 none 0 0 0.125\n"
+                             "end 5\n");
 }
 
 TEST(TuneTableText, RoundTrip) {
@@ -226,7 +227,7 @@ TEST(TuneTableText, RoundTrip) {
 
 TEST(TuneTableText, AcceptsCommentsBlanksCrlfAndSpacing) {
   std::string text =
-      "# tpcomm tune table v1\r\n"
+      "# tpcomm tune table v2\r\n"
       "\r\n"
       "# measured on a test box\n"
       "   # an indented comment\n"
@@ -235,7 +236,9 @@ TEST(TuneTableText, AcceptsCommentsBlanksCrlfAndSpacing) {
       "\n"
       "512\tone_shot  1 512 4.5   \r\n"
       "  1024 two_shot 2 256 1e1\n"
-      "2048 none 0 0 0";  // no final newline
+      "2048 none 0 0 0\n"
+      "# the end\n"
+      "end  3";  // no final newline
   TuneTable t = TuneTable::parse(text);
   EXPECT_EQ(t.key(), h200_key());
   ASSERT_EQ(t.entries().size(), 3u);
@@ -252,16 +255,16 @@ struct Malformed {
 
 TEST(TuneTableText, RejectsEveryMalformedInputWithItsLineNumber) {
   const std::string head = kGoodHead;  // lines 1 and 2
-  const std::string key_prefix = "# tpcomm tune table v1\nkey ";
+  const std::string key_prefix = "# tpcomm tune table v2\nkey ";
   const std::string full_key =
       "gpu=g world_size=8 topology=t driver_version=1 nccl_version=2 tpcomm_version=v";
   const std::vector<Malformed> cases = {
       {"empty", "", "expected the header", 1},
       {"no header", "key gpu=g\n", "expected the header", 1},
-      {"other version", "# tpcomm tune table v2\n", "unsupported tune table version \"v2\"", 1},
-      {"header only", "# tpcomm tune table v1\n", "without a key line", 1},
-      {"comments only", "# tpcomm tune table v1\n# x\n\n", "without a key line", 3},
-      {"bucket before key", "# tpcomm tune table v1\n# c\n512 one_shot 1 512 1\n",
+      {"other version", "# tpcomm tune table v1\n", "unsupported tune table version \"v1\"", 1},
+      {"header only", "# tpcomm tune table v2\n", "without a key line", 1},
+      {"comments only", "# tpcomm tune table v2\n# x\n\n", "without a key line", 3},
+      {"bucket before key", "# tpcomm tune table v2\n# c\n512 one_shot 1 512 1\n",
        "bucket line before the key line", 3},
       {"second key", head + "key " + full_key + "\n", "second key line", 3},
       {"unknown key field", key_prefix + full_key + " colour=blue\n", "unknown key field", 2},
@@ -326,6 +329,17 @@ TEST(TuneTableText, RejectsEveryMalformedInputWithItsLineNumber) {
       {"binary junk", head + std::string("\x00\xff\x01 \x80", 5) + "\n", "expected 5 fields", 3},
       {"junk token shown shortened", head + std::string(500, 'x') + " one_shot 1 512 1\n", "...",
        3},
+      {"cut short", head + "512 one_shot 1 512 1\n1024 one_shot 1 512 1\n",
+       "end of text without the end line (\"end 2\"): the table was cut short", 4},
+      {"cut inside the end line", head + "512 one_shot 1 512 1\nen", "expected 5 fields", 4},
+      {"end counts other lines", head + "512 one_shot 1 512 1\nend 2\n",
+       "the end line says \"2\" bucket lines; the table has 1", 4},
+      {"end without a count", head + "512 one_shot 1 512 1\nend\n", "expected 5 fields", 4},
+      {"text after the end", head + "512 one_shot 1 512 1\nend 1\n1024 one_shot 1 512 1\n",
+       "text after the end line (line 4)", 5},
+      {"end before the key", "# tpcomm tune table v2\nend 0\n", "end line before the key line", 2},
+      {"byte order mark", "\xEF\xBB\xBF" + head + "end 0\n",
+       "starts with a UTF-8 byte order mark (EF BB BF)", 1},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
@@ -649,7 +663,7 @@ TEST(TuneTableText, FusedBucketsRoundTripAndAreChecked) {
   EXPECT_EQ(t.lookup_fused(32769), std::nullopt);
   // A table without fused buckets has none; fused lines must fuse and increase.
   EXPECT_EQ(TuneTable(key, {}).lookup_fused(1), std::nullopt);
-  const std::string head = "# tpcomm tune table v1\nkey " + key.to_text() + "\n";
+  const std::string head = "# tpcomm tune table v2\nkey " + key.to_text() + "\n";
   EXPECT_THROW((void)TuneTable::parse(head + "fused 512 one_shot 1 512 1\n"), Error);
   EXPECT_THROW(
       (void)TuneTable::parse(head + "fused 1024 lamport 1 512 1\nfused 512 lamport 1 512 1\n"),
@@ -672,7 +686,7 @@ TEST(TuneTableText, ExchangeBucketsRoundTripAndAreChecked) {
   EXPECT_EQ(t.lookup_exchange(1 << 21), ExchangeChoice{});
   EXPECT_EQ(t.lookup_exchange((1 << 21) + 1), std::nullopt);
   EXPECT_EQ(TuneTable(key, {}).lookup_exchange(1), std::nullopt);
-  const std::string head = "# tpcomm tune table v1\nkey " + key.to_text() + "\n";
+  const std::string head = "# tpcomm tune table v2\nkey " + key.to_text() + "\n";
   for (const char* bad : {"exchange 512 one_shot 1 512 1\n",  // an all-reduce algorithm
                           "exchange 512 pull 0 512 1\n",      // blocks out of range
                           "exchange 512 pull 1 100 1\n",      // threads not a block size
