@@ -12,9 +12,10 @@
  * - Handles are opaque; each `*_create`/`*_from_*` pairs with one `*_destroy`
  *   (`tpcomm_capture_begin` with one `tpcomm_capture_end`). A call on a handle that was
  *   destroyed already, or was never made, returns TPCOMM_INVALID_ARGUMENT ("was destroyed") as
- *   long as no new handle took its address; destroying NULL does nothing. As with
- *   `ncclCommDestroy`, destroying a handle while another thread still uses it is the caller's
- *   error.
+ *   long as no new handle took its address; so does a handle of another kind (a bootstrap
+ *   passed as a group: "is a tpcomm_bootstrap, not a tpcomm_group"), which is left untouched;
+ *   destroying NULL does nothing. As with `ncclCommDestroy`, destroying a handle while another
+ *   thread still uses it is the caller's error.
  * - Streams are `cudaStream_t` passed as `void*` (NULL: the legacy default stream).
  * - The rules of `tpcomm::Group` hold: every rank makes the same collective calls in the same
  *   order with the same sizes; one thread per rank; a TPCOMM_TIMEOUT, TPCOMM_ABORTED or

@@ -120,7 +120,7 @@ tpcomm_status tpcomm_bootstrap_from_store(const tpcomm_store_ops* ops, int rank,
     }
     *out = new tpcomm_bootstrap_s{
         tpcomm::Bootstrap(std::move(store), rank, world_size, local_rank, local_world_size), {}};
-    tpcomm::capi::add_handle(*out);
+    tpcomm::capi::add_handle(*out, tpcomm::capi::HandleKind::kBootstrap);
     return tpcomm::Status::kOk;
   });
 }
