@@ -421,3 +421,28 @@ def test_bootstrap_over_the_applications_store_times_out_naming_the_missing_rank
 
     with pytest.raises(tpcomm.TpcommError, match="the application's store failed"):
         tpcomm.Bootstrap.from_store(Broken(), 0, 2, timeout_ms=300)
+
+
+def test_store_values_are_bytes_like():
+    with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+        # bytes(5) would store five zero bytes, bytes(10**10) first build ten gigabytes.
+        for value in (5, True, 10**10, 1.5, None, [1, 2]):
+            with pytest.raises(TypeError, match="store values are bytes-like or str, not "):
+                b.store_set("k", value)
+        assert not b.store_check("k")
+        b.store_set("k", bytearray(b"ab"))
+        assert b.store_get("k") == b"ab"
+        b.store_set("k", memoryview(b"cd"))
+        assert b.store_get("k") == b"cd"
+
+
+def test_tensor_addresses_are_checked():
+    # ctypes would wrap 2**64 + 5 to 5.
+    with pytest.raises(ValueError, match="data_ptr 18446744073709551621 is not an address"):
+        tpcomm.tensor(2**64 + 5, "float32", [4])
+    with pytest.raises(ValueError, match="data_ptr -1 is not an address"):
+        tpcomm.tensor(-1, "float32", [4])
+    with pytest.raises(TypeError, match="data_ptr must be an int"):
+        tpcomm.tensor(1.0, "float32", [4])
+    assert tpcomm.tensor(2**64 - 1, "float32", [4]).data == 2**64 - 1
+
