@@ -172,6 +172,12 @@ typedef struct tpcomm_store_ops {
   int (*erase)(void* ctx, const char* key, int* existed, int64_t timeout_ms);
 } tpcomm_store_ops;
 
+/* Called from within a `tpcomm_store_ops` callback that is about to return a failure: `message`
+ * (copied; NULL clears it) is what went wrong, in the application's words (an exception's text,
+ * "get('k') did not return within 3000 ms"), and follows the library's own message for that
+ * failure. This thread only; a callback that returns TPCOMM_OK discards it. */
+void tpcomm_store_callback_error(const char* message);
+
 /* A bootstrap over the application's store `ops` (copied; `ops->ctx` and what it points at must
  * outlive every bootstrap and group made from it): no store of tpcomm's own, no port. Keys go
  * under "tpcomm/". `local_rank` and `local_world_size` as for `tpcomm_bootstrap_create` (-1:

@@ -307,8 +307,12 @@ class Bootstrap(_Handle):
         value)`, `get(key)` (bytes), `add(key, amount)`, `check([key])`, `delete_key(key)` — such
         as the `TCPStore` or `PrefixStore` torchrun and the engines already have. Keys go under
         "tpcomm/". `local_rank`/`local_world_size` -1 derive locality from host names (then
-        this is a collective). `timeout_ms` bounds every wait (0: TPCOMM_TIMEOUT_MS). Without
-        tpcomm's own store there is no rank watch: a dead peer is noticed at the deadline."""
+        this is a collective). `timeout_ms` bounds every wait (0: TPCOMM_TIMEOUT_MS), the store's
+        own calls included: each runs on a thread of its own, and one that has not returned in
+        time is abandoned and fails the wait with a TimeoutError naming it. `get` must return
+        bytes and `add` an int of 64 bits (anything else is refused naming the method); an
+        exception the store raises is carried in the error. Without tpcomm's own store there is
+        no rank watch: a dead peer is noticed at the deadline."""
         ops = _store.StoreCallbacks(store).ops
         args = (ctypes.byref(ops), _int("rank", rank), _int("world_size", world_size),
                 _int("local_rank", local_rank), _int("local_world_size", local_world_size),
