@@ -103,17 +103,28 @@ ModelSpec load_model_file(const std::string& path) {
   std::stringstream text;
   text << f.rdbuf();
   nlohmann::json j;
+  // The key whose value is being read, so that a number out of range names its field.
+  std::string key;
   try {
     // A model is a flat object: deep nesting is refused as it is read, before it takes memory.
-    j = nlohmann::json::parse(
-        text.str(), [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-          if (depth > kMaxModelDepth)
-            refuse(path,
-                   "not a model: nested deeper than " + std::to_string(kMaxModelDepth) + " levels");
-          return true;
-        });
+    j = nlohmann::json::parse(text.str(), [&](int depth, nlohmann::json::parse_event_t event,
+                                              nlohmann::json& parsed) {
+      if (depth > kMaxModelDepth)
+        refuse(path,
+               "not a model: nested deeper than " + std::to_string(kMaxModelDepth) + " levels");
+      using Event = nlohmann::json::parse_event_t;
+      if (event == Event::key) {
+        key = parsed.get<std::string>();
+      } else if (event == Event::value || event == Event::object_end || event == Event::array_end) {
+        key.clear();
+      }
+      return true;
+    });
+  } catch (const nlohmann::json::out_of_range& e) {
+    // A number out of range ("1e400"): its field, when it has one.
+    refuse(path, std::string("not valid JSON") +
+                     (key.empty() ? std::string() : " in field \"" + key + "\"") + ": " + e.what());
   } catch (const nlohmann::json::exception& e) {
-    // Malformed text, and numbers out of range ("1e400") alike.
     refuse(path, std::string("not valid JSON: ") + e.what());
   }
   return parse_model(j, path);

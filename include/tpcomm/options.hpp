@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -56,7 +57,7 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_DISABLE_NCCL` | `disable_nccl` | 0 |
 /// | `TPCOMM_PDL` | `programmatic_launch` | 1 |
 /// | `TPCOMM_RANK_WATCH` | `rank_watch` | 1 |
-/// | `TPCOMM_HEARTBEAT_TIMEOUT_MS` | `heartbeat_timeout_ms` | 5000 (at most `kMaxTimeoutMs`) |
+/// | `TPCOMM_HEARTBEAT_TIMEOUT_MS` | `heartbeat_timeout_ms` | 5000 (200 to `kMaxTimeoutMs`) |
 /// | `TPCOMM_ASYNC_ERROR_HANDLING` | `failure_mode` | `raise` (or `teardown`, `callback`) |
 /// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
 /// | `TPCOMM_NCCL_CHECK` | `nccl_check` | `auto` (eager NCCL calls of at least 32 MiB) |
@@ -64,6 +65,11 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_STORE_TOKEN_FILE` | `store_token_file`, `store_token` | unset |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
 struct Options;
+
+/// Every environment variable `Options::from_env` reads, in the table's order above: the one
+/// list of knobs, which `tpcomm info` shows (each with its value) and which a cpu test compares
+/// with the names the code reads.
+std::span<const std::string_view> knob_names() noexcept;
 
 /// Bytes of one rank's slot in each Lamport buffer of a group of `world_size` ranks under `o`:
 /// `lamport_max_bytes` (at most `custom_ar_max_bytes`), or more where the fused operation's
@@ -107,6 +113,9 @@ struct Options {
   /// the custom exchanges (all-gather, all-to-all, the LM head's), by the largest rank's input;
   /// they stage smaller inputs with a copy kernel of their own.
   std::int64_t custom_ar_register_min_bytes = std::int64_t{2} << 20;
+  /// Most bytes `from_env` accepts for `lamport_max_bytes`, and for the fused rows'
+  /// `fusion_max_tokens` x `fusion_hidden` x 2: 1 GiB.
+  static constexpr std::int64_t kMaxLamportBytes = std::int64_t{1} << 30;
   /// Largest all-reduce, in bytes, that the Lamport kernel serves (0: no Lamport buffers). Each
   /// rank holds 3 x world size x this many bytes of receive buffers.
   std::int64_t lamport_max_bytes = std::int64_t{512} << 10;
@@ -116,7 +125,8 @@ struct Options {
   /// bytes among the ranks: `lamport_slot_bytes`) when that is more than `lamport_max_bytes`
   /// gives. The defaults hold DeepSeek-V3 (7168) and Llama-3.1-70B (8192) decode batches of up
   /// to 128 tokens on 2 to 8 ranks, for 12 MiB of receive buffers per rank at any world size. At
-  /// most 65536 tokens and a hidden size of 65536; 0 tokens: only `lamport_max_bytes` counts.
+  /// most 65536 tokens and a hidden size of 65536, and rows of at most `kMaxLamportBytes` (tokens
+  /// x hidden x 2 bytes); 0 tokens: only `lamport_max_bytes` counts.
   /// Ignored when `lamport_max_bytes` is 0 (no Lamport buffers).
   std::int64_t fusion_max_tokens = 128;
   std::int64_t fusion_hidden = 8192;
@@ -133,7 +143,12 @@ struct Options {
   /// Over the application's own store (`tpcomm_bootstrap_from_store`), where no connection
   /// tells that a rank is gone, the rank watch is a heartbeat: a peer whose heartbeat stopped
   /// for this long is reported lost (NOTE [heartbeat watch] in src/bootstrap/heartbeat.hpp).
+  /// At least `kMinHeartbeatTimeoutMs`, at most `kMaxTimeoutMs`.
   std::int64_t heartbeat_timeout_ms = 5000;
+  /// Shortest `heartbeat_timeout_ms`: 20 beats of the shortest period (10 ms), so that a healthy
+  /// rank's beats, late by a busy host or a slow store call, are not taken for silence. Below
+  /// it, a timeout of one or two periods would report a healthy peer lost within milliseconds.
+  static constexpr std::int64_t kMinHeartbeatTimeoutMs = 200;
   /// What each group's watchdog does when the group fails (`FailureMode`); `Group::
   /// set_failure_mode` overrides it per group.
   FailureMode failure_mode = FailureMode::kRaise;

@@ -12,9 +12,10 @@
  * - Handles are opaque; each `*_create`/`*_from_*` pairs with one `*_destroy`
  *   (`tpcomm_capture_begin` with one `tpcomm_capture_end`). A call on a handle that was
  *   destroyed already, or was never made, returns TPCOMM_INVALID_ARGUMENT ("was destroyed") as
- *   long as no new handle took its address; destroying NULL does nothing. As with
- *   `ncclCommDestroy`, destroying a handle while another thread still uses it is the caller's
- *   error.
+ *   long as no new handle took its address; so does a handle of another kind (a bootstrap
+ *   passed as a group: "is a tpcomm_bootstrap, not a tpcomm_group"), which is left untouched;
+ *   destroying NULL does nothing. As with `ncclCommDestroy`, destroying a handle while another
+ *   thread still uses it is the caller's error.
  * - Streams are `cudaStream_t` passed as `void*` (NULL: the legacy default stream).
  * - The rules of `tpcomm::Group` hold: every rank makes the same collective calls in the same
  *   order with the same sizes; one thread per rank; a TPCOMM_TIMEOUT, TPCOMM_ABORTED or
@@ -170,6 +171,12 @@ typedef struct tpcomm_store_ops {
   int (*check)(void* ctx, const char* key, int* exists, int64_t timeout_ms);
   int (*erase)(void* ctx, const char* key, int* existed, int64_t timeout_ms);
 } tpcomm_store_ops;
+
+/* Called from within a `tpcomm_store_ops` callback that is about to return a failure: `message`
+ * (copied; NULL clears it) is what went wrong, in the application's words (an exception's text,
+ * "get('k') did not return within 3000 ms"), and follows the library's own message for that
+ * failure. This thread only; a callback that returns TPCOMM_OK discards it. */
+void tpcomm_store_callback_error(const char* message);
 
 /* A bootstrap over the application's store `ops` (copied; `ops->ctx` and what it points at must
  * outlive every bootstrap and group made from it): no store of tpcomm's own, no port. Keys go

@@ -421,3 +421,104 @@ def test_bootstrap_over_the_applications_store_times_out_naming_the_missing_rank
 
     with pytest.raises(tpcomm.TpcommError, match="the application's store failed"):
         tpcomm.Bootstrap.from_store(Broken(), 0, 2, timeout_ms=300)
+
+
+def test_store_values_are_bytes_like():
+    with tpcomm.Bootstrap(rank=0, world_size=1) as b:
+        # bytes(5) would store five zero bytes, bytes(10**10) first build ten gigabytes.
+        for value in (5, True, 10**10, 1.5, None, [1, 2]):
+            with pytest.raises(TypeError, match="store values are bytes-like or str, not "):
+                b.store_set("k", value)
+        assert not b.store_check("k")
+        b.store_set("k", bytearray(b"ab"))
+        assert b.store_get("k") == b"ab"
+        b.store_set("k", memoryview(b"cd"))
+        assert b.store_get("k") == b"cd"
+
+
+def test_tensor_addresses_are_checked():
+    # ctypes would wrap 2**64 + 5 to 5.
+    with pytest.raises(ValueError, match="data_ptr 18446744073709551621 is not an address"):
+        tpcomm.tensor(2**64 + 5, "float32", [4])
+    with pytest.raises(ValueError, match="data_ptr -1 is not an address"):
+        tpcomm.tensor(-1, "float32", [4])
+    with pytest.raises(TypeError, match="data_ptr must be an int"):
+        tpcomm.tensor(1.0, "float32", [4])
+    assert tpcomm.tensor(2**64 - 1, "float32", [4]).data == 2**64 - 1
+
+
+def _from_store_on_two_ranks(store, timeout_ms):
+    """Bootstrap.from_store on ranks 0 and 1 (threads): (rank -> node_id, rank -> exception,
+    seconds taken). Threads that are still running after 20 s are reported as such."""
+    nodes, errors = {}, {}
+
+    def rank_main(rank):
+        try:
+            with tpcomm.Bootstrap.from_store(store, rank, 2, timeout_ms=timeout_ms) as b:
+                nodes[rank] = b.node_id
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            errors[rank] = e
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads), "a rank is still running after 20 s"
+    return nodes, errors, time.monotonic() - start
+
+
+def test_the_applications_store_returning_wrong_types_is_refused_naming_the_method():
+    # The rank whose call got the bad value names it; the other fails at its deadline.
+    class IntGet(DictStore):
+        def get(self, key):
+            super().get(key)
+            return 3  # bytes(3) would be three zero bytes: every rank its own host
+
+    nodes, errors, _ = _from_store_on_two_ranks(IntGet(), 1000)
+    assert not nodes and len(errors) == 2, (nodes, errors)
+    assert any("the store's get(" in str(e) and "returned int, not bytes" in str(e)
+               for e in errors.values()), errors
+
+    class HugeAdd(DictStore):
+        def add(self, key, amount):
+            super().add(key, amount)
+            return 2**70  # cut to 64 bits by ctypes
+
+    nodes, errors, _ = _from_store_on_two_ranks(HugeAdd(), 1000)
+    assert not nodes and len(errors) == 2, (nodes, errors)
+    assert any("the store's add(" in str(e) and "outside 64 bits" in str(e)
+               for e in errors.values()), errors
+
+    class Raising(DictStore):
+        def get(self, key):
+            raise RuntimeError("the engine's store is down")
+
+    nodes, errors, _ = _from_store_on_two_ranks(Raising(), 1000)
+    assert not nodes and len(errors) == 2, (nodes, errors)
+    assert any("the application's store failed" in str(e) and
+               "RuntimeError: the engine's store is down" in str(e)
+               for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("method", ["get", "add"])
+def test_a_blocking_store_call_is_bounded_by_the_timeout(method):
+    release = threading.Event()
+
+    class Blocking(DictStore):
+        pass
+
+    def blocked(*args):
+        release.wait()  # a store that stopped answering
+
+    setattr(Blocking, method, blocked)
+    try:
+        nodes, errors, took = _from_store_on_two_ranks(Blocking(), 1000)
+    finally:
+        release.set()
+    assert not nodes and len(errors) == 2, (nodes, errors)
+    assert all(isinstance(e, tpcomm.TimeoutError) for e in errors.values()), errors
+    assert any(f"the store's {method}(" in str(e) and "did not return within" in str(e)
+               for e in errors.values()), errors
+    assert took < 8, took

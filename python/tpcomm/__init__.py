@@ -103,7 +103,7 @@ def tensor(data_ptr, dtype, shape, device=-1):
     if len(shape) > _capi.MAX_DIMS:
         raise InvalidArgumentError(2, f"{len(shape)} dimensions; at most {_capi.MAX_DIMS}")
     t = _capi.CTensor()
-    t.data = data_ptr
+    t.data = _pointer("data_ptr", data_ptr)
     t.dtype = DTYPES[dtype]
     t.ndim = len(shape)
     t.device = _int("device", device)
@@ -120,6 +120,17 @@ def _key(key):
     if not isinstance(key, str):
         raise TypeError(f"store keys are str, not {type(key).__name__}")
     return _text("key", key)
+
+
+def _value(value):
+    """A store value as bytes: a bytes-like object or a str (UTF-8). Anything else is a TypeError:
+    bytes(5) would make five zero bytes (and bytes(10**10) ten gigabytes) of an int."""
+    if isinstance(value, str):
+        return value.encode()
+    try:
+        return memoryview(value).tobytes()
+    except TypeError:
+        raise TypeError(f"store values are bytes-like or str, not {type(value).__name__}") from None
 
 
 def _text(name, s):
@@ -180,6 +191,15 @@ def _int(name, v, bits=32):
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if not lo <= v <= hi:
         raise ValueError(f"{name} {v} is outside {lo}..{hi}")
+    return v
+
+
+def _pointer(name, v):
+    """`v` as a C pointer: an int in 0..2**64 - 1 (ctypes would wrap 2**64 + 5 to 5)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int (an address), not {type(v).__name__}")
+    if not 0 <= v < (1 << 64):
+        raise ValueError(f"{name} {v} is not an address (0..2**64 - 1)")
     return v
 
 
@@ -287,8 +307,12 @@ class Bootstrap(_Handle):
         value)`, `get(key)` (bytes), `add(key, amount)`, `check([key])`, `delete_key(key)` — such
         as the `TCPStore` or `PrefixStore` torchrun and the engines already have. Keys go under
         "tpcomm/". `local_rank`/`local_world_size` -1 derive locality from host names (then
-        this is a collective). `timeout_ms` bounds every wait (0: TPCOMM_TIMEOUT_MS). Without
-        tpcomm's own store there is no rank watch: a dead peer is noticed at the deadline."""
+        this is a collective). `timeout_ms` bounds every wait (0: TPCOMM_TIMEOUT_MS), the store's
+        own calls included: each runs on a thread of its own, and one that has not returned in
+        time is abandoned and fails the wait with a TimeoutError naming it. `get` must return
+        bytes and `add` an int of 64 bits (anything else is refused naming the method); an
+        exception the store raises is carried in the error. Without tpcomm's own store there is
+        no rank watch: a dead peer is noticed at the deadline."""
         ops = _store.StoreCallbacks(store).ops
         args = (ctypes.byref(ops), _int("rank", rank), _int("world_size", world_size),
                 _int("local_rank", local_rank), _int("local_world_size", local_world_size),
@@ -342,10 +366,8 @@ class Bootstrap(_Handle):
         self._call(_interruptible(lambda: lib.tpcomm_bootstrap_barrier(handle), self)[0])
 
     def store_set(self, key, value, timeout_ms=0):
-        """Stores `value` (bytes or str) under `key`."""
-        if isinstance(value, str):
-            value = value.encode()
-        value = bytes(value)
+        """Stores `value` (bytes or another bytes-like object, or a str as UTF-8) under `key`."""
+        value = _value(value)
         self._call(_capi.lib().tpcomm_store_set(self.handle, _key(key), value, len(value),
                                                 _int("timeout_ms", timeout_ms, 64)))
 

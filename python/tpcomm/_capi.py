@@ -140,6 +140,10 @@ _SIGNATURES = {
     "tpcomm_capture_begin": [_h, _p, ctypes.POINTER(_h)],
     "tpcomm_capture_end": [_h],
 }
+# name: (argument types) of the functions that return nothing.
+_VOIDS = {
+    "tpcomm_store_callback_error": [_s],
+}
 _STRINGS = {
     "tpcomm_status_string": [_i],
     "tpcomm_last_error": [],
@@ -198,6 +202,10 @@ def lib():
                 fn = getattr(handle, name)
                 fn.argtypes = args
                 fn.restype = ctypes.c_int
+            for name, args in _VOIDS.items():
+                fn = getattr(handle, name)
+                fn.argtypes = args
+                fn.restype = None
             for name, args in _STRINGS.items():
                 fn = getattr(handle, name)
                 fn.argtypes = args

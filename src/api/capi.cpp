@@ -68,7 +68,7 @@ tpcomm_status tpcomm_bootstrap_from_env(tpcomm_bootstrap* out) {
     TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     *out = new tpcomm_bootstrap_s{tpcomm::Bootstrap::from_env(), {}};
-    tpcomm::capi::add_handle(*out);
+    tpcomm::capi::add_handle(*out, tpcomm::capi::HandleKind::kBootstrap);
     return Status::kOk;
   });
 }
@@ -94,7 +94,7 @@ tpcomm_status tpcomm_bootstrap_create(int rank, int world_size, int local_rank,
     info.source = "explicit";
     *out = new tpcomm_bootstrap_s{
         tpcomm::Bootstrap::from_launch_info(info, tpcomm::Options::from_env()), {}};
-    tpcomm::capi::add_handle(*out);
+    tpcomm::capi::add_handle(*out, tpcomm::capi::HandleKind::kBootstrap);
     return Status::kOk;
   });
 }
@@ -102,13 +102,14 @@ tpcomm_status tpcomm_bootstrap_create(int rank, int world_size, int local_rank,
 tpcomm_status tpcomm_bootstrap_split(tpcomm_bootstrap boot, const int* ranks, size_t num_ranks,
                                      const char* tag, tpcomm_bootstrap* out) {
   return guarded("tpcomm_bootstrap_split", nullptr, [&] {
-    if (const char* why = tpcomm::capi::unusable(boot)) TPCOMM_C_REQUIRE(false, "boot", why);
+    if (const char* why = tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap))
+      TPCOMM_C_REQUIRE(false, "boot", why);
     TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     TPCOMM_C_REQUIRE(ranks != nullptr && num_ranks > 0, "ranks is NULL or empty");
     TPCOMM_C_REQUIRE(tag != nullptr, "tag is NULL");
     *out = new tpcomm_bootstrap_s{boot->boot.split(std::span(ranks, num_ranks), tag), {}};
-    tpcomm::capi::add_handle(*out);
+    tpcomm::capi::add_handle(*out, tpcomm::capi::HandleKind::kBootstrap);
     return Status::kOk;
   });
 }
@@ -116,8 +117,8 @@ tpcomm_status tpcomm_bootstrap_split(tpcomm_bootstrap boot, const int* ranks, si
 tpcomm_status tpcomm_bootstrap_destroy(tpcomm_bootstrap boot) {
   return guarded("tpcomm_bootstrap_destroy", nullptr, [&] {
     if (boot == nullptr) return Status::kOk;
-    TPCOMM_C_REQUIRE(tpcomm::capi::remove_handle(boot),
-                     "boot was destroyed already (or never created)");
+    if (const char* why = tpcomm::capi::remove_handle(boot, tpcomm::capi::HandleKind::kBootstrap))
+      TPCOMM_C_REQUIRE(false, "boot", why);
     delete boot;
     return Status::kOk;
   });
@@ -125,7 +126,8 @@ tpcomm_status tpcomm_bootstrap_destroy(tpcomm_bootstrap boot) {
 
 tpcomm_status tpcomm_bootstrap_rank_info(tpcomm_bootstrap boot, tpcomm_rank_info* out) {
   return guarded("tpcomm_bootstrap_rank_info", nullptr, [&] {
-    if (const char* why = tpcomm::capi::unusable(boot)) TPCOMM_C_REQUIRE(false, "boot", why);
+    if (const char* why = tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap))
+      TPCOMM_C_REQUIRE(false, "boot", why);
     TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
     *out = {boot->boot.rank(),       boot->boot.world_size(),
             boot->boot.local_rank(), boot->boot.local_world_size(),
@@ -135,7 +137,7 @@ tpcomm_status tpcomm_bootstrap_rank_info(tpcomm_bootstrap boot, tpcomm_rank_info
 }
 
 tpcomm_status tpcomm_bootstrap_barrier(tpcomm_bootstrap boot) {
-  if (const char* why = tpcomm::capi::unusable(boot))
+  if (const char* why = tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap))
     return tpcomm::capi::fail(tpcomm::Status::kInvalidArgument,
                               tpcomm::detail::concat("tpcomm_bootstrap_barrier: boot", why));
   return guarded("tpcomm_bootstrap_barrier", &boot->last_error, [&] {
@@ -145,12 +147,14 @@ tpcomm_status tpcomm_bootstrap_barrier(tpcomm_bootstrap boot) {
 }
 
 const char* tpcomm_bootstrap_last_error(tpcomm_bootstrap boot) {
-  return tpcomm::capi::unusable(boot) != nullptr ? "" : boot->last_error.c_str();
+  return tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap) != nullptr
+             ? ""
+             : boot->last_error.c_str();
 }
 
 tpcomm_status tpcomm_store_set(tpcomm_bootstrap boot, const char* key, const void* value,
                                size_t size, int64_t timeout_ms) {
-  if (const char* why = tpcomm::capi::unusable(boot))
+  if (const char* why = tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap))
     return tpcomm::capi::fail(tpcomm::Status::kInvalidArgument,
                               tpcomm::detail::concat("tpcomm_store_set: boot", why));
   return guarded("tpcomm_store_set", &boot->last_error, [&] {
@@ -164,7 +168,7 @@ tpcomm_status tpcomm_store_set(tpcomm_bootstrap boot, const char* key, const voi
 
 tpcomm_status tpcomm_store_get(tpcomm_bootstrap boot, const char* key, void* buf, size_t capacity,
                                size_t* size, int64_t timeout_ms) {
-  if (const char* why = tpcomm::capi::unusable(boot))
+  if (const char* why = tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap))
     return tpcomm::capi::fail(tpcomm::Status::kInvalidArgument,
                               tpcomm::detail::concat("tpcomm_store_get: boot", why));
   return guarded("tpcomm_store_get", &boot->last_error, [&] {
@@ -183,7 +187,7 @@ tpcomm_status tpcomm_store_get(tpcomm_bootstrap boot, const char* key, void* buf
 
 tpcomm_status tpcomm_store_add(tpcomm_bootstrap boot, const char* key, int64_t delta,
                                int64_t* result, int64_t timeout_ms) {
-  if (const char* why = tpcomm::capi::unusable(boot))
+  if (const char* why = tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap))
     return tpcomm::capi::fail(tpcomm::Status::kInvalidArgument,
                               tpcomm::detail::concat("tpcomm_store_add: boot", why));
   return guarded("tpcomm_store_add", &boot->last_error, [&] {
@@ -197,7 +201,7 @@ tpcomm_status tpcomm_store_add(tpcomm_bootstrap boot, const char* key, int64_t d
 
 tpcomm_status tpcomm_store_check(tpcomm_bootstrap boot, const char* key, int* exists,
                                  int64_t timeout_ms) {
-  if (const char* why = tpcomm::capi::unusable(boot))
+  if (const char* why = tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap))
     return tpcomm::capi::fail(tpcomm::Status::kInvalidArgument,
                               tpcomm::detail::concat("tpcomm_store_check: boot", why));
   return guarded("tpcomm_store_check", &boot->last_error, [&] {
@@ -210,7 +214,7 @@ tpcomm_status tpcomm_store_check(tpcomm_bootstrap boot, const char* key, int* ex
 
 tpcomm_status tpcomm_store_erase(tpcomm_bootstrap boot, const char* key, int* existed,
                                  int64_t timeout_ms) {
-  if (const char* why = tpcomm::capi::unusable(boot))
+  if (const char* why = tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap))
     return tpcomm::capi::fail(tpcomm::Status::kInvalidArgument,
                               tpcomm::detail::concat("tpcomm_store_erase: boot", why));
   return guarded("tpcomm_store_erase", &boot->last_error, [&] {

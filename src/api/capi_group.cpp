@@ -20,7 +20,7 @@ extern "C" {
 
 tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
                                   const tpcomm_group_config* config, tpcomm_group* out) {
-  if (const char* why = tpcomm::capi::unusable(boot))
+  if (const char* why = tpcomm::capi::unusable(boot, tpcomm::capi::HandleKind::kBootstrap))
     return tpcomm::capi::fail(tpcomm::Status::kInvalidArgument,
                               tpcomm::detail::concat("tpcomm_group_create: boot", why));
   return guarded("tpcomm_group_create", &boot->last_error, [&] {
@@ -41,7 +41,7 @@ tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
     }
     *out = new tpcomm_group_s{
         std::make_shared<tpcomm::Group>(boot->boot, device, tpcomm::Options::from_env(), c), {}};
-    tpcomm::capi::add_handle(*out);
+    tpcomm::capi::add_handle(*out, tpcomm::capi::HandleKind::kGroup);
     return Status::kOk;
   });
 }
@@ -49,8 +49,8 @@ tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
 tpcomm_status tpcomm_group_destroy(tpcomm_group group) {
   return guarded("tpcomm_group_destroy", nullptr, [&] {
     if (group == nullptr) return Status::kOk;
-    TPCOMM_C_REQUIRE(tpcomm::capi::remove_handle(group),
-                     "group was destroyed already (or never created)");
+    if (const char* why = tpcomm::capi::remove_handle(group, tpcomm::capi::HandleKind::kGroup))
+      TPCOMM_C_REQUIRE(false, "group", why);
     delete group;
     return Status::kOk;
   });
@@ -105,7 +105,9 @@ tpcomm_status tpcomm_group_warm_up(tpcomm_group group, void* stream) {
 }
 
 const char* tpcomm_group_last_error(tpcomm_group group) {
-  return tpcomm::capi::unusable(group) != nullptr ? "" : group->last_error.c_str();
+  return tpcomm::capi::unusable(group, tpcomm::capi::HandleKind::kGroup) != nullptr
+             ? ""
+             : group->last_error.c_str();
 }
 
 tpcomm_status tpcomm_group_backend_for(tpcomm_group group, int op, const tpcomm_tensor* in,
@@ -346,16 +348,19 @@ tpcomm_status tpcomm_capture_begin(tpcomm_group group, void* stream, tpcomm_capt
     TPCOMM_C_REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     *out = new tpcomm_capture_s{group, g.capture(tpcomm::capi::stream_of(stream))};
-    tpcomm::capi::add_handle(*out);
+    tpcomm::capi::add_handle(*out, tpcomm::capi::HandleKind::kCapture);
     return Status::kOk;
   });
 }
 
 tpcomm_status tpcomm_capture_end(tpcomm_capture scope) {
   if (scope == nullptr) return TPCOMM_OK;
-  if (!tpcomm::capi::remove_handle(scope))
+  if (const char* why = tpcomm::capi::remove_handle(scope, tpcomm::capi::HandleKind::kCapture)) {
     return tpcomm::capi::fail(tpcomm::Status::kInvalidArgument,
-                              "tpcomm_capture_end: scope was ended already (or never begun)");
+                              tpcomm::capi::is_alive(scope)
+                                  ? tpcomm::detail::concat("tpcomm_capture_end: scope", why)
+                                  : "tpcomm_capture_end: scope was ended already (or never begun)");
+  }
   const std::unique_ptr<tpcomm_capture_s> owned(scope);
   return tpcomm::capi::group_call("tpcomm_capture_end", owned->owner,
                                   [&](tpcomm::Group&) { return owned->scope.close(); });

@@ -51,7 +51,7 @@ tpcomm_status tpcomm_parallel_layout(int world_size, const tpcomm_parallel_confi
 tpcomm_status tpcomm_parallel_groups_create(tpcomm_bootstrap world, int device,
                                             const tpcomm_parallel_config* config,
                                             tpcomm_group out[4]) {
-  if (const char* why = tpcomm::capi::unusable(world))
+  if (const char* why = tpcomm::capi::unusable(world, tpcomm::capi::HandleKind::kBootstrap))
     return tpcomm::capi::fail(Status::kInvalidArgument,
                               tpcomm::detail::concat("tpcomm_parallel_groups_create: world", why));
   return guarded("tpcomm_parallel_groups_create", &world->last_error, [&] {
@@ -70,7 +70,7 @@ tpcomm_status tpcomm_parallel_groups_create(tpcomm_bootstrap world, int device,
     }
     for (int k = 0; k < tpcomm::kGroupKindCount; ++k) {
       out[k] = handles[k].release();
-      tpcomm::capi::add_handle(out[k]);
+      tpcomm::capi::add_handle(out[k], tpcomm::capi::HandleKind::kGroup);
     }
     return Status::kOk;
   });

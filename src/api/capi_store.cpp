@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "api/capi_support.hpp"
 #include "bootstrap/deadline.hpp"
@@ -16,6 +17,10 @@
 
 namespace tpcomm::capi {
 namespace {
+
+/// What the callback that just ran said of its failure (`tpcomm_store_callback_error`); read and
+/// cleared after every callback, on the thread that called it.
+thread_local std::string t_callback_error;
 
 /// `Store` over `tpcomm_store_ops`: each operation one callback (a wait, a get per key).
 class CallbackStore final : public Store {
@@ -82,14 +87,20 @@ class CallbackStore final : public Store {
 
   /// Throws for a callback's failure: kTimeout naming the key for TPCOMM_TIMEOUT, the status it
   /// gave (or kInternal for one that is not a tpcomm_status) otherwise.
+  /// The callback's own text, when it gave one, follows.
   static void expect_ok(const char* op, const std::string& key, Milliseconds timeout, int status) {
+    const std::string said = std::exchange(t_callback_error, std::string());
     if (status == TPCOMM_OK) return;
-    if (status == TPCOMM_TIMEOUT)
+    if (status == TPCOMM_TIMEOUT && said.empty())
       TPCOMM_THROW(Status::kTimeout, "store ", op, " of key '", key, "': not set within ",
                    timeout.count(), " ms (the application's store)");
+    if (status == TPCOMM_TIMEOUT)
+      TPCOMM_THROW(Status::kTimeout, "store ", op, " of key '", key, "': ", said,
+                   " (the application's store)");
     const bool known = status > TPCOMM_OK && status <= TPCOMM_MISMATCH;
     TPCOMM_THROW(known ? static_cast<Status>(status) : Status::kInternal, "store ", op, " of key '",
-                 key, "': the application's store failed (status ", status, ")");
+                 key, "': the application's store failed (status ", status, ")",
+                 said.empty() ? "" : ": ", said);
   }
 
   tpcomm_store_ops ops_;
@@ -97,6 +108,13 @@ class CallbackStore final : public Store {
 
 }  // namespace
 }  // namespace tpcomm::capi
+
+void tpcomm_store_callback_error(const char* message) {
+  try {
+    tpcomm::capi::t_callback_error = message != nullptr ? message : "";
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory, the status alone is reported
+  }
+}
 
 tpcomm_status tpcomm_bootstrap_from_store(const tpcomm_store_ops* ops, int rank, int world_size,
                                           int local_rank, int local_world_size, int64_t timeout_ms,
@@ -120,7 +138,7 @@ tpcomm_status tpcomm_bootstrap_from_store(const tpcomm_store_ops* ops, int rank,
     }
     *out = new tpcomm_bootstrap_s{
         tpcomm::Bootstrap(std::move(store), rank, world_size, local_rank, local_world_size), {}};
-    tpcomm::capi::add_handle(*out);
+    tpcomm::capi::add_handle(*out, tpcomm::capi::HandleKind::kBootstrap);
     return tpcomm::Status::kOk;
   });
 }

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <limits>
 #include <mutex>
-#include <unordered_set>
+#include <new>
+#include <optional>
+#include <unordered_map>
 
 #include "tpcomm/options.hpp"
 
@@ -21,28 +23,35 @@ static_assert(TPCOMM_MAX_DIMS == TensorView::kMaxDims);
 
 namespace {
 
-/// The bootstrap, group and capture handles alive now. A call on a handle that was destroyed
-/// (or never made) is refused with kInvalidArgument instead of reading freed memory, until the
-/// address is reused by a new handle (tpcomm.h says so).
+/// The bootstrap, group and capture handles alive now, with their kinds. A call on a handle that
+/// was destroyed (or never made) is refused with kInvalidArgument instead of reading freed
+/// memory, until the address is reused by a new handle (tpcomm.h says so); so is a handle of
+/// another kind.
 class Handles {
  public:
-  void add(const void* h) {
+  void add(const void* h, HandleKind kind) {
     std::lock_guard lock(mu_);
-    live_.insert(h);
+    live_[h] = kind;
   }
-  /// False when `h` was not alive.
-  bool remove(const void* h) {
+  /// The kind of a live `h`; nullopt when it is not alive.
+  std::optional<HandleKind> kind(const void* h) {
     std::lock_guard lock(mu_);
-    return live_.erase(h) == 1;
+    const auto it = live_.find(h);
+    if (it == live_.end()) return std::nullopt;
+    return it->second;
   }
-  bool alive(const void* h) {
+  /// False when `h` was not alive as a `kind`.
+  bool remove(const void* h, HandleKind kind) {
     std::lock_guard lock(mu_);
-    return live_.count(h) == 1;
+    const auto it = live_.find(h);
+    if (it == live_.end() || it->second != kind) return false;
+    live_.erase(it);
+    return true;
   }
 
  private:
   std::mutex mu_;
-  std::unordered_set<const void*> live_;
+  std::unordered_map<const void*, HandleKind> live_;
 };
 
 Handles& handles() {
@@ -50,14 +59,44 @@ Handles& handles() {
   return *h;
 }
 
+thread_local std::string t_why;
+
 }  // namespace
 
-void add_handle(const void* h) { handles().add(h); }
-bool remove_handle(const void* h) { return handles().remove(h); }
+const char* to_string(HandleKind kind) noexcept {
+  switch (kind) {
+    case HandleKind::kBootstrap:
+      return "tpcomm_bootstrap";
+    case HandleKind::kGroup:
+      return "tpcomm_group";
+    case HandleKind::kCapture:
+      return "tpcomm_capture";
+  }
+  return "handle";
+}
 
-const char* unusable(const void* h) {
+void add_handle(const void* h, HandleKind kind) { handles().add(h, kind); }
+
+bool is_alive(const void* h) { return handles().kind(h).has_value(); }
+
+const char* remove_handle(const void* h, HandleKind kind) {
+  if (handles().remove(h, kind)) return nullptr;
+  if (h == nullptr || !is_alive(h)) return " was destroyed already (or never created)";
+  return unusable(h, kind);  // alive, of another kind
+}
+
+const char* unusable(const void* h, HandleKind kind) {
   if (h == nullptr) return " is NULL";
-  if (!handles().alive(h)) return " was destroyed (or never created)";
+  const std::optional<HandleKind> actual = handles().kind(h);
+  if (!actual) return " was destroyed (or never created)";
+  if (*actual != kind) {
+    try {
+      t_why = detail::concat(" is a ", to_string(*actual), ", not a ", to_string(kind));
+      return t_why.c_str();
+    } catch (const std::bad_alloc&) {
+      return " is a handle of another kind";
+    }
+  }
   return nullptr;
 }
 

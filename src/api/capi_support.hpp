@@ -40,13 +40,24 @@ namespace tpcomm::capi {
 /// The message of the last failure on this thread (`tpcomm_last_error`).
 inline thread_local std::string t_last_error;
 
-/// Registers a new handle as alive.
-void add_handle(const void* h);
-/// Forgets a handle; false when it was not alive.
-bool remove_handle(const void* h);
+/// What an opaque handle points at. Handles are typed so that one of another kind (a bootstrap
+/// passed as a group) is refused rather than read as the wrong struct.
+enum class HandleKind { kBootstrap, kGroup, kCapture };
 
-/// Null or not alive: the message for `what` ("boot", "group").
-const char* unusable(const void* h);
+/// The C type's name of a kind ("tpcomm_group").
+const char* to_string(HandleKind kind) noexcept;
+
+/// Registers a new handle of `kind` as alive.
+void add_handle(const void* h, HandleKind kind);
+/// Forgets a live handle of `kind`: nullptr, or (nothing forgotten) why not, as `unusable`.
+const char* remove_handle(const void* h, HandleKind kind);
+
+/// Whether `h` is a live handle of any kind.
+bool is_alive(const void* h);
+
+/// Null, not alive or of another kind than `kind`: the message's end after the argument's name
+/// ("group"); nullptr when usable. Valid until the next call on this thread.
+const char* unusable(const void* h, HandleKind kind);
 
 /// Records a failure on this thread and, when given, on the handle.
 tpcomm_status fail(Status s, std::string message, std::string* handle_error = nullptr);
@@ -97,7 +108,7 @@ inline Stream stream_of(void* stream) { return static_cast<Stream>(stream); }
 /// the group's message.
 template <class Call>
 tpcomm_status group_call(const char* fn, tpcomm_group_s* g, Call&& call) noexcept {
-  if (const char* why = unusable(g))
+  if (const char* why = unusable(g, HandleKind::kGroup))
     return fail(Status::kInvalidArgument, detail::concat(fn, ": group", why));
   bool threw = true;
   const tpcomm_status s = guarded(fn, &g->last_error, [&] {

@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <iomanip>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "api/info.hpp"
@@ -23,6 +25,7 @@
 #include "core/cuda_driver.hpp"
 #include "core/nvml.hpp"
 #include "core/parse.hpp"
+#include "ipc/layout.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
 #include "tune/algorithms.hpp"
@@ -79,6 +82,12 @@ struct BackendInfo {
   std::string note;
 };
 
+struct LamportWorkspace {
+  int world_size = 0;
+  std::int64_t slot_bytes = 0;
+  std::int64_t bytes_per_rank = 0;  // kLamportBuffers x world size x slot: peer memory
+};
+
 struct Knob {
   std::string variable;
   std::string value;
@@ -112,6 +121,8 @@ struct Report {
   std::vector<BackendInfo> backends;
 
   std::vector<Knob> knobs;
+  /// The Lamport workspace the knobs give at 2, 4 and 8 ranks (`lamport_slot_bytes`).
+  std::vector<LamportWorkspace> lamport;
   /// One message per TPCOMM_* variable that could not be parsed; those knobs show defaults.
   std::vector<std::string> knobs_errors;
 };
@@ -127,8 +138,9 @@ std::string gib(std::int64_t bytes) {
   return os.str();
 }
 
+/// Every knob of `knob_names()` (the one list), in its order, with its value under `o`.
 std::vector<Knob> knobs_of(const Options& o) {
-  return {
+  const std::map<std::string_view, std::string> values{
       {"TPCOMM_LOG", std::string(to_string(o.log_level))},
       {"TPCOMM_NCCL_PATH", o.nccl_path},
       {"TPCOMM_TIMEOUT_MS", std::to_string(o.timeout_ms)},
@@ -145,6 +157,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_PDL", o.programmatic_launch ? "1" : "0"},
       {"TPCOMM_RANK_WATCH", o.rank_watch ? "1" : "0"},
       {"TPCOMM_HEARTBEAT_TIMEOUT_MS", std::to_string(o.heartbeat_timeout_ms)},
+      {"TPCOMM_ASYNC_ERROR_HANDLING", std::string(to_string(o.failure_mode))},
       {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
       // The token is a secret: say whether it is set, never what it is.
       {"TPCOMM_STORE_TOKEN",
@@ -152,6 +165,12 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_STORE_TOKEN_FILE", o.store_token_file.empty() ? "(unset)" : o.store_token_file},
       {"TPCOMM_STORE_BIND", o.store_bind.empty() ? "(default)" : o.store_bind},
   };
+  std::vector<Knob> knobs;
+  for (const std::string_view name : knob_names()) {
+    const auto it = values.find(name);
+    knobs.push_back({std::string(name), it != values.end() ? it->second : "(not shown)"});
+  }
+  return knobs;
 }
 
 void collect_gpus(const CudaDriver& drv, const Nvml* nvml, Report& r) {
@@ -279,6 +298,10 @@ Report collect() {
   Report r;
   const Options options = options_reporting_every_error(&r.knobs_errors);
   r.knobs = knobs_of(options);
+  for (const int w : {2, 4, 8}) {
+    const std::int64_t slot = lamport_slot_bytes(options, w);
+    r.lamport.push_back({w, slot, std::int64_t{kLamportBuffers} * w * slot});
+  }
 
   std::string why;
   const Nvml* nvml = Nvml::try_get(&why);
@@ -424,6 +447,13 @@ void print_knobs(const Report& r, std::ostream& out) {
   std::size_t width = 0;
   for (const Knob& k : r.knobs) width = std::max(width, k.variable.size() + 2);
   for (const Knob& k : r.knobs) out << "  " << pad(k.variable, width) << k.value << "\n";
+  out << "Lamport workspace (the fusion workspace), per rank:";
+  for (const LamportWorkspace& l : r.lamport) {
+    out << (l.world_size == r.lamport.front().world_size ? " " : "; ") << l.world_size
+        << " ranks: slot " << format_bytes(l.slot_bytes) << ", " << format_bytes(l.bytes_per_rank)
+        << " of peer memory";
+  }
+  out << "\n";
 }
 
 void print_text(const Report& r, std::ostream& out) {
@@ -521,6 +551,13 @@ json to_json(const Report& r) {
   json knobs = json::object();
   for (const Knob& k : r.knobs) knobs[k.variable] = k.value;
   j["knobs"] = knobs;
+  json lamport = json::array();
+  for (const LamportWorkspace& l : r.lamport) {
+    lamport.push_back({{"world_size", l.world_size},
+                       {"slot_bytes", l.slot_bytes},
+                       {"bytes_per_rank", l.bytes_per_rank}});
+  }
+  j["lamport_workspace"] = lamport;
   if (!r.knobs_errors.empty()) j["knobs_errors"] = r.knobs_errors;
   return j;
 }

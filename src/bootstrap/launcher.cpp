@@ -270,10 +270,11 @@ class Supervisor {
     abandon_at_ = deadline_after(kAbandonAfter);
   }
 
-  // Stops the job when one of the ranks that have just ended failed, naming the one that most
-  // likely failed first: ranks reaped in the same tick ended within milliseconds of each other,
-  // and one killed by a signal is the cause of ones that then exited with an error (a survivor
-  // exits with one once its group notices the lost rank), so it is named first.
+  // Stops the job when one of the ranks that have just ended failed, naming the one that failed
+  // first: the loop wakes as each rank ends (`Watch::exit_fds`) and each exit's time is recorded
+  // as it is read, so a survivor that exits with an error once its group notices the lost rank
+  // comes later. Among exits read together, one killed by a signal is the likelier cause of the
+  // others, so it is named first.
   void stop_on_failure(const std::vector<int>& ended) {
     if (phase_ != Phase::kRunning) return;
     const RankExit* first = nullptr;
@@ -281,7 +282,9 @@ class Supervisor {
       const RankExit& e = result_.ranks[static_cast<std::size_t>(r)];
       if (!is_failure(e)) continue;
       const bool signaled = e.how == RankExit::How::kSignaled;
-      if (first == nullptr || (signaled && first->how != RankExit::How::kSignaled)) first = &e;
+      if (first == nullptr || e.ended_at < first->ended_at ||
+          (e.ended_at == first->ended_at && signaled && first->how != RankExit::How::kSignaled))
+        first = &e;
     }
     if (first != nullptr)
       begin_stop(SIGTERM, describe(*first),
@@ -308,10 +311,12 @@ class Supervisor {
 
   // Waits until `next` or a signal to the launcher, and forwards signals to every rank: the
   // first stops the job with it, one during the grace period kills the ranks.
+  // Waits until `next`, a signal for the launcher, or a rank's end, and forwards the signals.
   void forward_signals(SignalForwarding& signals, Deadline next) {
-    pollfd p{signals.fd(), POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(remaining(next).count()));
-    if (rc <= 0) return;
+    std::vector<pollfd> fds = watch_.exit_fds();
+    fds.push_back({signals.fd(), POLLIN, 0});
+    const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(remaining(next).count()));
+    if (rc <= 0 || (fds.back().revents & POLLIN) == 0) return;
     for (int sig : signals.take()) {
       if (phase_ == Phase::kRunning) {
         TPCOMM_LOG_WARN("launch: received ", signal_name(sig), "; forwarding it to every rank");

@@ -52,6 +52,9 @@ struct RankExit {
   /// The launcher signalled it (after another rank failed, the deadline, or a forwarded
   /// SIGINT/SIGTERM).
   bool stopped_by_launcher = false;
+  /// When the launcher read its exit (steady clock; the launcher wakes as a rank ends): the
+  /// rank that ended first is the one the launch's message names.
+  std::chrono::steady_clock::time_point ended_at{};
 };
 
 /// What `launch_local` reports.

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -184,6 +185,8 @@ void Watch::signal_all(int sig) {
 
 std::vector<int> Watch::reap() {
   std::vector<int> ended;
+  // One time for the exits read together: their order within the pass is unknown.
+  const auto now = SteadyClock::now();
   for (RankExit& r : ranks_) {
     if (r.how != RankExit::How::kRunning || r.pid <= 0) continue;
     siginfo_t info{};
@@ -209,9 +212,30 @@ std::vector<int> Watch::reap() {
     } else {
       continue;
     }
+    r.ended_at = now;
     ended.push_back(r.rank);
   }
   return ended;
+}
+
+Watch::~Watch() {
+  for (const int fd : pidfds_)
+    if (fd >= 0) ::close(fd);
+}
+
+std::vector<pollfd> Watch::exit_fds() {
+  pidfds_.resize(ranks_.size(), -1);
+  std::vector<pollfd> fds;
+  for (const RankExit& r : ranks_) {
+    if (r.how != RankExit::How::kRunning || r.pid <= 0) continue;
+    int& fd = pidfds_[static_cast<std::size_t>(r.rank)];
+#ifdef SYS_pidfd_open
+    if (fd < 0) fd = static_cast<int>(::syscall(SYS_pidfd_open, r.pid, 0));
+#endif
+    if (fd < 0) return {};  // no pidfds here: the loop's tick reads the exits
+    fds.push_back({fd, POLLIN, 0});
+  }
+  return fds;
 }
 
 void Watch::tear_down() {

@@ -2,6 +2,7 @@
 // The ranks' processes of launch_local: their process groups, the group keeper, forking, reaping.
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -85,6 +86,9 @@ class Subreaper {
 class Watch {
  public:
   explicit Watch(std::vector<RankExit>& ranks) : ranks_(ranks) {}
+  ~Watch();
+  Watch(const Watch&) = delete;
+  Watch& operator=(const Watch&) = delete;
 
   // Signals every rank's process group, the ranks that have ended included: what they left
   // running is part of the job (NOTE [rank process groups]).
@@ -100,8 +104,16 @@ class Watch {
 
   [[nodiscard]] std::vector<int> running() const;
 
+  // One pollfd per running rank that becomes readable when the rank ends (a pidfd), so that
+  // the watch loop wakes as each rank ends and `reap` reads the exits in the order they came.
+  // Empty where the kernel has no pidfds (the loop then wakes every `kTick`).
+  [[nodiscard]] std::vector<pollfd> exit_fds();
+
  private:
   std::vector<RankExit>& ranks_;
+  // The pidfd of each rank's leader, by rank (-1: not opened or not available). A leader stays
+  // unreaped until `tear_down`, so its pid, and the pidfd, cannot name another process.
+  std::vector<int> pidfds_;
   // Ranks whose exit status was collected by someone else (ECHILD): nothing left to reap.
   std::set<int> reaped_;
 };

@@ -190,9 +190,11 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   }
   if (auto v = getenv("TPCOMM_HEARTBEAT_TIMEOUT_MS")) {
     auto t = parse_int(*v);
-    if (!t || *t <= 0 || *t > kMaxTimeoutMs) {
+    if (!t || *t < kMinHeartbeatTimeoutMs || *t > kMaxTimeoutMs) {
       bad("TPCOMM_HEARTBEAT_TIMEOUT_MS", *v,
-          detail::concat("a positive number of milliseconds, at most ", kMaxTimeoutMs));
+          detail::concat("milliseconds from ", kMinHeartbeatTimeoutMs, " to ", kMaxTimeoutMs,
+                         " (a heartbeat every 1/20 of it, 10 to 500 ms: below ",
+                         kMinHeartbeatTimeoutMs, " ms a healthy rank would be reported lost)"));
     }
     o.heartbeat_timeout_ms = *t;
   }
@@ -225,7 +227,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   }
   if (auto v = getenv("TPCOMM_LAMPORT_MAX_BYTES")) {
     auto b = parse_bytes(*v);
-    if (!b || *b % 16 != 0 || *b > (std::int64_t{1} << 30))
+    if (!b || *b % 16 != 0 || *b > kMaxLamportBytes)
       bad("TPCOMM_LAMPORT_MAX_BYTES", *v,
           "a multiple of 16 bytes up to 1G such as 512K (0: off; each rank holds 3 x world size "
           "x this in peer memory)");
@@ -241,6 +243,16 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   };
   count("TPCOMM_FUSION_MAX_TOKENS", 65536, 0, o.fusion_max_tokens);
   count("TPCOMM_FUSION_HIDDEN", 65536, 1, o.fusion_hidden);
+  // The rows size the Lamport slots as the byte knob does (`lamport_slot_bytes`): the same cap,
+  // or 65536 x 65536 rows would ask for an 8 GiB slot, tens of GiB of peer memory per rank.
+  if (const std::int64_t rows = o.fusion_max_tokens * o.fusion_hidden * 2;
+      rows > kMaxLamportBytes) {
+    TPCOMM_THROW(Status::kInvalidArgument, "TPCOMM_FUSION_MAX_TOKENS (", o.fusion_max_tokens,
+                 ") x TPCOMM_FUSION_HIDDEN (", o.fusion_hidden, ") rows of 2 bytes are ",
+                 format_bytes(rows), ": at most ", format_bytes(kMaxLamportBytes),
+                 ", the cap of TPCOMM_LAMPORT_MAX_BYTES (each rank holds 3 x world size x its "
+                 "share in peer memory)");
+  }
   auto flag = [&](const char* name, bool& field) {
     if (auto v = getenv(name)) {
       auto b = parse_bool(*v);
@@ -286,6 +298,34 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   }
   if (auto v = getenv("TPCOMM_STORE_BIND")) o.store_bind = *v;
   return o;
+}
+
+std::span<const std::string_view> knob_names() noexcept {
+  static constexpr std::array<std::string_view, 22> kNames{
+      "TPCOMM_LOG",
+      "TPCOMM_NCCL_PATH",
+      "TPCOMM_TIMEOUT_MS",
+      "TPCOMM_ALGO",
+      "TPCOMM_EXCHANGE_ALGO",
+      "TPCOMM_TUNE_FILE",
+      "TPCOMM_CUSTOM_AR_MAX_BYTES",
+      "TPCOMM_CUSTOM_AR_REGISTER_BYTES",
+      "TPCOMM_LAMPORT_MAX_BYTES",
+      "TPCOMM_FUSION_MAX_TOKENS",
+      "TPCOMM_FUSION_HIDDEN",
+      "TPCOMM_DISABLE_CUSTOM_AR",
+      "TPCOMM_DISABLE_NCCL",
+      "TPCOMM_PDL",
+      "TPCOMM_RANK_WATCH",
+      "TPCOMM_HEARTBEAT_TIMEOUT_MS",
+      "TPCOMM_ASYNC_ERROR_HANDLING",
+      "TPCOMM_LM_HEAD_A2A",
+      "TPCOMM_NCCL_CHECK",
+      "TPCOMM_STORE_TOKEN",
+      "TPCOMM_STORE_TOKEN_FILE",
+      "TPCOMM_STORE_BIND",
+  };
+  return kNames;
 }
 
 std::int64_t lamport_slot_bytes(const Options& o, int world_size) noexcept {

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -24,14 +25,18 @@
 namespace tpcomm {
 namespace {
 
-constexpr std::string_view kHeader = "# tpcomm tune table v1";
+constexpr std::string_view kHeader = "# tpcomm tune table v2";
 constexpr std::string_view kHeaderPrefix = "# tpcomm tune table v";
 constexpr std::string_view kColumns = "# max_bytes algo blocks threads time_us";
 /// The first word of a bucket line of the fused all-reduce + add + RMSNorm.
 constexpr std::string_view kFused = "fused";
 /// The first word of a bucket line of the exchanges.
 constexpr std::string_view kExchange = "exchange";
-constexpr int kVersion = 1;
+/// The first word of the last line: "end N", N the number of bucket lines before it.
+constexpr std::string_view kEnd = "end";
+constexpr int kVersion = 2;
+/// A UTF-8 byte order mark, which some editors put at the start of a file.
+constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
 /// How much of a bad token an error message repeats.
 constexpr std::size_t kMaxShown = 40;
 
@@ -372,7 +377,15 @@ namespace detail {
 std::string parse_table_text(std::string_view text, TuneKey* key, std::vector<TuneEntry>* entries,
                              std::vector<TuneEntry>* fused, std::vector<ExchangeEntry>* exchange) {
   using detail::concat;
+  if (text.starts_with(kByteOrderMark))
+    return "line 1: the file starts with a UTF-8 byte order mark (EF BB BF): save it without one";
   bool have_key = false;
+  // NOTE [tune table end]: a table ends with "end N" (N: its bucket lines), so that a file cut
+  // short, by a full disk or a copy that stopped, is refused rather than read as a smaller table.
+  std::optional<int> end_line;
+  auto buckets = [&] {
+    return static_cast<std::int64_t>(entries->size() + fused->size() + exchange->size());
+  };
   int number = 0;
   std::size_t pos = 0;
   while (pos < text.size() || number == 0) {
@@ -390,6 +403,17 @@ std::string parse_table_text(std::string_view text, TuneKey* key, std::vector<Tu
       return concat("line 1: expected the header ", shown(kHeader), ", got ", shown(line));
     }
     if (line.empty() || line.front() == '#') continue;
+    if (end_line)
+      return concat("line ", number, ": text after the end line (line ", *end_line, ")");
+    if (starts_with_word(line, kEnd)) {
+      const auto n = parse_int(trim(line.substr(kEnd.size())));
+      if (!have_key) return concat("line ", number, ": the end line before the key line");
+      if (!n || *n != buckets())
+        return concat("line ", number, ": the end line says ", shown(trim(line.substr(3))),
+                      " bucket lines; the table has ", buckets());
+      end_line = number;
+      continue;
+    }
     if (line == "key" || (line.starts_with("key") && is_space(line[3]))) {
       if (have_key) return concat("line ", number, ": a second key line");
       if (auto err = parse_key(line.substr(3), key); !err.empty())
@@ -422,6 +446,9 @@ std::string parse_table_text(std::string_view text, TuneKey* key, std::vector<Tu
     entries->push_back(e);
   }
   if (!have_key) return concat("line ", number, ": end of text without a key line");
+  if (!end_line)
+    return concat("line ", number, ": end of text without the end line (\"", kEnd, " ", buckets(),
+                  "\"): the table was cut short");
   return {};
 }
 
@@ -540,6 +567,7 @@ std::string TuneTable::to_text() const {
     out +=
         detail::concat(kExchange, ' ', e.max_bytes, ' ', to_string(e.choice.algo), ' ',
                        e.choice.blocks, ' ', e.choice.threads, ' ', format_double(e.time_us), '\n');
+  out += detail::concat(kEnd, ' ', entries_.size() + fused_.size() + exchange_.size(), '\n');
   return out;
 }
 

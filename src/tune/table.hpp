@@ -74,17 +74,22 @@ struct ExchangeEntry {
 /// the table and broadcasts it, so every rank of a group holds the same table (rank invariance,
 /// docs/DESIGN.md §3). A table is immutable once built and may be read from any thread.
 ///
-/// Text format, version 1 (every line ends with '\n'; blank lines and lines whose first
-/// non-blank character is '#' are comments, except the mandatory first line):
+/// Text format, version 2 (every line ends with '\n'; blank lines and lines whose first
+/// non-blank character is '#' are comments, except the mandatory first line; a file that
+/// starts with a UTF-8 byte order mark is refused, naming it):
 ///
-///     # tpcomm tune table v1
+///     # tpcomm tune table v2
 ///     key gpu="NVIDIA H200" world_size=8 topology=nvlink-full driver_version=12040 ...
 ///     # max_bytes algo blocks threads time_us
 ///     512 one_shot 1 512 4.5
 ///     1024 one_shot 1 512 4.6
 ///     ...
 ///     8388608 two_shot 36 512 61.25
+///     end 15
 ///
+/// The last line, `end N`, counts the bucket lines before it (of every kind): a table without
+/// it, or with another count, was cut short and is refused (version 1 had no end line; its
+/// files are refused as another version).
 /// The `key` line comes before any bucket line and holds all six `TuneKey` fields (see
 /// `TuneKey::to_text`). A bucket line is five whitespace-separated fields: `max_bytes` (a
 /// positive integer, strictly increasing from line to line), `algo` (`none` or an algorithm's

@@ -263,6 +263,27 @@ static void test_world_of_one(void) {
               "ended already");
 }
 
+/* Handles are typed: one of another kind is refused, naming both kinds, and nothing is done to
+ * it (a bootstrap passed as a group is neither read as a group nor destroyed). */
+static void test_wrong_kind(void) {
+  tpcomm_bootstrap boot = NULL;
+  CHECK_OK(tpcomm_bootstrap_create(0, 1, -1, -1, NULL, 0, &boot));
+  if (boot == NULL) return;
+  tpcomm_group as_group = (tpcomm_group)(void*)boot;
+  CHECK_FAILS(tpcomm_group_abort(as_group), TPCOMM_INVALID_ARGUMENT,
+              "tpcomm_group_abort: group is a tpcomm_bootstrap, not a tpcomm_group");
+  CHECK_FAILS(tpcomm_group_health(as_group), TPCOMM_INVALID_ARGUMENT,
+              "group is a tpcomm_bootstrap, not a tpcomm_group");
+  CHECK_FAILS(tpcomm_group_destroy(as_group), TPCOMM_INVALID_ARGUMENT,
+              "tpcomm_group_destroy: group is a tpcomm_bootstrap, not a tpcomm_group");
+  CHECK(strcmp(tpcomm_group_last_error(as_group), "") == 0);
+  CHECK_FAILS(tpcomm_capture_end((tpcomm_capture)(void*)boot), TPCOMM_INVALID_ARGUMENT,
+              "scope is a tpcomm_bootstrap, not a tpcomm_capture");
+  /* Still alive and still a bootstrap. */
+  CHECK_OK(tpcomm_bootstrap_barrier(boot));
+  CHECK_OK(tpcomm_bootstrap_destroy(boot));
+}
+
 /* A free TCP port on loopback (released again: the store server binds it moments later). */
 static int free_port(void) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -389,6 +410,7 @@ int main(void) {
   test_info();
   test_bad_arguments();
   test_world_of_one();
+  test_wrong_kind();
   test_parallel_layout();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);

@@ -6,10 +6,19 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <set>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "support/run_program.hpp"
+#include "tpcomm/options.hpp"
 
 namespace tpcomm {
 namespace {
@@ -44,6 +53,58 @@ TEST(InfoCommand, JsonHasEverySection) {
   EXPECT_TRUE(j.at("backends").at("nccl").at("usable").is_boolean());
   EXPECT_TRUE(j.at("backends").at("custom_ar").at("usable").is_boolean());
   EXPECT_TRUE(j.at("knobs").at("TPCOMM_NCCL_PATH").is_string());
+}
+
+// The knobs `tpcomm info` lists are `knob_names()`, in its order, each with a value; and that
+// list is every TPCOMM_* variable the library reads: each name read in src/policy/options.cpp
+// (`getenv`, `count`, `flag`) and each read with getenv anywhere else in src/.
+TEST(InfoCommand, ListsEveryKnobTheLibraryReads) {
+  const auto r = test::run_program(std::string(TPCOMM_CLI_PATH) + " info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::ordered_json knobs = nlohmann::ordered_json::parse(r.output).at("knobs");
+  std::vector<std::string> listed;
+  for (const auto& [name, value] : knobs.items()) {
+    listed.push_back(name);
+    EXPECT_NE(value, "(not shown)") << name;
+  }
+  std::vector<std::string> names;
+  for (const std::string_view n : knob_names()) names.emplace_back(n);
+  EXPECT_EQ(std::set<std::string>(listed.begin(), listed.end()),
+            std::set<std::string>(names.begin(), names.end()));
+  EXPECT_EQ(listed.size(), names.size());
+
+  std::set<std::string> read;
+  const std::regex reads(R"re(\b(getenv|count|flag)\("(TPCOMM_[A-Z0-9_]+)")re");
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(std::string(TPCOMM_SOURCE_DIR) + "/src")) {
+    if (!entry.is_regular_file()) continue;
+    const std::string path = entry.path().string();
+    std::ifstream in(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const bool options = path.ends_with("src/policy/options.cpp");
+    for (auto m = std::sregex_iterator(text.begin(), text.end(), reads);
+         m != std::sregex_iterator(); ++m) {
+      if (options || (*m)[1] == "getenv") read.insert((*m)[2]);
+    }
+  }
+  EXPECT_GE(read.size(), 20u);
+  EXPECT_EQ(read, std::set<std::string>(names.begin(), names.end()));
+}
+
+// The workspace the fusion knobs give, and the peer memory it costs each rank.
+TEST(InfoCommand, ShowsTheLamportWorkspaceAndItsMemoryPerRank) {
+  const auto r = test::run_program("TPCOMM_FUSION_MAX_TOKENS=1024 TPCOMM_FUSION_HIDDEN=8192 " +
+                                   std::string(TPCOMM_CLI_PATH) + " info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lamport = nlohmann::json::parse(r.output).at("lamport_workspace");
+  ASSERT_EQ(lamport.size(), 3u) << lamport;
+  EXPECT_EQ(lamport[0].at("world_size"), 2);
+  EXPECT_EQ(lamport[0].at("slot_bytes"), std::int64_t{16} << 20);
+  EXPECT_EQ(lamport[0].at("bytes_per_rank"), std::int64_t{96} << 20);
+  const auto text = test::run_program("TPCOMM_FUSION_MAX_TOKENS=1024 TPCOMM_FUSION_HIDDEN=8192 " +
+                                      std::string(TPCOMM_CLI_PATH) + " info");
+  EXPECT_NE(text.output.find("2 ranks: slot 16 MiB, 96 MiB of peer memory"), std::string::npos)
+      << text.output;
 }
 
 TEST(InfoCommand, NeverPrintsTheStoreToken) {

@@ -130,6 +130,25 @@ TEST(Options, TimeoutIsCappedAtOneYear) {
   }
 }
 
+// A heartbeat comes every 1/20 of the timeout but at most every 10 ms: a timeout of a few
+// periods would report a healthy rank lost, so it is refused below a floor, naming the range.
+TEST(Options, HeartbeatTimeoutHasAFloorOfSeveralBeats) {
+  EXPECT_EQ(from({{"TPCOMM_HEARTBEAT_TIMEOUT_MS", "200"}}).heartbeat_timeout_ms, 200);
+  EXPECT_GE(Options::kMinHeartbeatTimeoutMs, 100);
+  for (const char* value : {"1", "5", "10", "199", "0", "-3"}) {
+    SCOPED_TRACE(value);
+    try {
+      from({{"TPCOMM_HEARTBEAT_TIMEOUT_MS", value}});
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("TPCOMM_HEARTBEAT_TIMEOUT_MS"), std::string::npos) << what;
+      EXPECT_NE(what.find("from 200 to 31536000000"), std::string::npos) << what;
+    }
+  }
+}
+
 // The store refuses longer tokens; the error names the variable and never repeats the secret.
 TEST(Options, OverlongStoreTokenNamesTheVariable) {
   EXPECT_EQ(from({{"TPCOMM_STORE_TOKEN", std::string(1024, 't')}}).store_token.size(), 1024u);
@@ -281,6 +300,28 @@ TEST(Options, FusionBatchSizesTheLamportSlots) {
   EXPECT_EQ(lamport_slot_bytes(from({{"TPCOMM_LAMPORT_MAX_BYTES", "0"}}), 2), 0);
   // Bounded (malformed values: MalformedValuesAreErrorsNamingTheVariable).
   EXPECT_EQ(from({{"TPCOMM_FUSION_MAX_TOKENS", "65536"}}).fusion_max_tokens, 65536);
+}
+
+// The rows size the Lamport slots as TPCOMM_LAMPORT_MAX_BYTES does, under the same 1 GiB cap:
+// 65536 x 65536 rows would be an 8 GiB slot (about 48 GiB of peer memory a rank at 2 ranks).
+TEST(Options, FusionRowsAreCappedLikeTheLamportBytes) {
+  const Options most =
+      from({{"TPCOMM_FUSION_MAX_TOKENS", "65536"}, {"TPCOMM_FUSION_HIDDEN", "8192"}});
+  EXPECT_EQ(lamport_slot_bytes(most, 2), Options::kMaxLamportBytes);
+  for (const char* hidden : {"65536", "8193"}) {
+    SCOPED_TRACE(hidden);
+    try {
+      from({{"TPCOMM_FUSION_MAX_TOKENS", "65536"}, {"TPCOMM_FUSION_HIDDEN", hidden}});
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("TPCOMM_FUSION_MAX_TOKENS (65536) x TPCOMM_FUSION_HIDDEN"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("at most 1 GiB"), std::string::npos) << what;
+    }
+  }
 }
 
 TEST(Parse, Bytes) {

@@ -65,7 +65,7 @@ void expect_error(F&& f, Status status, const std::string& needle) {
 }
 
 const std::string kGoodHead =
-    "# tpcomm tune table v1\n"
+    "# tpcomm tune table v2\n"
     "key gpu=\"NVIDIA H200\" world_size=8 topology=nvlink-full driver_version=12040 "
     "nccl_version=22703 tpcomm_version=0.1.0\n";
 
@@ -202,7 +202,8 @@ TEST(TuneTableText, ExactFormOfASmallTable) {
                              "512 one_shot 1 512 4.5\n"
                              "1024 two_shot 2 256 10\n"
                              "1536 lamport_two_shot 4 512 7\n"
-                             "2048 none 0 0 0.125\n");
+                             "2048 none 0 0 0.125\n"
+                             "end 5\n");
 }
 
 TEST(TuneTableText, RoundTrip) {
@@ -226,7 +227,7 @@ TEST(TuneTableText, RoundTrip) {
 
 TEST(TuneTableText, AcceptsCommentsBlanksCrlfAndSpacing) {
   std::string text =
-      "# tpcomm tune table v1\r\n"
+      "# tpcomm tune table v2\r\n"
       "\r\n"
       "# measured on a test box\n"
       "   # an indented comment\n"
@@ -235,7 +236,9 @@ TEST(TuneTableText, AcceptsCommentsBlanksCrlfAndSpacing) {
       "\n"
       "512\tone_shot  1 512 4.5   \r\n"
       "  1024 two_shot 2 256 1e1\n"
-      "2048 none 0 0 0";  // no final newline
+      "2048 none 0 0 0\n"
+      "# the end\n"
+      "end  3";  // no final newline
   TuneTable t = TuneTable::parse(text);
   EXPECT_EQ(t.key(), h200_key());
   ASSERT_EQ(t.entries().size(), 3u);
@@ -252,16 +255,16 @@ struct Malformed {
 
 TEST(TuneTableText, RejectsEveryMalformedInputWithItsLineNumber) {
   const std::string head = kGoodHead;  // lines 1 and 2
-  const std::string key_prefix = "# tpcomm tune table v1\nkey ";
+  const std::string key_prefix = "# tpcomm tune table v2\nkey ";
   const std::string full_key =
       "gpu=g world_size=8 topology=t driver_version=1 nccl_version=2 tpcomm_version=v";
   const std::vector<Malformed> cases = {
       {"empty", "", "expected the header", 1},
       {"no header", "key gpu=g\n", "expected the header", 1},
-      {"other version", "# tpcomm tune table v2\n", "unsupported tune table version \"v2\"", 1},
-      {"header only", "# tpcomm tune table v1\n", "without a key line", 1},
-      {"comments only", "# tpcomm tune table v1\n# x\n\n", "without a key line", 3},
-      {"bucket before key", "# tpcomm tune table v1\n# c\n512 one_shot 1 512 1\n",
+      {"other version", "# tpcomm tune table v1\n", "unsupported tune table version \"v1\"", 1},
+      {"header only", "# tpcomm tune table v2\n", "without a key line", 1},
+      {"comments only", "# tpcomm tune table v2\n# x\n\n", "without a key line", 3},
+      {"bucket before key", "# tpcomm tune table v2\n# c\n512 one_shot 1 512 1\n",
        "bucket line before the key line", 3},
       {"second key", head + "key " + full_key + "\n", "second key line", 3},
       {"unknown key field", key_prefix + full_key + " colour=blue\n", "unknown key field", 2},
@@ -326,6 +329,17 @@ TEST(TuneTableText, RejectsEveryMalformedInputWithItsLineNumber) {
       {"binary junk", head + std::string("\x00\xff\x01 \x80", 5) + "\n", "expected 5 fields", 3},
       {"junk token shown shortened", head + std::string(500, 'x') + " one_shot 1 512 1\n", "...",
        3},
+      {"cut short", head + "512 one_shot 1 512 1\n1024 one_shot 1 512 1\n",
+       "end of text without the end line (\"end 2\"): the table was cut short", 4},
+      {"cut inside the end line", head + "512 one_shot 1 512 1\nen", "expected 5 fields", 4},
+      {"end counts other lines", head + "512 one_shot 1 512 1\nend 2\n",
+       "the end line says \"2\" bucket lines; the table has 1", 4},
+      {"end without a count", head + "512 one_shot 1 512 1\nend\n", "expected 5 fields", 4},
+      {"text after the end", head + "512 one_shot 1 512 1\nend 1\n1024 one_shot 1 512 1\n",
+       "text after the end line (line 4)", 5},
+      {"end before the key", "# tpcomm tune table v2\nend 0\n", "end line before the key line", 2},
+      {"byte order mark", "\xEF\xBB\xBF" + head + "end 0\n",
+       "starts with a UTF-8 byte order mark (EF BB BF)", 1},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
@@ -370,270 +384,6 @@ TEST(TuneTableText, NeverCrashesOnGarbage) {
   EXPECT_GT(parsed, 0);  // cut tables and harmless changes still parse
 }
 
-// ---------------------------------------------------------------------------------------------
-// Files
-
-class TuneFile : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "tpcomm-tune-test-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  static std::string read(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-  static void write(const fs::path& p, const std::string& text) {
-    std::ofstream out(p, std::ios::binary);
-    out << text;
-  }
-  fs::path dir_;
-};
-
-TEST_F(TuneFile, SaveAndLoadRoundTrip) {
-  const TuneTable t = numbered_table(8 * kMiB);
-  const fs::path path = dir_ / "nested" / "deeper" / "tune.txt";
-  t.save(path.string());  // creates the parent directories
-  EXPECT_EQ(read(path), t.to_text());
-  std::string why = "unchanged";
-  auto back = TuneTable::load(path.string(), h200_key(), &why);
-  ASSERT_TRUE(back.has_value()) << why;
-  EXPECT_EQ(*back, t);
-  EXPECT_EQ(why, "unchanged");
-  // No temporary file is left behind, and the file is readable like any other.
-  int files = 0;
-  for (const auto& entry : fs::directory_iterator(path.parent_path())) {
-    ++files;
-    EXPECT_EQ(entry.path().filename(), "tune.txt");
-  }
-  EXPECT_EQ(files, 1);
-  struct stat st {};
-  ASSERT_EQ(::stat(path.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0644u);
-}
-
-TEST_F(TuneFile, SaveReplacesAnExistingFile) {
-  const fs::path path = dir_ / "tune.txt";
-  write(path, "old contents\n");
-  const TuneTable t = numbered_table(4096);
-  t.save(path.string());
-  EXPECT_EQ(read(path), t.to_text());
-  const TuneTable u = numbered_table(1 * kMiB);
-  u.save(path.string());
-  EXPECT_EQ(*TuneTable::load(path.string(), h200_key(), nullptr), u);
-}
-
-TEST_F(TuneFile, SaveInTheCurrentDirectoryNeedsNoParent) {
-  const fs::path old = fs::current_path();
-  fs::current_path(dir_);
-  numbered_table(4096).save("relative.txt");
-  fs::current_path(old);
-  EXPECT_TRUE(fs::exists(dir_ / "relative.txt"));
-}
-
-TEST_F(TuneFile, KeyMismatchIsIgnoredWithAReasonNamingTheField) {
-  const fs::path path = dir_ / "tune.txt";
-  numbered_table(4096).save(path.string());
-  TuneKey expected = h200_key();
-  expected.world_size = 4;
-  std::string why;
-  EXPECT_FALSE(TuneTable::load(path.string(), expected, &why).has_value());
-  EXPECT_EQ(why, "key differs: world_size 8 != 4");
-  expected.tpcomm_version = "0.2.0";
-  EXPECT_FALSE(TuneTable::load(path.string(), expected, &why).has_value());
-  EXPECT_EQ(why, "key differs: world_size 8 != 4, tpcomm_version 0.1.0 != 0.2.0");
-  EXPECT_FALSE(TuneTable::load(path.string(), expected, nullptr).has_value());
-}
-
-TEST_F(TuneFile, MissingMalformedAndUnreadableFiles) {
-  std::string why;
-  EXPECT_FALSE(TuneTable::load((dir_ / "absent.txt").string(), h200_key(), &why).has_value());
-  EXPECT_EQ(why, "no such file");
-
-  const fs::path bad = dir_ / "bad.txt";
-  write(bad, kGoodHead + "512 one_shot 1 512\n");
-  EXPECT_FALSE(TuneTable::load(bad.string(), h200_key(), &why).has_value());
-  EXPECT_EQ(why.rfind("malformed: line 3: expected 5 fields", 0), 0u) << why;
-
-  write(bad, "");
-  EXPECT_FALSE(TuneTable::load(bad.string(), h200_key(), &why).has_value());
-  EXPECT_EQ(why.rfind("malformed: line 1", 0), 0u) << why;
-
-  // A directory is refused before it is opened.
-  EXPECT_FALSE(TuneTable::load(dir_.string(), h200_key(), &why).has_value());
-  EXPECT_EQ(why, "not a regular file (a directory)");
-
-  // Something far larger than any table is refused without parsing it.
-  write(bad, kGoodHead + std::string(std::size_t{2} << 20, '#'));
-  EXPECT_FALSE(TuneTable::load(bad.string(), h200_key(), &why).has_value());
-  EXPECT_EQ(why, "larger than 1 MiB");
-}
-
-TEST_F(TuneFile, SaveFailuresThrowSystemErrors) {
-  const TuneTable t = numbered_table(4096);
-  const fs::path file = dir_ / "plain-file";
-  write(file, "x");
-  // A regular file where a directory must be.
-  expect_error([&] { t.save((file / "tune.txt").string()); }, Status::kSystemError,
-               "cannot create directory");
-  // A directory where the file must go: rename cannot replace it.
-  fs::create_directory(dir_ / "occupied");
-  fs::create_directory(dir_ / "occupied" / "inner");
-  expect_error([&] { t.save((dir_ / "occupied").string()); }, Status::kSystemError,
-               "not a regular file");
-  expect_error([&] { t.save(""); }, Status::kSystemError, "not a file path");
-  expect_error([&] { t.save((dir_ / "ends-in-slash/").string()); }, Status::kSystemError,
-               "not a file path");
-  // The failed rename left no temporary file.
-  for (const auto& entry : fs::directory_iterator(dir_))
-    EXPECT_NE(entry.path().filename().string().front(), '.') << entry.path();
-}
-
-// Loading a FIFO with no writer must not block: open() of a FIFO waits for a writer.
-TEST_F(TuneFile, LoadRefusesAFifoWithoutBlocking) {
-  const fs::path fifo = dir_ / "fifo.txt";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  const pid_t pid = testing::fork_child([&] {
-    std::string why;
-    if (TuneTable::load(fifo.string(), h200_key(), &why).has_value())
-      throw std::runtime_error("a FIFO was loaded");
-    if (why != "not a regular file (a FIFO)") throw std::runtime_error("reason: " + why);
-  });
-  EXPECT_EQ(testing::wait_child(pid, std::chrono::seconds(5)), 0)
-      << "load blocked on the FIFO (-1) or gave the wrong reason (1)";
-}
-
-// A save replaces a directory entry by rename(); a device node, a FIFO or a directory there is
-// refused instead, and left as it was.
-TEST_F(TuneFile, SaveRefusesATargetThatIsNotARegularFile) {
-  const TuneTable t = numbered_table(4096);
-  const fs::path fifo = dir_ / "fifo.txt";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  const pid_t pid = testing::fork_child([&] {
-    try {
-      t.save(fifo.string());
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("not a regular file (a FIFO)") == std::string::npos)
-        throw std::runtime_error(std::string("message: ") + e.what());
-      return;
-    }
-    throw std::runtime_error("a FIFO was replaced");
-  });
-  EXPECT_EQ(testing::wait_child(pid, std::chrono::seconds(5)), 0);
-  EXPECT_TRUE(fs::is_fifo(fifo));
-  fs::create_directory(dir_ / "occupied");
-  expect_error([&] { t.save((dir_ / "occupied").string()); }, Status::kSystemError,
-               "not a regular file (a directory)");
-  EXPECT_TRUE(fs::is_directory(dir_ / "occupied"));
-  // Nothing was created next to them.
-  for (const auto& entry : fs::directory_iterator(dir_))
-    EXPECT_NE(entry.path().filename().string().front(), '.') << entry.path();
-}
-
-// A save killed between creating its temporary file and renaming it leaves that file behind;
-// a later save of the same target removes the ones older than a minute (younger ones may belong
-// to a save still in progress, here or on another host sharing the directory).
-TEST_F(TuneFile, SaveRemovesStaleTemporaryFilesOfItsTarget) {
-  const TuneTable t = numbered_table(4096);
-  const fs::path path = dir_ / "tune.txt";
-  const fs::path other = dir_ / "other.txt";
-  auto crash_saving = [&](const fs::path& target) {
-    const pid_t pid = testing::fork_child([&] {
-      // The first write() past the limit kills the process with SIGXFSZ, mid-save.
-      const rlimit none{0, 0};
-      ::setrlimit(RLIMIT_FSIZE, &none);
-      t.save(target.string());
-    });
-    EXPECT_EQ(testing::wait_child(pid, std::chrono::seconds(5)), 128 + SIGXFSZ);
-  };
-  auto temporaries = [&] {
-    std::vector<fs::path> out;
-    for (const auto& entry : fs::directory_iterator(dir_))
-      if (entry.path().filename().string().front() == '.') out.push_back(entry.path());
-    std::sort(out.begin(), out.end());
-    return out;
-  };
-  auto age = [](const fs::path& p) {
-    fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::minutes(2));
-  };
-  auto of_other = [&] {
-    int n = 0;
-    for (const fs::path& p : temporaries()) n += p.filename().string().starts_with(".other.txt");
-    return n;
-  };
-  crash_saving(path);
-  crash_saving(path);
-  crash_saving(other);
-  ASSERT_EQ(temporaries().size(), 3u);
-  for (const fs::path& p : temporaries()) age(p);
-  // This save removes the two stale files of its target before it is killed in turn.
-  crash_saving(path);
-  EXPECT_EQ(temporaries().size(), 2u);  // the other target's and the fresh one
-  EXPECT_EQ(of_other(), 1);
-
-  t.save(path.string());  // keeps the fresh one: it could be a save in progress
-  EXPECT_EQ(read(path), t.to_text());
-  EXPECT_EQ(temporaries().size(), 2u);
-
-  for (const fs::path& p : temporaries()) age(p);
-  t.save(path.string());
-  ASSERT_EQ(temporaries().size(), 1u);
-  EXPECT_EQ(of_other(), 1);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Paths
-
-std::string path_with(const std::map<std::string, std::string>& env, const TuneKey& key) {
-  return default_tune_path(key, [&](const char* name) -> std::optional<std::string> {
-    auto it = env.find(name);
-    if (it == env.end()) return std::nullopt;
-    return it->second;
-  });
-}
-
-TEST(TunePath, DefaultLocation) {
-  const TuneKey k = h200_key();
-  EXPECT_EQ(path_with({{"XDG_CACHE_HOME", "/x/cache"}, {"HOME", "/home/u"}}, k),
-            "/x/cache/tpcomm/tune-w8-nvidia-h200.txt");
-  EXPECT_EQ(path_with({{"HOME", "/home/u"}}, k), "/home/u/.cache/tpcomm/tune-w8-nvidia-h200.txt");
-  // Empty or relative values do not count (XDG base directory rules).
-  EXPECT_EQ(path_with({{"XDG_CACHE_HOME", ""}, {"HOME", "/home/u"}}, k),
-            "/home/u/.cache/tpcomm/tune-w8-nvidia-h200.txt");
-  EXPECT_EQ(path_with({{"XDG_CACHE_HOME", "rel/cache"}, {"HOME", "/home/u"}}, k),
-            "/home/u/.cache/tpcomm/tune-w8-nvidia-h200.txt");
-  EXPECT_EQ(path_with({}, k), "/tmp/tpcomm-cache/tune-w8-nvidia-h200.txt");
-  EXPECT_EQ(path_with({{"HOME", ""}}, k), "/tmp/tpcomm-cache/tune-w8-nvidia-h200.txt");
-}
-
-TEST(TunePath, GpuSlug) {
-  auto file_for = [](std::string gpu, int world) {
-    TuneKey k = h200_key();
-    k.gpu = std::move(gpu);
-    k.world_size = world;
-    return fs::path(path_with({}, k)).filename().string();
-  };
-  EXPECT_EQ(file_for("NVIDIA H100 80GB HBM3", 4), "tune-w4-nvidia-h100-80gb-hbm3.txt");
-  EXPECT_EQ(file_for("  --NVIDIA__B200--  ", 2), "tune-w2-nvidia-b200.txt");
-  EXPECT_EQ(file_for("../../etc/passwd", 8), "tune-w8-etc-passwd.txt");
-  EXPECT_EQ(file_for("", 8), "tune-w8-unknown.txt");
-  EXPECT_EQ(file_for("ümlaut GPU", 8), "tune-w8-mlaut-gpu.txt");
-}
-
-TEST(TunePath, TuneFileOptionOverridesTheDefault) {
-  Options o;
-  EXPECT_EQ(tune_path(o, h200_key()), default_tune_path(h200_key()));
-  o.tune_file = "/shared/tables/h200.txt";
-  EXPECT_EQ(tune_path(o, h200_key()), "/shared/tables/h200.txt");
-}
-
 TEST(TuneTableText, FusedBucketsRoundTripAndAreChecked) {
   const TuneKey key{"NVIDIA H200", 4, "one-gpu", 12040, 22703, "0.1.0"};
   const TuneTable t(key, {{512, Choice{Algo::kOneShot, 1, 512}, 2.5}},
@@ -649,7 +399,7 @@ TEST(TuneTableText, FusedBucketsRoundTripAndAreChecked) {
   EXPECT_EQ(t.lookup_fused(32769), std::nullopt);
   // A table without fused buckets has none; fused lines must fuse and increase.
   EXPECT_EQ(TuneTable(key, {}).lookup_fused(1), std::nullopt);
-  const std::string head = "# tpcomm tune table v1\nkey " + key.to_text() + "\n";
+  const std::string head = "# tpcomm tune table v2\nkey " + key.to_text() + "\n";
   EXPECT_THROW((void)TuneTable::parse(head + "fused 512 one_shot 1 512 1\n"), Error);
   EXPECT_THROW(
       (void)TuneTable::parse(head + "fused 1024 lamport 1 512 1\nfused 512 lamport 1 512 1\n"),
@@ -672,7 +422,7 @@ TEST(TuneTableText, ExchangeBucketsRoundTripAndAreChecked) {
   EXPECT_EQ(t.lookup_exchange(1 << 21), ExchangeChoice{});
   EXPECT_EQ(t.lookup_exchange((1 << 21) + 1), std::nullopt);
   EXPECT_EQ(TuneTable(key, {}).lookup_exchange(1), std::nullopt);
-  const std::string head = "# tpcomm tune table v1\nkey " + key.to_text() + "\n";
+  const std::string head = "# tpcomm tune table v2\nkey " + key.to_text() + "\n";
   for (const char* bad : {"exchange 512 one_shot 1 512 1\n",  // an all-reduce algorithm
                           "exchange 512 pull 0 512 1\n",      // blocks out of range
                           "exchange 512 pull 1 100 1\n",      // threads not a block size
