@@ -262,6 +262,8 @@ def test_a_group_without_a_gpu_raises_the_library_error():
             tpcomm.Group(b, -1)
         with pytest.raises(tpcomm.InvalidArgumentError, match="fusion_max_tokens -5 and"):
             tpcomm.Group(b, 0, fusion_max_tokens=-5)
+        with pytest.raises(tpcomm.InvalidArgumentError, match="rows of 2 bytes are more than"):
+            tpcomm.Group(b, 0, fusion_max_tokens=65536, fusion_hidden=65536)
         with pytest.raises(ValueError, match="fusion_hidden 9223372036854775808 is outside"):
             tpcomm.Group(b, 0, fusion_hidden=1 << 63)
 

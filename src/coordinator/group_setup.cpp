@@ -268,6 +268,13 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
                Status::kInvalidArgument, "GroupConfig: fusion_max_tokens ",
                config.fusion_max_tokens, " (wanted -1 to 65536) or fusion_hidden ",
                config.fusion_hidden, " (wanted 0 to 65536) out of range");
+  // The rows size the Lamport slots: the cap of TPCOMM_FUSION_MAX_TOKENS x TPCOMM_FUSION_HIDDEN.
+  TPCOMM_CHECK(config.fusion_max_tokens <= 0 || config.fusion_hidden <= 0 ||
+                   config.fusion_max_tokens * config.fusion_hidden * 2 <= Options::kMaxLamportBytes,
+               Status::kInvalidArgument, "GroupConfig: fusion_max_tokens ",
+               config.fusion_max_tokens, " x fusion_hidden ", config.fusion_hidden,
+               " rows of 2 bytes are more than ", Options::kMaxLamportBytes,
+               " bytes, the cap of TPCOMM_LAMPORT_MAX_BYTES");
   impl_ = std::make_unique<Impl>(own_namespace(boot));
   Impl& m = *impl_;
   m.device = device;

@@ -226,6 +226,11 @@ static void test_world_of_one(void) {
   CHECK_FAILS(tpcomm_group_create(boot, 0, &config, &group), TPCOMM_INVALID_ARGUMENT,
               "config: fusion_max_tokens -5 and fusion_hidden 0 must be >= 0");
   CHECK(group == NULL);
+  /* Rows that would size an 8 GiB Lamport slot: refused like TPCOMM_FUSION_MAX_TOKENS x HIDDEN. */
+  const tpcomm_group_config huge = {1, 1, 1, 0, 65536, 65536};
+  CHECK_FAILS(tpcomm_group_create(boot, 0, &huge, &group), TPCOMM_INVALID_ARGUMENT,
+              "fusion_max_tokens 65536 x fusion_hidden 65536 rows of 2 bytes are more than");
+  CHECK(group == NULL);
   /* A sub-group: shares the store, its own key namespace, this rank's index in it. */
   const int mine[] = {0};
   const int others[] = {1};
