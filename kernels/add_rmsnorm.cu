@@ -4,10 +4,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "kernels/common/dispatch.cuh"
 #include "kernels/common/epilogue.cuh"
 #include "kernels/kernels.hpp"
+#include "kernels/launch_error.hpp"
 
 namespace tpcomm::kernels {
 namespace {
@@ -63,10 +65,23 @@ Status launch_add_rmsnorm(const void* sum, void* residual_out, const FusionParam
         }
         add_rmsnorm_kernel<T, K><<<blocks, threads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
             static_cast<const T*>(sum), static_cast<T*>(residual_out), fusion, count);
-        return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
+        return launched(cudaGetLastError());
       }
     });
   });
 }
+
+namespace {
+thread_local char g_launch_error[256];  // NOLINT: this thread's, written only by `launched`
+}  // namespace
+
+Status launched(cudaError_t error) noexcept {
+  if (error == cudaSuccess) return Status::kOk;
+  std::snprintf(g_launch_error, sizeof(g_launch_error), "%s: %s", cudaGetErrorName(error),
+                cudaGetErrorString(error));
+  return Status::kCudaError;
+}
+
+const char* last_launch_error() noexcept { return g_launch_error; }
 
 }  // namespace tpcomm::kernels

@@ -10,6 +10,7 @@
 #include "kernels/common/dispatch.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/kernels.hpp"
+#include "kernels/launch_error.hpp"
 
 namespace tpcomm::kernels {
 namespace {
@@ -73,7 +74,7 @@ Status launch_moe_combine(const MoeCombineParams& p, DType dtype, Stream stream)
       moe_combine_kernel<T, true><<<blocks, threads, 0, s>>>(p);
     else
       moe_combine_kernel<T, false><<<blocks, threads, 0, s>>>(p);
-    return cudaGetLastError() == cudaSuccess ? Status::kOk : Status::kCudaError;
+    return launched(cudaGetLastError());
   });
 }
 

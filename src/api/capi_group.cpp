@@ -5,6 +5,7 @@
 #include <string>
 
 #include "api/capi_support.hpp"
+#include "kernels/launch_error.hpp"
 #include "ops/fused_norm.hpp"
 #include "ops/moe.hpp"
 #include "tpcomm/tpcomm.h"
@@ -265,7 +266,8 @@ tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* re
     if (s != Status::kOk) {
       tpcomm::capi::fail(
           s, tpcomm::detail::concat("tpcomm_add_rmsnorm: ", tpcomm::to_string(s),
-                                    ": the kernel could not be launched on the stream"));
+                                    ": the kernel could not be launched on the stream: ",
+                                    tpcomm::kernels::last_launch_error()));
     }
     return s;
   });
@@ -308,7 +310,8 @@ tpcomm_status tpcomm_moe_combine(const tpcomm_tensor* experts, const tpcomm_tens
     const Status s = tpcomm::moe_combine(moe, ov, tpcomm::capi::stream_of(stream));
     if (s != Status::kOk)
       tpcomm::capi::fail(s, tpcomm::detail::concat("tpcomm_moe_combine: ", tpcomm::to_string(s),
-                                                   ": the kernel could not be launched"));
+                                                   ": the kernel could not be launched: ",
+                                                   tpcomm::kernels::last_launch_error()));
     return s;
   });
 }

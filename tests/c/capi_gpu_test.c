@@ -149,6 +149,27 @@ int main(void) {
   CHECK(strstr(tpcomm_last_error(), "op 17 is not a tpcomm_reduce_op") != NULL);
   CHECK(tpcomm_group_health(group) == TPCOMM_OK);
 
+  /* A launch that fails names its CUDA error: the local add + RMSNorm into a capture that a
+   * synchronising call made invalid. */
+  {
+    cudaStream_t cap = NULL;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal));
+    CHECK(cudaStreamSynchronize(cap) != cudaSuccess); /* illegal under capture: invalidates it */
+    const tpcomm_tensor x = {in, TPCOMM_F32, 2, device, 0, {1, 64}};
+    const tpcomm_tensor gamma = {out, TPCOMM_F32, 1, device, 0, {64}};
+    const tpcomm_tensor res_out = {out + 64, TPCOMM_F32, 2, device, 0, {1, 64}};
+    CHECK(tpcomm_add_rmsnorm(&x, NULL, &gamma, 1e-6f, &x, &res_out, NULL, NULL, NULL, 0, cap) ==
+          TPCOMM_CUDA_ERROR);
+    CHECK(strstr(tpcomm_last_error(), "could not be launched on the stream: cudaError") != NULL);
+    printf("rank %d: %s\n", who.rank, tpcomm_last_error());
+    cudaGraph_t broken = NULL;
+    (void)cudaStreamEndCapture(cap, &broken);
+    if (broken != NULL) cudaGraphDestroy(broken);
+    (void)cudaGetLastError();
+    CHECK_CUDA(cudaStreamDestroy(cap));
+  }
+
   /* After abort every call says so. */
   CHECK_OK(tpcomm_bootstrap_barrier(boot));
   CHECK_OK(tpcomm_group_abort(group));
