@@ -57,6 +57,7 @@ struct TcpStore::Impl {
   std::string broken;
   // NOTE [rank watch]: the watch connection, read by `watcher` alone.
   std::shared_ptr<RankWatch> rank_watch;
+  Bytes watch_secret;  // what this rank's CLAIM returned; its watch presents it
   Socket watch_sock;
   std::thread watcher;
   std::atomic<bool> leaving{false};
@@ -202,6 +203,9 @@ struct TcpStore::Impl {
                      " refused the connection: ", reason);
       case ReplyCode::kRankLost:
         TPCOMM_THROW(Status::kAborted, what, ": ", reason);
+      case ReplyCode::kRefused:
+        TPCOMM_THROW(Status::kInvalidArgument, what, ": the store at ", address,
+                     " refused: ", reason);
       default:
         broken = reason;
         TPCOMM_THROW(Status::kProtocolError, what, ": the store at ", address,
@@ -209,12 +213,16 @@ struct TcpStore::Impl {
     }
   }
 
-  // Connects a second time and registers it as job rank `rank`'s watch connection; a thread
+  // Claims job rank `rank` over the request connection, then connects a second time and
+  // registers that as the rank's watch connection with the secret the claim returned; a thread
   // then reads its notices (NOTE [rank watch]).
   // A server at its connection limit answers "busy", or closes a connection whose HELLO it has
-  // not read yet to make room: the claim is retried, with a growing pause, until the deadline,
+  // not read yet to make room: the watch is retried, with a growing pause, until the deadline,
   // like the first connection.
   void start_watch(const std::string& host, int rank, Deadline deadline) {
+    watch_secret = call(concat("store claim of rank ", rank), Opcode::kClaim, {}, {}, rank,
+                        std::max(deadline, deadline_after(milliseconds{1000})), config.timeout)
+                       .value;
     for (milliseconds pause{10};; pause = std::min(2 * pause, milliseconds{500})) {
       try {
         claim_watch(host, rank, deadline);
@@ -245,18 +253,32 @@ struct TcpStore::Impl {
           r.status == Io::kOk, r.status == Io::kTimeout ? Status::kTimeout : Status::kSystemError,
           "store watch: the connection to the store at ", address, " failed: ", net::describe(r));
       const wire::ReplyHeader reply = wire::decode_reply(rb);
-      TPCOMM_CHECK(
-          wire::check_reply(reply, wire::kMaxReasonBytes) || reply.code != ReplyCode::kBusy,
-          Status::kUnavailable, "store watch: the store at ", address,
-          " is busy (at its connection limit)");
-      TPCOMM_CHECK(
-          !wire::check_reply(reply, 0) && reply.code == ReplyCode::kOk && reply.value_len == 0,
-          Status::kProtocolError, "store watch: the store at ", address,
-          " refused the watch connection (", wire::to_string(reply.code), ")");
+      const auto malformed = wire::check_reply(reply, 0);
+      TPCOMM_CHECK(!malformed || reply.code != ReplyCode::kOk, Status::kProtocolError,
+                   "store watch: malformed reply from ", address, ": ", malformed.value_or(""));
+      if (reply.code == ReplyCode::kOk) return;
+      // An error reply's reason (at most `kMaxReasonBytes`, which `check_reply` bounds).
+      std::string reason;
+      if (!wire::check_reply(reply, wire::kMaxReasonBytes)) {
+        reason.resize(reply.value_len);
+        if (net::recv_all(watch_sock.get(),
+                          std::as_writable_bytes(std::span(reason.data(), reason.size())), io)
+                .status != Io::kOk)
+          reason.clear();
+      }
+      const std::string why = reason.empty() ? std::string(wire::to_string(reply.code)) : reason;
+      TPCOMM_CHECK(reply.code != ReplyCode::kBusy, Status::kUnavailable,
+                   "store watch: the store at ", address, " is busy: ", why);
+      TPCOMM_THROW(reply.code == ReplyCode::kRefused || reply.code == ReplyCode::kUnauthenticated
+                       ? Status::kInvalidArgument
+                       : Status::kProtocolError,
+                   "store watch of rank ", rank, ": the store at ", address,
+                   " refused the watch connection: ", why);
     };
     exchange({.opcode = Opcode::kHello, .value_len = config.token.size()},
              wire::as_bytes(config.token));
-    exchange({.opcode = Opcode::kWatch, .arg = rank}, {});
+    exchange({.opcode = Opcode::kWatch, .value_len = watch_secret.size(), .arg = rank},
+             watch_secret);
   }
 
   void watch_loop() noexcept {

@@ -96,7 +96,13 @@ void fit_open_files(int connections) {
   }
 }
 
-// Constant-time comparison, so the time a rejection takes says nothing about the token.
+void set_nodelay(int fd) noexcept {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+}  // namespace
+
 bool token_matches(std::span<const std::byte> given, std::string_view expected) noexcept {
   std::size_t n = std::max(given.size(), expected.size());
   unsigned diff = given.size() == expected.size() ? 0u : 1u;
@@ -107,13 +113,6 @@ bool token_matches(std::span<const std::byte> given, std::string_view expected) 
   }
   return diff == 0;
 }
-
-void set_nodelay(int fd) noexcept {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-}  // namespace
 
 void TcpStoreServer::Impl::accept_loop() noexcept {
   while (!stopping.load()) {
@@ -238,6 +237,7 @@ void TcpStoreServer::Impl::start_connection(Socket sock) {
   Connection* raw = c.get();
   {
     std::lock_guard lock(conn_mu);
+    raw->id = next_connection_id++;
     conns.push_back(std::move(c));
   }
   try {
@@ -247,6 +247,7 @@ void TcpStoreServer::Impl::start_connection(Socket sock) {
       } catch (const std::exception& e) {
         TPCOMM_LOG_ERROR("store: connection from ", raw->peer, " failed: ", e.what());
       }
+      release_claim(*raw);
       // The client sees the end of the stream now; the fd is closed when the thread is joined.
       ::shutdown(raw->sock.get(), SHUT_RDWR);
       leave_waiting(*raw, Auth::kDone);

@@ -252,6 +252,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   flag("TPCOMM_DISABLE_NCCL", o.disable_nccl);
   flag("TPCOMM_PDL", o.programmatic_launch);
   flag("TPCOMM_RANK_WATCH", o.rank_watch);
+  flag("TPCOMM_STORE_REQUIRE_TOKEN", o.store_require_token);
   if (auto v = getenv("TPCOMM_ASYNC_ERROR_HANDLING")) {
     auto m = parse_failure_mode(*v);
     if (!m) bad("TPCOMM_ASYNC_ERROR_HANDLING", *v, "raise, teardown or callback");
