@@ -171,7 +171,15 @@ void TcpStoreServer::Impl::accept_one() {
     waiting_full = unauthenticated >= config.max_unauthenticated;
     full = active >= config.max_connections;
   }
-  if ((waiting_full || full) && !displace_oldest_unauthenticated()) {
+  // At `max_connections` with no unauthenticated connection to displace, in a store whose ranks
+  // claim their places (NOTE [rank watch]), an idle authenticated one that stands for no rank
+  // goes (`displace_idle_rankless`): connections that said HELLO and then sit idle cannot keep a
+  // rank out either. Ranks' connections are never displaced; nor is any connection of a store
+  // whose clients claim no ranks (a job without rank watches: its ranks' own connections).
+  const bool ranks_claim = config.watch_ranks && config.world_size > 0;
+  const bool room = !(waiting_full || full) || displace_oldest_unauthenticated() ||
+                    (!waiting_full && ranks_claim && displace_idle_rankless());
+  if (!room) {
     return refuse_busy(
         std::move(sock),
         waiting_full
@@ -210,6 +218,26 @@ bool TcpStoreServer::Impl::displace_oldest_unauthenticated() {
     TPCOMM_LOG_DEBUG("store: closed the connection from ", c->peer,
                      " before it authenticated, to make room for a new one (max_unauthenticated ",
                      config.max_unauthenticated, ", max_connections ", config.max_connections, ")");
+    // The fd stays open until the thread is joined (see `conns`): this cannot hit a reused fd.
+    ::shutdown(c->sock.get(), SHUT_RDWR);
+    return true;
+  }
+  return false;
+}
+
+bool TcpStoreServer::Impl::displace_idle_rankless() {
+  std::lock_guard lock(conn_mu);
+  for (auto& c : conns) {
+    if (c->auth.load() != Auth::kDone) continue;
+    // Bytes waiting to be read: a request is arriving, and its thread is about to take it.
+    int pending = 0;
+    if (::ioctl(c->sock.get(), FIONREAD, &pending) == 0 && pending > 0) continue;
+    Use idle = Use::kIdle;
+    if (!c->use.compare_exchange_strong(idle, Use::kDisplaced)) continue;
+    ++displaced;
+    TPCOMM_LOG_DEBUG("store: closed the idle connection from ", c->peer,
+                     ", which stands for no rank, to make room for a new one (max_connections ",
+                     config.max_connections, ")");
     // The fd stays open until the thread is joined (see `conns`): this cannot hit a reused fd.
     ::shutdown(c->sock.get(), SHUT_RDWR);
     return true;
@@ -356,6 +384,10 @@ void TcpStoreServer::Impl::serve(Connection& c) {
   // connection, so silent connections cannot hold threads.
   const Deadline hello_deadline = deadline_after(config.hello_timeout);
   while (!stopping.load()) {
+    // Between requests (see `displace_idle_rankless`); a connection that stands for a rank stays
+    // kRank.
+    Use busy = Use::kBusy;
+    c.use.compare_exchange_strong(busy, Use::kIdle);
     IoResult w = net::wait_readable(fd, authenticated ? kNoDeadline : hello_deadline);
     if (stopping.load() || w.status == Io::kError) return;
     if (w.status == Io::kTimeout) {
@@ -363,6 +395,9 @@ void TcpStoreServer::Impl::serve(Connection& c) {
                     concat("no HELLO within ", config.hello_timeout.count(), " ms of connecting"));
     }
     if (c.auth.load() == Auth::kDisplaced) return;
+    if (Use idle = Use::kIdle;
+        !c.use.compare_exchange_strong(idle, Use::kBusy) && idle == Use::kDisplaced)
+      return;
     const Deadline frame_deadline =
         authenticated ? deadline_after(config.frame_timeout)
                       : std::min(hello_deadline, deadline_after(config.frame_timeout));

@@ -35,6 +35,10 @@ struct TcpStoreServer::Impl {
   /// Where a connection is with authentication; it leaves kWaiting exactly once (a CAS), and
   /// whoever moves it out gives back its place in `unauthenticated`.
   enum class Auth { kWaiting, kDone, kDisplaced };
+  /// What an authenticated connection is doing, for `displace_idle_rankless`: it leaves kIdle
+  /// by a CAS, so a connection is displaced only between requests; one that stands for a rank
+  /// (kRank) never is.
+  enum class Use { kIdle, kBusy, kRank, kDisplaced };
   struct Connection {
     net::Socket sock;
     std::string peer;
@@ -42,6 +46,7 @@ struct TcpStoreServer::Impl {
     std::thread thread;
     std::atomic<bool> done{false};
     std::atomic<Auth> auth{Auth::kWaiting};
+    std::atomic<Use> use{Use::kIdle};
     /// The rank this connection claimed (CLAIM), or -1. Its own thread only.
     std::int64_t claimed = -1;
   };
@@ -146,6 +151,9 @@ struct TcpStoreServer::Impl {
   /// Closes the oldest connection still waiting to authenticate whose HELLO has not arrived
   /// (none is waiting to be read); false when there is none such.
   bool displace_oldest_unauthenticated();
+  /// Closes the oldest authenticated connection that stands for no rank and sits between
+  /// requests (none is waiting to be read); false when there is none such.
+  bool displace_idle_rankless();
   void serve(Connection& c);
   /// Reads `n` payload bytes in pieces as they arrive (NOTE [store memory bounds] 1), appending
   /// them to `out`, or discarding them where `out` is null.

@@ -285,6 +285,7 @@ std::optional<std::string> TcpStoreServer::Impl::claim(Connection& c, std::int64
     if (!inserted) return taken(rank, it->second);
   }
   c.claimed = rank;
+  c.use.store(Use::kRank);
   secret.assign(slot.secret.begin(), slot.secret.end());
   TPCOMM_LOG_DEBUG("store: ", c.peer, " stands for rank ", rank);
   return std::nullopt;
@@ -332,6 +333,7 @@ bool TcpStoreServer::Impl::watch(Connection& c, std::int64_t rank,
     reject(c, ReplyCode::kRefused, *why);
     return false;
   }
+  c.use.store(Use::kRank);
   watchers.fetch_add(1);
   struct Leave {
     Impl& m;

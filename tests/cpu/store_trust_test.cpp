@@ -319,5 +319,30 @@ TEST(StoreTrust, ATokenlessStoreOffLoopbackIsRefusedWhereAsked) {
   EXPECT_TRUE(contains(required.output, "TPCOMM_STORE_REQUIRE_TOKEN=1")) << required.output;
 }
 
+// A tokenless store full of idle connections that said HELLO: rank 1 could not get in, and the
+// job failed at its deadline. Connections that stand for no rank are displaced for it now.
+TEST(StoreTrust, IdleConnectionsThatHoldNoRankCannotKeepARankOut) {
+  constexpr int kMax = 8;
+  TcpStoreServerConfig config = job(2);
+  config.max_connections = kMax;
+  TcpStoreServer server(config);
+  auto s0 = watched(server.port(), 0);  // two connections
+  std::vector<net::Socket> idle;
+  for (int i = 0; i < kMax - 2; ++i) idle.push_back(raw_hello(server.port()));
+  ASSERT_TRUE(eventually([&] { return server.connections() == kMax; }, 5s));
+  const auto start = SteadyClock::now();
+  std::shared_ptr<TcpStore> s1;
+  try {
+    s1 = watched(server.port(), 1, 3s);
+  } catch (const Error& e) {
+    ADD_FAILURE() << "rank 1 was kept out: " << e.what();
+  }
+  EXPECT_LT(SteadyClock::now() - start, 1s);
+  EXPECT_GE(server.displaced_connections(), 2);
+  ASSERT_NE(s1, nullptr);
+  s1->set("k", "v");
+  EXPECT_EQ(s0->get("k", 1s).size(), 1u);
+}
+
 }  // namespace
 }  // namespace tpcomm
