@@ -112,11 +112,12 @@ struct TcpStoreServerConfig {
   /// both until their timeout: a client with the token gets in however fast silent connections
   /// are opened and closed again). The default holds the launcher's largest world
   /// (1024 ranks, each with its request and watch connections) and 64 more. The server raises
-  /// the process's soft limit of open files to fit it where the hard limit allows (and logs how
-  /// many connections fit where it does not). At `max_connections`, with no unauthenticated
-  /// connection to displace, a new one displaces the oldest authenticated connection that stands
-  /// for no rank (no CLAIM) and sits between requests, where the store takes rank watches
-  /// (`world_size` > 0 and `watch_ranks`: every rank's connections then stand for it).
+  /// the process's soft limit of open files to fit it where the hard limit allows; where it does
+  /// not, the server serves only as many as fit (256 descriptors kept aside) and says so once
+  /// when it starts. At `max_connections`, with no unauthenticated connection to displace, a new
+  /// one displaces the oldest authenticated connection that stands for no rank (no CLAIM) and
+  /// sits between requests, where the store takes rank watches (`world_size` > 0 and
+  /// `watch_ranks`: every rank's connections then stand for it).
   int max_connections = 2 * 1024 + 64;
   /// Most connections that have not yet authenticated (sent a valid HELLO) at once; see
   /// `max_connections` for what a new one beyond it gets. Connections that never say HELLO thus

@@ -77,23 +77,29 @@ constexpr rlim_t kSpareFiles = 256;
 
 // Each connection is a socket: a store for 1024 ranks (two connections each) needs more open
 // files than the common soft limit of 1024. Raises the soft limit to fit `connections`, never
-// past the hard limit; says so where it cannot.
-void fit_open_files(int connections) {
+// past the hard limit, and returns how many connections fit: fewer where the hard limit is too
+// low, said once here, so that connections beyond it are refused as busy (which clients retry)
+// instead of failing `accept` with "too many open files" (which they cannot tell from a hang).
+int fit_open_files(int connections) {
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return connections;
   const rlim_t want = static_cast<rlim_t>(connections) + kSpareFiles;
-  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= want) return;
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= want) return connections;
   const rlim_t before = limit.rlim_cur;
   limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? want : std::min(want, limit.rlim_max);
   if (limit.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
-  if (limit.rlim_cur < want) {
-    TPCOMM_LOG_WARN("store: the open-file limit (", limit.rlim_cur, ", hard ", limit.rlim_max,
-                    ") holds about ",
-                    limit.rlim_cur > kSpareFiles ? limit.rlim_cur - kSpareFiles : 0,
-                    " connections of the ", connections,
-                    " configured (two per rank): raise it "
-                    "(ulimit -n) for larger jobs");
-  }
+  if (limit.rlim_cur >= want) return connections;
+  // Rank 0's own request and watch connections count, so at least those fit.
+  const rlim_t room = limit.rlim_cur > kSpareFiles ? limit.rlim_cur - kSpareFiles : 0;
+  const int fit = std::max(static_cast<int>(std::min(room, static_cast<rlim_t>(connections))),
+                           std::min(connections, 2));
+  TPCOMM_LOG_WARN("store: the open-file limit (", limit.rlim_cur, ", hard ", limit.rlim_max,
+                  ") holds ", fit, " connections, not the ", connections,
+                  " configured: serving at most ", fit, " (", fit / 2,
+                  " ranks, two connections each; more are refused as busy). Raise the limit "
+                  "(ulimit -n ",
+                  want, ") for larger jobs");
+  return fit;
 }
 
 void set_nodelay(int fd) noexcept {
@@ -515,7 +521,7 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerConfig config) : impl_(std::make_un
   Impl& m = *impl_;
   m.config = std::move(config);
   m.limits = {m.config.max_key_bytes, m.config.max_value_bytes};
-  fit_open_files(m.config.max_connections);
+  m.config.max_connections = fit_open_files(m.config.max_connections);
   m.listener = net::listen_tcp(m.config.bind, m.config.port);
   m.port = net::local_port(m.listener.get());
   int p[2];

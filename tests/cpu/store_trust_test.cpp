@@ -344,5 +344,62 @@ TEST(StoreTrust, IdleConnectionsThatHoldNoRankCannotKeepARankOut) {
   EXPECT_EQ(s0->get("k", 1s).size(), 1u);
 }
 
+// 600 ranks under a hard limit of 1024 open files all failed after 10 s, the store logging
+// "accept: Too many open files" again and again. The store now serves what the limit holds and
+// says so once: connections beyond it are refused as busy or displace idle ones, never left
+// unanswered. (A hard limit of 320 files: 64 connections.)
+TEST(StoreTrust, TheStoreServesWhatTheOpenFileLimitHolds) {
+  constexpr int kConnections = 400;
+  rlimit own{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &own), 0);
+  if (own.rlim_cur < kConnections + 64) {
+    rlimit raised = own;
+    raised.rlim_cur = std::min<rlim_t>(own.rlim_max, kConnections + 256);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &raised), 0);
+    if (raised.rlim_cur < kConnections + 64) GTEST_SKIP() << "too few open files here";
+  }
+  const int port = net::free_port();
+  const std::string port_text = std::to_string(port);
+  char log_path[] = "/tmp/tpcomm-store-log-XXXXXX";
+  const int log_fd = ::mkstemp(log_path);
+  ASSERT_GE(log_fd, 0);
+  const pid_t host = testing::fork_child([&] {
+    const rlimit low{320, 320};
+    if (::setrlimit(RLIMIT_NOFILE, &low) != 0) throw std::runtime_error("setrlimit");
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(log_fd, 2);
+    ::execl(TPCOMM_CLI_PATH, TPCOMM_CLI_PATH, "store", "--port", port_text.c_str(), "--world-size",
+            "2", static_cast<char*>(nullptr));
+    throw std::runtime_error("cannot run " TPCOMM_CLI_PATH);
+  });
+  ::close(log_fd);
+  std::vector<net::Socket> clients;
+  int answered = 0;
+  for (int i = 0; i < kConnections; ++i) {
+    try {
+      net::Socket s = net::connect_tcp("127.0.0.1", port, deadline_after(5s));
+      const auto r = testing::raw_request(s.get(), {.opcode = wire::Opcode::kHello});
+      if (r.header.code == ReplyCode::kOk || r.header.code == ReplyCode::kBusy) ++answered;
+      clients.push_back(std::move(s));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "connection " << i << " got no answer: " << e.what();
+      break;
+    }
+  }
+  EXPECT_EQ(answered, kConnections);
+  clients.clear();
+  ::kill(host, SIGTERM);
+  EXPECT_EQ(testing::wait_child(host, 5s), 0);
+  std::ifstream in(log_path);
+  std::stringstream log;
+  log << in.rdbuf();
+  ::unlink(log_path);
+  const std::string text = log.str();
+  EXPECT_TRUE(contains(text, "holds 64 connections")) << text;
+  EXPECT_EQ(text.find("holds 64 connections"), text.rfind("holds 64 connections")) << text;
+  EXPECT_FALSE(contains(text, "Too many open files")) << text;
+}
+
 }  // namespace
 }  // namespace tpcomm
