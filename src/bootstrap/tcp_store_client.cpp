@@ -394,7 +394,7 @@ int TcpStore::port() const noexcept { return impl_->port; }
 std::shared_ptr<RankWatch> TcpStore::rank_watch() const noexcept { return impl_->rank_watch; }
 
 void TcpStore::set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) {
-  const std::string what = concat("store set '", key, "'");
+  const std::string what = concat("store set ", wire::quote_key(key));
   impl_->check_key(what, key);
   TPCOMM_CHECK(value.size() <= impl_->limits.max_value_bytes, Status::kInvalidArgument, what,
                ": value of ", value.size(), " bytes is longer than the limit of ",
@@ -403,13 +403,13 @@ void TcpStore::set(std::string_view key, std::span<const std::byte> value, Milli
 }
 
 Bytes TcpStore::get(std::string_view key, Milliseconds timeout) {
-  const std::string what = concat("store get '", key, "'");
+  const std::string what = concat("store get ", wire::quote_key(key));
   impl_->check_key(what, key);
   return impl_->wait_for(what, Opcode::kGet, key, deadline_after(timeout), timeout).value;
 }
 
 std::int64_t TcpStore::add(std::string_view key, std::int64_t delta, Milliseconds timeout) {
-  const std::string what = concat("store add '", key, "'");
+  const std::string what = concat("store add ", wire::quote_key(key));
   impl_->check_key(what, key);
   return impl_->call(what, Opcode::kAdd, key, {}, delta, deadline_after(timeout), timeout)
       .header.result;
@@ -418,7 +418,7 @@ std::int64_t TcpStore::add(std::string_view key, std::int64_t delta, Millisecond
 void TcpStore::wait(std::span<const std::string> keys, Milliseconds timeout) {
   const Deadline deadline = deadline_after(timeout);
   for (const std::string& key : keys) {
-    const std::string what = concat("store wait '", key, "'");
+    const std::string what = concat("store wait ", wire::quote_key(key));
     impl_->check_key(what, key);
     impl_->wait_for(what, Opcode::kWait, key, deadline, timeout);
   }
@@ -427,7 +427,7 @@ void TcpStore::wait(std::span<const std::string> keys, Milliseconds timeout) {
 bool TcpStore::check(std::span<const std::string> keys, Milliseconds timeout) {
   const Deadline deadline = deadline_after(timeout);
   for (const std::string& key : keys) {
-    const std::string what = concat("store check '", key, "'");
+    const std::string what = concat("store check ", wire::quote_key(key));
     impl_->check_key(what, key);
     if (impl_->call(what, Opcode::kCheck, key, {}, 0, deadline, timeout).header.result == 0)
       return false;
@@ -436,7 +436,7 @@ bool TcpStore::check(std::span<const std::string> keys, Milliseconds timeout) {
 }
 
 bool TcpStore::erase(std::string_view key, Milliseconds timeout) {
-  const std::string what = concat("store erase '", key, "'");
+  const std::string what = concat("store erase ", wire::quote_key(key));
   impl_->check_key(what, key);
   return impl_->call(what, Opcode::kErase, key, {}, 0, deadline_after(timeout), timeout)
              .header.result != 0;

@@ -77,7 +77,7 @@ std::optional<wire::Rejection> TcpStoreServer::Impl::over_stored_limits(
   if (is_new && data.size() >= config.max_keys) {
     return wire::Rejection{ReplyCode::kOverLimit,
                            concat(op, " of a new key: the store holds its max_keys of ",
-                                  config.max_keys, " keys; key '", key, "'")};
+                                  config.max_keys, " keys; key ", wire::quote_key(key))};
   }
   const std::size_t freed = is_new ? 0 : key.size() + it->second.size();
   const std::size_t needed = key.size() + value_bytes;
@@ -85,8 +85,8 @@ std::optional<wire::Rejection> TcpStoreServer::Impl::over_stored_limits(
     return wire::Rejection{
         ReplyCode::kOverLimit,
         concat(op, " of ", needed, " bytes (key and value) would take the store over its ",
-               "max_stored_bytes of ", config.max_stored_bytes, " (it holds ", stored, "); key '",
-               key, "'")};
+               "max_stored_bytes of ", config.max_stored_bytes, " (it holds ", stored, "); key ",
+               wire::quote_key(key))};
   }
   return std::nullopt;
 }
@@ -123,10 +123,10 @@ std::optional<wire::Rejection> TcpStoreServer::Impl::add(const std::string& key,
     std::optional<std::int64_t> current =
         inserted ? std::optional<std::int64_t>(0) : wire::decode_counter(it->second);
     if (!current) {
-      error = concat("ADD on key '", key, "', which holds a value of ", it->second.size(),
-                     " bytes, not a counter (8 bytes)");
+      error = concat("ADD on key ", wire::quote_key(key), ", which holds a value of ",
+                     it->second.size(), " bytes, not a counter (8 bytes)");
     } else if (std::int64_t sum = 0; __builtin_add_overflow(*current, delta, &sum)) {
-      error = concat("ADD of ", delta, " to key '", key, "', which holds ", *current,
+      error = concat("ADD of ", delta, " to key ", wire::quote_key(key), ", which holds ", *current,
                      ", overflows a 64-bit counter (the counter is unchanged)");
     } else {
       result = sum;
@@ -175,7 +175,8 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
           return false;
         case WaitResult::kOverLimit:
           fail(ReplyCode::kOverLimit,
-               concat("GET '", key, "': its value would take the bytes the store holds in flight ",
+               concat("GET ", wire::quote_key(key),
+                      ": its value would take the bytes the store holds in flight ",
                       "over its max_inflight_bytes of ", config.max_inflight_bytes,
                       "; try again later"));
           reply.result = wire::kRetryLater;

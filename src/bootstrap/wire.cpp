@@ -95,6 +95,11 @@ std::optional<std::int64_t> decode_counter(std::span<const std::byte> bytes) noe
   return load_le<std::int64_t>(bytes.data());
 }
 
+std::string quote_key(std::string_view key) {
+  if (key.size() <= kMaxQuotedKeyBytes) return detail::concat("'", key, "'");
+  return detail::concat("'", key.substr(0, kMaxQuotedKeyBytes), "...' (", key.size(), " bytes)");
+}
+
 bool is_known(Opcode op) noexcept {
   switch (op) {
     case Opcode::kHello:

@@ -168,6 +168,12 @@ inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {
   return std::as_bytes(std::span(text.data(), text.size()));
 }
 
+/// Most bytes of a key that a message quotes (`quote_key`).
+inline constexpr std::size_t kMaxQuotedKeyBytes = 256;
+/// `key` as messages quote it: 'key', or its first `kMaxQuotedKeyBytes` bytes, "..." and its
+/// length, so that a message naming a long key stays well within `kMaxReasonBytes`.
+std::string quote_key(std::string_view key);
+
 /// A counter value as stored: 8 little-endian bytes.
 std::array<std::byte, 8> encode_counter(std::int64_t value) noexcept;
 /// The counter held in `bytes`; nullopt unless it is exactly 8 bytes.

@@ -401,5 +401,27 @@ TEST(StoreTrust, TheStoreServesWhatTheOpenFileLimitHolds) {
   EXPECT_FALSE(contains(text, "Too many open files")) << text;
 }
 
+// A world-1 job's store refused a 60,000-byte key with a 60,114-character message. Messages
+// quote at most the first 256 bytes of a key, as the TCP store caps its reasons at 1 KiB.
+TEST(StoreTrust, MessagesQuoteLongKeysShortened) {
+  const std::string key(60000, 'k');
+  LaunchInfo info;  // world size 1
+  Bootstrap b = Bootstrap::from_launch_info(info, Options{});
+  TcpStoreServer server(TcpStoreServerConfig{});
+  TcpStore::Config c;
+  c.port = server.port();
+  TcpStore tcp(c);
+  for (Store* store : {&b.store(), static_cast<Store*>(&tcp)}) {
+    try {
+      store->set(key, "v");
+      ADD_FAILURE() << "a key of 60000 bytes was stored";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      EXPECT_LE(std::string(e.what()).size(), wire::kMaxReasonBytes) << e.what();
+      EXPECT_TRUE(contains(e.what(), "(60000 bytes)")) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tpcomm

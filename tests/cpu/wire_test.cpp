@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 
 namespace tpcomm::wire {
 namespace {
@@ -131,6 +132,13 @@ TEST(Wire, NamesOpcodes) {
   EXPECT_EQ(to_string(ReplyCode::kRankLost), "rank lost");
   EXPECT_EQ(to_string(Opcode::kClaim), "CLAIM");
   EXPECT_EQ(to_string(ReplyCode::kRefused), "refused");
+}
+
+TEST(Wire, QuotesLongKeysShortened) {
+  EXPECT_EQ(quote_key("abc"), "'abc'");
+  const std::string exact(kMaxQuotedKeyBytes, 'k');
+  EXPECT_EQ(quote_key(exact), "'" + exact + "'");
+  EXPECT_EQ(quote_key(std::string(60000, 'k')), "'" + exact + "...' (60000 bytes)");
 }
 
 }  // namespace
