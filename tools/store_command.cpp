@@ -78,8 +78,8 @@ int run_store(const StoreArgs& args) {
   }
   if (config.world_size == 0) {
     std::fprintf(stderr,
-                 "tpcomm store: no --world-size: ranks cannot watch each other through this "
-                 "store (run them with TPCOMM_RANK_WATCH=0, or give the job's world size)\n");
+                 "tpcomm store: no --world-size: the store takes no rank watches (a client "
+                 "that asks for one is refused)\n");
   }
   std::printf("%d\n", server.port());
   std::fflush(stdout);
