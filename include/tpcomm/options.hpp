@@ -64,6 +64,7 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
 /// | `TPCOMM_STORE_TOKEN_FILE` | `store_token_file`, `store_token` | unset |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
+/// | `TPCOMM_STORE_REQUIRE_TOKEN` | `store_require_token` | 0 |
 struct Options;
 
 /// Every environment variable `Options::from_env` reads, in the table's order above: the one
@@ -182,6 +183,10 @@ struct Options {
   std::string store_token_file;
   /// Address the store server binds to; empty means the default rule above.
   std::string store_bind;
+  /// Refuse to host a store that other machines can reach (bound off loopback) without a token:
+  /// rank 0's bootstrap then throws `Error(kInvalidArgument)` naming this knob instead of
+  /// warning. Off by default, so tokenless multi-node jobs (torchrun) start as they always did.
+  bool store_require_token = false;
 
   /// Reads the environment. Throws `Error(kInvalidArgument)` naming the variable when a value
   /// cannot be parsed (a typo in a knob is an error, not a silent default).

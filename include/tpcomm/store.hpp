@@ -112,8 +112,12 @@ struct TcpStoreServerConfig {
   /// both until their timeout: a client with the token gets in however fast silent connections
   /// are opened and closed again). The default holds the launcher's largest world
   /// (1024 ranks, each with its request and watch connections) and 64 more. The server raises
-  /// the process's soft limit of open files to fit it where the hard limit allows (and logs how
-  /// many connections fit where it does not).
+  /// the process's soft limit of open files to fit it where the hard limit allows; where it does
+  /// not, the server serves only as many as fit (256 descriptors kept aside) and says so once
+  /// when it starts. At `max_connections`, with no unauthenticated connection to displace, a new
+  /// one displaces the oldest authenticated connection that stands for no rank (no CLAIM) and
+  /// sits between requests, where the store takes rank watches (`world_size` > 0 and
+  /// `watch_ranks`: every rank's connections then stand for it).
   int max_connections = 2 * 1024 + 64;
   /// Most connections that have not yet authenticated (sent a valid HELLO) at once; see
   /// `max_connections` for what a new one beyond it gets. Connections that never say HELLO thus
@@ -142,10 +146,16 @@ struct TcpStoreServerConfig {
   /// store carries ids, handles and host names (a few hundred bytes per rank and collective),
   /// not tensors.
   std::size_t max_stored_bytes = std::size_t{1} << 30;
-  /// The job's world size, when known (a rank hosting the store knows it): a WATCH of a rank
-  /// outside 0..world_size-1 is then refused. Whatever it is, a rank has one watch connection
-  /// at a time; a second is refused, and closing a refused one loses nothing (NOTE [rank watch]).
+  /// The job's world size (the rank hosting the store knows it; `tpcomm store --world-size`).
+  /// Rank watches are taken only of ranks 0..world_size-1; 0 (unknown) takes none. A rank claims
+  /// its place over its own request connection and watches with the secret that claim returned;
+  /// a claim of a rank held by another open connection, one that left or was lost, or a watch
+  /// without the secret is refused naming why, and closing a refused connection loses nothing
+  /// (NOTE [rank watch]).
   int world_size = 0;
+  /// Whether the job watches its ranks (`TPCOMM_RANK_WATCH`): false refuses every claim and
+  /// watch, naming why.
+  bool watch_ranks = true;
 };
 
 /// The TCP store server: hosted by rank 0 inside a `TcpStore`, or standalone (`tpcomm store`).
@@ -226,8 +236,11 @@ class TcpStore final : public Store {
     /// before it stops the server, so that a peer still reading the reply of its last operation
     /// (the last barrier of a job) is not cut off.
     Milliseconds linger{3000};
-    /// The job rank of this client, or -1. With a rank, the client keeps a second connection
-    /// open on which the server learns that this rank's process is alive, and tells it when
+    /// The job rank of this client, or -1. With a rank, the client claims the rank over its
+    /// connection (a server refuses a rank past its world size, held by another connection, or
+    /// gone: the constructor then throws `Error(kInvalidArgument)` with the server's reason) and
+    /// keeps a second connection open on which the server learns that this rank's process is
+    /// alive, and tells it when
     /// another rank's process is gone (its connection closed without leaving normally, which the
     /// destructor does): `rank_watch()` reports it, and from then on every GET or WAIT that
     /// waits for a key on any client fails at once with `Error(kAborted)` naming the rank.

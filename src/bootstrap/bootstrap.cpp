@@ -369,6 +369,7 @@ Bootstrap Bootstrap::from_launch_info(const LaunchInfo& info, const Options& opt
     config.host_server = true;
     config.server.token = options.store_token;
     config.server.world_size = info.world_size;
+    config.server.watch_ranks = options.rank_watch;
     if (!options.store_bind.empty()) {
       // Resolved here first so that an address that does not resolve names its variable.
       try {
@@ -388,6 +389,13 @@ Bootstrap Bootstrap::from_launch_info(const LaunchInfo& info, const Options& opt
                   "), store at ", net::join_host_port(info.store_host, info.store_port),
                   info.rank == 0 ? concat(", hosted here on ", config.server.bind) : "");
   const std::string bind = config.server.bind;
+  const bool open_store = info.rank == 0 && options.store_token.empty() && !net::is_loopback(bind);
+  TPCOMM_CHECK(!open_store || !options.store_require_token, Status::kInvalidArgument,
+               "bootstrap: rank 0 would host the store on ", bind,
+               ", which other machines can reach, without a token, and "
+               "TPCOMM_STORE_REQUIRE_TOKEN=1 forbids that: give every rank the same secret with "
+               "TPCOMM_STORE_TOKEN or TPCOMM_STORE_TOKEN_FILE, or bind the store to loopback "
+               "(TPCOMM_STORE_BIND=127.0.0.1) for a job on one node");
   std::shared_ptr<TcpStore> store;
   try {
     store = std::make_shared<TcpStore>(std::move(config));
@@ -396,7 +404,7 @@ Bootstrap Bootstrap::from_launch_info(const LaunchInfo& info, const Options& opt
     TPCOMM_THROW(e.status(), "rank 0 cannot host the store: ", e.what(),
                  " (choose a free port with TPCOMM_STORE_ADDR=host:port)");
   }
-  if (info.rank == 0 && options.store_token.empty() && !net::is_loopback(bind)) {
+  if (open_store) {
     warn_open_store(net::join_host_port(bind, store->port()));
   }
   auto impl = std::make_unique<Impl>(std::move(store), info.rank, info.world_size, "tpcomm");

@@ -54,7 +54,7 @@ InProcessStore::InProcessStore() : impl_(std::make_unique<Impl>()) {}
 InProcessStore::~InProcessStore() = default;
 
 void InProcessStore::set(std::string_view key, std::span<const std::byte> value, Milliseconds) {
-  const std::string what = concat("store set '", key, "'");
+  const std::string what = concat("store set ", wire::quote_key(key));
   check_key(what, key);
   TPCOMM_CHECK(value.size() <= kLimits.max_value_bytes, Status::kInvalidArgument, what,
                ": value of ", value.size(), " bytes is longer than the limit of ",
@@ -67,7 +67,7 @@ void InProcessStore::set(std::string_view key, std::span<const std::byte> value,
 }
 
 Bytes InProcessStore::get(std::string_view key, Milliseconds timeout) {
-  const std::string what = concat("store get '", key, "'");
+  const std::string what = concat("store get ", wire::quote_key(key));
   check_key(what, key);
   const std::string k(key);
   std::unique_lock lock(impl_->mu);
@@ -78,7 +78,7 @@ Bytes InProcessStore::get(std::string_view key, Milliseconds timeout) {
 }
 
 std::int64_t InProcessStore::add(std::string_view key, std::int64_t delta, Milliseconds) {
-  const std::string what = concat("store add '", key, "'");
+  const std::string what = concat("store add ", wire::quote_key(key));
   check_key(what, key);
   std::int64_t result = 0;
   {
@@ -86,13 +86,13 @@ std::int64_t InProcessStore::add(std::string_view key, std::int64_t delta, Milli
     auto [it, inserted] = impl_->data.try_emplace(std::string(key));
     auto current = inserted ? std::optional<std::int64_t>(0) : wire::decode_counter(it->second);
     if (!current) {
-      TPCOMM_THROW(Status::kInvalidArgument, what, ": ADD on key '", key,
-                   "', which holds a value of ", it->second.size(),
+      TPCOMM_THROW(Status::kInvalidArgument, what, ": ADD on key ", wire::quote_key(key),
+                   ", which holds a value of ", it->second.size(),
                    " bytes, not a counter (8 bytes)");
     }
     if (__builtin_add_overflow(*current, delta, &result)) {
-      TPCOMM_THROW(Status::kInvalidArgument, what, ": ADD of ", delta, " to key '", key,
-                   "', which holds ", *current,
+      TPCOMM_THROW(Status::kInvalidArgument, what, ": ADD of ", delta, " to key ",
+                   wire::quote_key(key), ", which holds ", *current,
                    ", overflows a 64-bit counter (the counter is unchanged)");
     }
     auto bytes = wire::encode_counter(result);
@@ -103,16 +103,16 @@ std::int64_t InProcessStore::add(std::string_view key, std::int64_t delta, Milli
 }
 
 void InProcessStore::wait(std::span<const std::string> keys, Milliseconds timeout) {
-  for (const std::string& k : keys) check_key(concat("store wait '", k, "'"), k);
+  for (const std::string& k : keys) check_key(concat("store wait ", wire::quote_key(k)), k);
   std::unique_lock lock(impl_->mu);
   if (const std::string* missing = impl_->wait_all(lock, keys, deadline_after(timeout))) {
-    TPCOMM_THROW(Status::kTimeout, "store wait '", *missing, "': key not set within ",
-                 timeout.count(), " ms");
+    TPCOMM_THROW(Status::kTimeout, "store wait ", wire::quote_key(*missing),
+                 ": key not set within ", timeout.count(), " ms");
   }
 }
 
 bool InProcessStore::check(std::span<const std::string> keys, Milliseconds) {
-  for (const std::string& k : keys) check_key(concat("store check '", k, "'"), k);
+  for (const std::string& k : keys) check_key(concat("store check ", wire::quote_key(k)), k);
   std::lock_guard lock(impl_->mu);
   for (const std::string& k : keys)
     if (!impl_->data.contains(k)) return false;
@@ -120,7 +120,7 @@ bool InProcessStore::check(std::span<const std::string> keys, Milliseconds) {
 }
 
 bool InProcessStore::erase(std::string_view key, Milliseconds) {
-  check_key(concat("store erase '", key, "'"), key);
+  check_key(concat("store erase ", wire::quote_key(key)), key);
   std::lock_guard lock(impl_->mu);
   return impl_->data.erase(std::string(key)) != 0;
 }

@@ -22,12 +22,26 @@ namespace tpcomm {
 // groups) make their kernels give up and their next call fail with kAborted. A client whose own
 // watch connection closes without the server's stop notice has lost the store's host (rank 0,
 // or a standalone `tpcomm store`): it reports rank -1, which every subscriber takes as its own.
-// A job's first lost rank is the one reported; the job cannot go on without it. The server takes
-// one watch connection per rank at a time, and only of ranks below the job's world size where it
-// knows it (the rank that hosts it does): a second WATCH of a rank, or one past the world, is a
-// protocol error, and closing that connection marks nothing lost. The server does not know which
-// rank a connection bootstrapped as, so a process that watches as another rank before that rank
-// does still takes its place.
+// A job's first lost rank is the one reported; the job cannot go on without it.
+//
+// Only a rank's own process can watch as that rank, so a client that is no rank cannot make a
+// rank look lost, nor keep one out:
+// 1. A rank first claims its place over its request connection (CLAIM r). The server takes the
+//    claim only where the job watches its ranks (its host's TPCOMM_RANK_WATCH), only of ranks
+//    below the job's world size (0 when unknown: a `tpcomm store` without --world-size takes
+//    none), and only of a rank that no open connection holds and that has not left or been
+//    lost; it answers with a random secret that no other request returns.
+// 2. The watch connection presents that secret (WATCH r, secret). A watch of a rank not claimed,
+//    with another secret, of a rank watched already, left or lost, is refused naming why, and
+//    closing that connection marks nothing lost.
+// 3. A claim whose connection closes before a watch took it up is given back; once watched, the
+//    rank's place ends with its watch: left (WATCH -1) or lost (closed without it). Neither can
+//    be claimed again, so a client that watches a rank after it left loses nothing.
+// The claim is first come, first served: the store cannot tell which process a launcher started
+// as rank r. A client that speaks the protocol and claims rank r before rank r does (any client
+// of a store without a token, or any holder of the token) still keeps rank r out, which then
+// fails its setup naming the connection that holds it: the token (TPCOMM_STORE_TOKEN) is what
+// keeps other processes out, as for every key of the store.
 
 /// The first lost rank of a job, as a client learned it, and who wants to know.
 /// Thread-safe.

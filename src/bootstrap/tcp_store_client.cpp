@@ -57,6 +57,7 @@ struct TcpStore::Impl {
   std::string broken;
   // NOTE [rank watch]: the watch connection, read by `watcher` alone.
   std::shared_ptr<RankWatch> rank_watch;
+  Bytes watch_secret;  // what this rank's CLAIM returned; its watch presents it
   Socket watch_sock;
   std::thread watcher;
   std::atomic<bool> leaving{false};
@@ -202,6 +203,9 @@ struct TcpStore::Impl {
                      " refused the connection: ", reason);
       case ReplyCode::kRankLost:
         TPCOMM_THROW(Status::kAborted, what, ": ", reason);
+      case ReplyCode::kRefused:
+        TPCOMM_THROW(Status::kInvalidArgument, what, ": the store at ", address,
+                     " refused: ", reason);
       default:
         broken = reason;
         TPCOMM_THROW(Status::kProtocolError, what, ": the store at ", address,
@@ -209,12 +213,16 @@ struct TcpStore::Impl {
     }
   }
 
-  // Connects a second time and registers it as job rank `rank`'s watch connection; a thread
+  // Claims job rank `rank` over the request connection, then connects a second time and
+  // registers that as the rank's watch connection with the secret the claim returned; a thread
   // then reads its notices (NOTE [rank watch]).
   // A server at its connection limit answers "busy", or closes a connection whose HELLO it has
-  // not read yet to make room: the claim is retried, with a growing pause, until the deadline,
+  // not read yet to make room: the watch is retried, with a growing pause, until the deadline,
   // like the first connection.
   void start_watch(const std::string& host, int rank, Deadline deadline) {
+    watch_secret = call(concat("store claim of rank ", rank), Opcode::kClaim, {}, {}, rank,
+                        std::max(deadline, deadline_after(milliseconds{1000})), config.timeout)
+                       .value;
     for (milliseconds pause{10};; pause = std::min(2 * pause, milliseconds{500})) {
       try {
         claim_watch(host, rank, deadline);
@@ -245,18 +253,32 @@ struct TcpStore::Impl {
           r.status == Io::kOk, r.status == Io::kTimeout ? Status::kTimeout : Status::kSystemError,
           "store watch: the connection to the store at ", address, " failed: ", net::describe(r));
       const wire::ReplyHeader reply = wire::decode_reply(rb);
-      TPCOMM_CHECK(
-          wire::check_reply(reply, wire::kMaxReasonBytes) || reply.code != ReplyCode::kBusy,
-          Status::kUnavailable, "store watch: the store at ", address,
-          " is busy (at its connection limit)");
-      TPCOMM_CHECK(
-          !wire::check_reply(reply, 0) && reply.code == ReplyCode::kOk && reply.value_len == 0,
-          Status::kProtocolError, "store watch: the store at ", address,
-          " refused the watch connection (", wire::to_string(reply.code), ")");
+      const auto malformed = wire::check_reply(reply, 0);
+      TPCOMM_CHECK(!malformed || reply.code != ReplyCode::kOk, Status::kProtocolError,
+                   "store watch: malformed reply from ", address, ": ", malformed.value_or(""));
+      if (reply.code == ReplyCode::kOk) return;
+      // An error reply's reason (at most `kMaxReasonBytes`, which `check_reply` bounds).
+      std::string reason;
+      if (!wire::check_reply(reply, wire::kMaxReasonBytes)) {
+        reason.resize(reply.value_len);
+        if (net::recv_all(watch_sock.get(),
+                          std::as_writable_bytes(std::span(reason.data(), reason.size())), io)
+                .status != Io::kOk)
+          reason.clear();
+      }
+      const std::string why = reason.empty() ? std::string(wire::to_string(reply.code)) : reason;
+      TPCOMM_CHECK(reply.code != ReplyCode::kBusy, Status::kUnavailable,
+                   "store watch: the store at ", address, " is busy: ", why);
+      TPCOMM_THROW(reply.code == ReplyCode::kRefused || reply.code == ReplyCode::kUnauthenticated
+                       ? Status::kInvalidArgument
+                       : Status::kProtocolError,
+                   "store watch of rank ", rank, ": the store at ", address,
+                   " refused the watch connection: ", why);
     };
     exchange({.opcode = Opcode::kHello, .value_len = config.token.size()},
              wire::as_bytes(config.token));
-    exchange({.opcode = Opcode::kWatch, .arg = rank}, {});
+    exchange({.opcode = Opcode::kWatch, .value_len = watch_secret.size(), .arg = rank},
+             watch_secret);
   }
 
   void watch_loop() noexcept {
@@ -372,7 +394,7 @@ int TcpStore::port() const noexcept { return impl_->port; }
 std::shared_ptr<RankWatch> TcpStore::rank_watch() const noexcept { return impl_->rank_watch; }
 
 void TcpStore::set(std::string_view key, std::span<const std::byte> value, Milliseconds timeout) {
-  const std::string what = concat("store set '", key, "'");
+  const std::string what = concat("store set ", wire::quote_key(key));
   impl_->check_key(what, key);
   TPCOMM_CHECK(value.size() <= impl_->limits.max_value_bytes, Status::kInvalidArgument, what,
                ": value of ", value.size(), " bytes is longer than the limit of ",
@@ -381,13 +403,13 @@ void TcpStore::set(std::string_view key, std::span<const std::byte> value, Milli
 }
 
 Bytes TcpStore::get(std::string_view key, Milliseconds timeout) {
-  const std::string what = concat("store get '", key, "'");
+  const std::string what = concat("store get ", wire::quote_key(key));
   impl_->check_key(what, key);
   return impl_->wait_for(what, Opcode::kGet, key, deadline_after(timeout), timeout).value;
 }
 
 std::int64_t TcpStore::add(std::string_view key, std::int64_t delta, Milliseconds timeout) {
-  const std::string what = concat("store add '", key, "'");
+  const std::string what = concat("store add ", wire::quote_key(key));
   impl_->check_key(what, key);
   return impl_->call(what, Opcode::kAdd, key, {}, delta, deadline_after(timeout), timeout)
       .header.result;
@@ -396,7 +418,7 @@ std::int64_t TcpStore::add(std::string_view key, std::int64_t delta, Millisecond
 void TcpStore::wait(std::span<const std::string> keys, Milliseconds timeout) {
   const Deadline deadline = deadline_after(timeout);
   for (const std::string& key : keys) {
-    const std::string what = concat("store wait '", key, "'");
+    const std::string what = concat("store wait ", wire::quote_key(key));
     impl_->check_key(what, key);
     impl_->wait_for(what, Opcode::kWait, key, deadline, timeout);
   }
@@ -405,7 +427,7 @@ void TcpStore::wait(std::span<const std::string> keys, Milliseconds timeout) {
 bool TcpStore::check(std::span<const std::string> keys, Milliseconds timeout) {
   const Deadline deadline = deadline_after(timeout);
   for (const std::string& key : keys) {
-    const std::string what = concat("store check '", key, "'");
+    const std::string what = concat("store check ", wire::quote_key(key));
     impl_->check_key(what, key);
     if (impl_->call(what, Opcode::kCheck, key, {}, 0, deadline, timeout).header.result == 0)
       return false;
@@ -414,7 +436,7 @@ bool TcpStore::check(std::span<const std::string> keys, Milliseconds timeout) {
 }
 
 bool TcpStore::erase(std::string_view key, Milliseconds timeout) {
-  const std::string what = concat("store erase '", key, "'");
+  const std::string what = concat("store erase ", wire::quote_key(key));
   impl_->check_key(what, key);
   return impl_->call(what, Opcode::kErase, key, {}, 0, deadline_after(timeout), timeout)
              .header.result != 0;

@@ -77,26 +77,38 @@ constexpr rlim_t kSpareFiles = 256;
 
 // Each connection is a socket: a store for 1024 ranks (two connections each) needs more open
 // files than the common soft limit of 1024. Raises the soft limit to fit `connections`, never
-// past the hard limit; says so where it cannot.
-void fit_open_files(int connections) {
+// past the hard limit, and returns how many connections fit: fewer where the hard limit is too
+// low, said once here, so that connections beyond it are refused as busy (which clients retry)
+// instead of failing `accept` with "too many open files" (which they cannot tell from a hang).
+int fit_open_files(int connections) {
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return connections;
   const rlim_t want = static_cast<rlim_t>(connections) + kSpareFiles;
-  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= want) return;
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= want) return connections;
   const rlim_t before = limit.rlim_cur;
   limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? want : std::min(want, limit.rlim_max);
   if (limit.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
-  if (limit.rlim_cur < want) {
-    TPCOMM_LOG_WARN("store: the open-file limit (", limit.rlim_cur, ", hard ", limit.rlim_max,
-                    ") holds about ",
-                    limit.rlim_cur > kSpareFiles ? limit.rlim_cur - kSpareFiles : 0,
-                    " connections of the ", connections,
-                    " configured (two per rank): raise it "
-                    "(ulimit -n) for larger jobs");
-  }
+  if (limit.rlim_cur >= want) return connections;
+  // Rank 0's own request and watch connections count, so at least those fit.
+  const rlim_t room = limit.rlim_cur > kSpareFiles ? limit.rlim_cur - kSpareFiles : 0;
+  const int fit = std::max(static_cast<int>(std::min(room, static_cast<rlim_t>(connections))),
+                           std::min(connections, 2));
+  TPCOMM_LOG_WARN("store: the open-file limit (", limit.rlim_cur, ", hard ", limit.rlim_max,
+                  ") holds ", fit, " connections, not the ", connections,
+                  " configured: serving at most ", fit, " (", fit / 2,
+                  " ranks, two connections each; more are refused as busy). Raise the limit "
+                  "(ulimit -n ",
+                  want, ") for larger jobs");
+  return fit;
 }
 
-// Constant-time comparison, so the time a rejection takes says nothing about the token.
+void set_nodelay(int fd) noexcept {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+}  // namespace
+
 bool token_matches(std::span<const std::byte> given, std::string_view expected) noexcept {
   std::size_t n = std::max(given.size(), expected.size());
   unsigned diff = given.size() == expected.size() ? 0u : 1u;
@@ -107,13 +119,6 @@ bool token_matches(std::span<const std::byte> given, std::string_view expected) 
   }
   return diff == 0;
 }
-
-void set_nodelay(int fd) noexcept {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-}  // namespace
 
 void TcpStoreServer::Impl::accept_loop() noexcept {
   while (!stopping.load()) {
@@ -172,7 +177,15 @@ void TcpStoreServer::Impl::accept_one() {
     waiting_full = unauthenticated >= config.max_unauthenticated;
     full = active >= config.max_connections;
   }
-  if ((waiting_full || full) && !displace_oldest_unauthenticated()) {
+  // At `max_connections` with no unauthenticated connection to displace, in a store whose ranks
+  // claim their places (NOTE [rank watch]), an idle authenticated one that stands for no rank
+  // goes (`displace_idle_rankless`): connections that said HELLO and then sit idle cannot keep a
+  // rank out either. Ranks' connections are never displaced; nor is any connection of a store
+  // whose clients claim no ranks (a job without rank watches: its ranks' own connections).
+  const bool ranks_claim = config.watch_ranks && config.world_size > 0;
+  const bool room = !(waiting_full || full) || displace_oldest_unauthenticated() ||
+                    (!waiting_full && ranks_claim && displace_idle_rankless());
+  if (!room) {
     return refuse_busy(
         std::move(sock),
         waiting_full
@@ -218,6 +231,26 @@ bool TcpStoreServer::Impl::displace_oldest_unauthenticated() {
   return false;
 }
 
+bool TcpStoreServer::Impl::displace_idle_rankless() {
+  std::lock_guard lock(conn_mu);
+  for (auto& c : conns) {
+    if (c->auth.load() != Auth::kDone) continue;
+    // Bytes waiting to be read: a request is arriving, and its thread is about to take it.
+    int pending = 0;
+    if (::ioctl(c->sock.get(), FIONREAD, &pending) == 0 && pending > 0) continue;
+    Use idle = Use::kIdle;
+    if (!c->use.compare_exchange_strong(idle, Use::kDisplaced)) continue;
+    ++displaced;
+    TPCOMM_LOG_DEBUG("store: closed the idle connection from ", c->peer,
+                     ", which stands for no rank, to make room for a new one (max_connections ",
+                     config.max_connections, ")");
+    // The fd stays open until the thread is joined (see `conns`): this cannot hit a reused fd.
+    ::shutdown(c->sock.get(), SHUT_RDWR);
+    return true;
+  }
+  return false;
+}
+
 void TcpStoreServer::Impl::refuse_busy(Socket sock, const std::string& reason) {
   const int fd = sock.get();
   TPCOMM_LOG_WARN("store: refused a connection from ", net::peer_name(fd), ": ", reason);
@@ -238,6 +271,7 @@ void TcpStoreServer::Impl::start_connection(Socket sock) {
   Connection* raw = c.get();
   {
     std::lock_guard lock(conn_mu);
+    raw->id = next_connection_id++;
     conns.push_back(std::move(c));
   }
   try {
@@ -247,6 +281,7 @@ void TcpStoreServer::Impl::start_connection(Socket sock) {
       } catch (const std::exception& e) {
         TPCOMM_LOG_ERROR("store: connection from ", raw->peer, " failed: ", e.what());
       }
+      release_claim(*raw);
       // The client sees the end of the stream now; the fd is closed when the thread is joined.
       ::shutdown(raw->sock.get(), SHUT_RDWR);
       leave_waiting(*raw, Auth::kDone);
@@ -355,6 +390,10 @@ void TcpStoreServer::Impl::serve(Connection& c) {
   // connection, so silent connections cannot hold threads.
   const Deadline hello_deadline = deadline_after(config.hello_timeout);
   while (!stopping.load()) {
+    // Between requests (see `displace_idle_rankless`); a connection that stands for a rank stays
+    // kRank.
+    Use busy = Use::kBusy;
+    c.use.compare_exchange_strong(busy, Use::kIdle);
     IoResult w = net::wait_readable(fd, authenticated ? kNoDeadline : hello_deadline);
     if (stopping.load() || w.status == Io::kError) return;
     if (w.status == Io::kTimeout) {
@@ -362,6 +401,9 @@ void TcpStoreServer::Impl::serve(Connection& c) {
                     concat("no HELLO within ", config.hello_timeout.count(), " ms of connecting"));
     }
     if (c.auth.load() == Auth::kDisplaced) return;
+    if (Use idle = Use::kIdle;
+        !c.use.compare_exchange_strong(idle, Use::kBusy) && idle == Use::kDisplaced)
+      return;
     const Deadline frame_deadline =
         authenticated ? deadline_after(config.frame_timeout)
                       : std::min(hello_deadline, deadline_after(config.frame_timeout));
@@ -479,7 +521,7 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerConfig config) : impl_(std::make_un
   Impl& m = *impl_;
   m.config = std::move(config);
   m.limits = {m.config.max_key_bytes, m.config.max_value_bytes};
-  fit_open_files(m.config.max_connections);
+  m.config.max_connections = fit_open_files(m.config.max_connections);
   m.listener = net::listen_tcp(m.config.bind, m.config.port);
   m.port = net::local_port(m.listener.get());
   int p[2];

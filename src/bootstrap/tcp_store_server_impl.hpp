@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -17,7 +18,6 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "bootstrap/deadline.hpp"
@@ -27,16 +27,36 @@
 
 namespace tpcomm {
 
+/// Compares in constant time, so the time a rejection takes says nothing about the secret (the
+/// token, a rank's watch secret).
+bool token_matches(std::span<const std::byte> given, std::string_view expected) noexcept;
+
 struct TcpStoreServer::Impl {
   /// Where a connection is with authentication; it leaves kWaiting exactly once (a CAS), and
   /// whoever moves it out gives back its place in `unauthenticated`.
   enum class Auth { kWaiting, kDone, kDisplaced };
+  /// What an authenticated connection is doing, for `displace_idle_rankless`: it leaves kIdle
+  /// by a CAS, so a connection is displaced only between requests; one that stands for a rank
+  /// (kRank) never is.
+  enum class Use { kIdle, kBusy, kRank, kDisplaced };
   struct Connection {
     net::Socket sock;
     std::string peer;
+    std::uint64_t id = 0;
     std::thread thread;
     std::atomic<bool> done{false};
     std::atomic<Auth> auth{Auth::kWaiting};
+    std::atomic<Use> use{Use::kIdle};
+    /// The rank this connection claimed (CLAIM), or -1. Its own thread only.
+    std::int64_t claimed = -1;
+  };
+  /// NOTE [rank watch]: one job rank's place, from its CLAIM on.
+  struct RankSlot {
+    enum class State { kClaimed, kWatched, kLeft, kLost };
+    State state = State::kClaimed;
+    std::uint64_t owner = 0;  // `Connection::id` of the claiming connection
+    std::string peer;         // its address, for messages
+    std::array<std::byte, wire::kWatchSecretBytes> secret{};
   };
   /// Bytes taken from `max_inflight_bytes` (NOTE [store memory bounds] 2), given back on
   /// destruction.
@@ -96,8 +116,8 @@ struct TcpStoreServer::Impl {
   // is lost. Guarded by `data_mu`, so a waiter checks it with the keys.
   std::string lost;
   std::int64_t lost_rank = -1;
-  // The ranks with a watch connection now: one each. Guarded by `data_mu`.
-  std::unordered_set<std::int64_t> watched;
+  // The ranks claimed so far, and what became of them. Guarded by `data_mu`.
+  std::unordered_map<std::int64_t, RankSlot> ranks;
   std::size_t stored = 0;  // keys and values of `data`, in bytes
 
   // Connections: threads are started and joined by the accept thread (and by stop() once the
@@ -105,6 +125,7 @@ struct TcpStoreServer::Impl {
   // stop() can shut it down without racing a close and a reuse of the fd number.
   std::mutex conn_mu;
   std::list<std::unique_ptr<Connection>> conns;
+  std::uint64_t next_connection_id = 1;  // guarded by `conn_mu`
   std::mutex count_mu;
   std::condition_variable count_cv;
   int active = 0;
@@ -130,6 +151,9 @@ struct TcpStoreServer::Impl {
   /// Closes the oldest connection still waiting to authenticate whose HELLO has not arrived
   /// (none is waiting to be read); false when there is none such.
   bool displace_oldest_unauthenticated();
+  /// Closes the oldest authenticated connection that stands for no rank and sits between
+  /// requests (none is waiting to be read); false when there is none such.
+  bool displace_idle_rankless();
   void serve(Connection& c);
   /// Reads `n` payload bytes in pieces as they arrive (NOTE [store memory bounds] 1), appending
   /// them to `out`, or discarding them where `out` is null.
@@ -152,9 +176,20 @@ struct TcpStoreServer::Impl {
   /// overflow: kInvalidArgument; a new key would go over a limit: kOverLimit), else nullopt.
   std::optional<wire::Rejection> add(const std::string& key, std::int64_t delta,
                                      std::int64_t& result);
-  /// Serves the watch connection of job rank `rank` until the rank leaves, normally or not, or
-  /// the server stops (NOTE [rank watch]). Returns false: the connection then closes.
-  bool watch(Connection& c, std::int64_t rank);
+  /// Why this store takes no watch of `rank` at all (the job does not watch, its world size is
+  /// unknown, or `rank` is past it), else nullopt.
+  [[nodiscard]] std::optional<std::string> refuse_rank(std::int64_t rank) const;
+  /// Why `rank`, in `slot`, cannot be claimed or watched again. Called with `data_mu` held.
+  [[nodiscard]] std::string taken(std::int64_t rank, const RankSlot& slot) const;
+  /// CLAIM: makes `c` stand for `rank` and puts the rank's watch secret in `secret`; returns
+  /// why it cannot, else nullopt (NOTE [rank watch]).
+  std::optional<std::string> claim(Connection& c, std::int64_t rank, Bytes& secret);
+  /// Gives back the rank `c` claimed when no watch took it up (its connection ends).
+  void release_claim(const Connection& c);
+  /// Serves the watch connection of job rank `rank`, which presents `secret`, until the rank
+  /// leaves, normally or not, or the server stops (NOTE [rank watch]). Returns false: the
+  /// connection then closes.
+  bool watch(Connection& c, std::int64_t rank, std::span<const std::byte> secret);
   /// Records the job's first lost rank; wakes every waiter.
   void mark_lost(std::int64_t rank, const std::string& reason);
   bool send_reply(int fd, const wire::ReplyHeader& h, std::span<const std::byte> payload);

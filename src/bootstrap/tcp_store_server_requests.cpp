@@ -5,6 +5,8 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <random>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -75,7 +77,7 @@ std::optional<wire::Rejection> TcpStoreServer::Impl::over_stored_limits(
   if (is_new && data.size() >= config.max_keys) {
     return wire::Rejection{ReplyCode::kOverLimit,
                            concat(op, " of a new key: the store holds its max_keys of ",
-                                  config.max_keys, " keys; key '", key, "'")};
+                                  config.max_keys, " keys; key ", wire::quote_key(key))};
   }
   const std::size_t freed = is_new ? 0 : key.size() + it->second.size();
   const std::size_t needed = key.size() + value_bytes;
@@ -83,8 +85,8 @@ std::optional<wire::Rejection> TcpStoreServer::Impl::over_stored_limits(
     return wire::Rejection{
         ReplyCode::kOverLimit,
         concat(op, " of ", needed, " bytes (key and value) would take the store over its ",
-               "max_stored_bytes of ", config.max_stored_bytes, " (it holds ", stored, "); key '",
-               key, "'")};
+               "max_stored_bytes of ", config.max_stored_bytes, " (it holds ", stored, "); key ",
+               wire::quote_key(key))};
   }
   return std::nullopt;
 }
@@ -121,10 +123,10 @@ std::optional<wire::Rejection> TcpStoreServer::Impl::add(const std::string& key,
     std::optional<std::int64_t> current =
         inserted ? std::optional<std::int64_t>(0) : wire::decode_counter(it->second);
     if (!current) {
-      error = concat("ADD on key '", key, "', which holds a value of ", it->second.size(),
-                     " bytes, not a counter (8 bytes)");
+      error = concat("ADD on key ", wire::quote_key(key), ", which holds a value of ",
+                     it->second.size(), " bytes, not a counter (8 bytes)");
     } else if (std::int64_t sum = 0; __builtin_add_overflow(*current, delta, &sum)) {
-      error = concat("ADD of ", delta, " to key '", key, "', which holds ", *current,
+      error = concat("ADD of ", delta, " to key ", wire::quote_key(key), ", which holds ", *current,
                      ", overflows a 64-bit counter (the counter is unchanged)");
     } else {
       result = sum;
@@ -173,7 +175,8 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
           return false;
         case WaitResult::kOverLimit:
           fail(ReplyCode::kOverLimit,
-               concat("GET '", key, "': its value would take the bytes the store holds in flight ",
+               concat("GET ", wire::quote_key(key),
+                      ": its value would take the bytes the store holds in flight ",
                       "over its max_inflight_bytes of ", config.max_inflight_bytes,
                       "; try again later"));
           reply.result = wire::kRetryLater;
@@ -209,7 +212,15 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
       break;
     }
     case Opcode::kWatch:
-      return watch(c, h.arg);
+      return watch(c, h.arg, value);
+    case Opcode::kClaim: {
+      if (auto why = claim(c, h.arg, payload)) {
+        rejected.fetch_add(1);
+        TPCOMM_LOG_WARN("store: refused a rank's claim from ", c.peer, ": ", *why);
+        fail(ReplyCode::kRefused, *why);
+      }
+      break;
+    }
     case Opcode::kHello:
       break;
   }
@@ -228,40 +239,118 @@ void TcpStoreServer::Impl::mark_lost(std::int64_t rank, const std::string& reaso
   data_cv.notify_all();
 }
 
-bool TcpStoreServer::Impl::watch(Connection& c, std::int64_t rank) {
+std::optional<std::string> TcpStoreServer::Impl::refuse_rank(std::int64_t rank) const {
+  if (!config.watch_ranks) {
+    return concat("rank ", rank,
+                  ": this store takes no rank watches (its job runs with TPCOMM_RANK_WATCH=0)");
+  }
+  if (config.world_size <= 0) {
+    return concat("rank ", rank,
+                  ": this store does not know the job's world size, so it takes no rank watches "
+                  "(start it with tpcomm store --world-size N)");
+  }
+  if (rank >= config.world_size) {
+    return concat("rank ", rank, " is not a rank of this job (world size ", config.world_size, ")");
+  }
+  return std::nullopt;
+}
+
+std::string TcpStoreServer::Impl::taken(std::int64_t rank, const RankSlot& slot) const {
+  switch (slot.state) {
+    case RankSlot::State::kClaimed:
+    case RankSlot::State::kWatched:
+      return concat("rank ", rank, " is held by the connection from ", slot.peer,
+                    " (two processes started as rank ", rank, "?)");
+    case RankSlot::State::kLeft:
+      return concat("rank ", rank, " left the job");
+    case RankSlot::State::kLost:
+      return concat("rank ", rank, " is lost (", lost, ")");
+  }
+  return concat("rank ", rank, " is taken");
+}
+
+std::optional<std::string> TcpStoreServer::Impl::claim(Connection& c, std::int64_t rank,
+                                                       Bytes& secret) {
+  if (auto why = refuse_rank(rank)) return why;
+  if (c.claimed >= 0)
+    return concat("rank ", rank, ": this connection stands for rank ", c.claimed, " already");
+  RankSlot slot{.owner = c.id, .peer = c.peer};
+  std::random_device random;
+  for (std::size_t i = 0; i < slot.secret.size(); i += sizeof(unsigned)) {
+    const unsigned word = random();
+    std::memcpy(slot.secret.data() + i, &word, std::min(sizeof(word), slot.secret.size() - i));
+  }
+  {
+    std::lock_guard lock(data_mu);
+    auto [it, inserted] = ranks.try_emplace(rank, slot);
+    if (!inserted) return taken(rank, it->second);
+  }
+  c.claimed = rank;
+  c.use.store(Use::kRank);
+  secret.assign(slot.secret.begin(), slot.secret.end());
+  TPCOMM_LOG_DEBUG("store: ", c.peer, " stands for rank ", rank);
+  return std::nullopt;
+}
+
+void TcpStoreServer::Impl::release_claim(const Connection& c) {
+  if (c.claimed < 0) return;
+  std::lock_guard lock(data_mu);
+  // A claim no watch took up: the rank's process went before its watch, and nothing was lost.
+  if (auto it = ranks.find(c.claimed); it != ranks.end() &&
+                                       it->second.state == RankSlot::State::kClaimed &&
+                                       it->second.owner == c.id)
+    ranks.erase(it);
+}
+
+bool TcpStoreServer::Impl::watch(Connection& c, std::int64_t rank,
+                                 std::span<const std::byte> secret) {
   const int fd = c.sock.get();
   if (rank < 0) {
     reject(c, ReplyCode::kProtocolError, "WATCH -1 (leaving) on a connection that watches no rank");
     return false;
   }
-  // A watch that is not a rank of the job, or of a rank watched already, is refused: closing it
-  // then loses nothing (NOTE [rank watch]).
-  if (config.world_size > 0 && rank >= config.world_size) {
-    reject(c, ReplyCode::kProtocolError,
-           concat("WATCH ", rank, ": the job has ", config.world_size, " ranks"));
-    return false;
-  }
-  bool first = false;
-  {
+  // Only the connection that claimed the rank knows its secret; a watch of a rank that is not
+  // the job's, not claimed, held or gone is refused, and closing it then loses nothing (NOTE
+  // [rank watch]).
+  std::optional<std::string> why = refuse_rank(rank);
+  if (!why) {
     std::lock_guard lock(data_mu);
-    first = watched.insert(rank).second;
+    auto it = ranks.find(rank);
+    if (it == ranks.end()) {
+      why = concat("rank ", rank, " has not claimed its watch over its own connection (CLAIM)");
+    } else if (it->second.state != RankSlot::State::kClaimed) {
+      why = taken(rank, it->second);
+    } else if (!token_matches(
+                   secret, std::string_view(reinterpret_cast<const char*>(it->second.secret.data()),
+                                            it->second.secret.size()))) {
+      why = concat("WATCH of rank ", rank,
+                   " with the wrong secret: only the connection that "
+                   "claimed the rank gets it");
+    } else {
+      it->second.state = RankSlot::State::kWatched;
+    }
   }
-  if (!first) {
-    reject(c, ReplyCode::kProtocolError,
-           concat("WATCH ", rank, ": rank ", rank, " has a watch connection already"));
+  if (why) {
+    reject(c, ReplyCode::kRefused, *why);
     return false;
   }
+  c.use.store(Use::kRank);
   watchers.fetch_add(1);
   struct Leave {
     Impl& m;
     std::int64_t rank;
+    // What the watch ended as: the rank left normally (kLeft), was lost (kLost), or the reply
+    // accepting the watch never went out (kClaimed: its client may try again).
+    RankSlot::State end = RankSlot::State::kClaimed;
     ~Leave() {
       m.watchers.fetch_sub(1);
       std::lock_guard lock(m.data_mu);
-      m.watched.erase(rank);
+      if (auto it = m.ranks.find(rank); it != m.ranks.end()) it->second.state = end;
     }
   } leave{*this, rank};
   if (!send_reply(fd, wire::ReplyHeader{}, {})) return false;
+  // From here on a stopping server leaves the rank watched: nobody claims it again.
+  leave.end = RankSlot::State::kWatched;
   TPCOMM_LOG_DEBUG("store: ", c.peer, " watches as rank ", rank);
   bool told = false;
   for (;;) {
@@ -294,14 +383,18 @@ bool TcpStoreServer::Impl::watch(Connection& c, std::int64_t rank) {
         w.status == Io::kOk ? net::recv_all(fd, hb, deadline_after(config.frame_timeout)) : w;
     if (stopping.load()) return false;
     if (r.status != Io::kOk) {
+      leave.end = RankSlot::State::kLost;
       mark_lost(rank, concat("rank ", rank, " left: its connection to the store closed"));
       return false;
     }
     const wire::RequestHeader h = wire::decode_request(hb);
     if (!wire::check_request(h, limits) && h.opcode == Opcode::kWatch && h.arg == -1) {
+      leave.end = RankSlot::State::kLeft;
       TPCOMM_LOG_DEBUG("store: rank ", rank, " left normally");
       return false;
     }
+    leave.end = RankSlot::State::kLost;
+    mark_lost(rank, concat("rank ", rank, " left: its watch connection broke the protocol"));
     reject(c, ReplyCode::kProtocolError, "a watch connection sends nothing but WATCH -1");
     return false;
   }

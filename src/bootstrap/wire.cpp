@@ -95,6 +95,11 @@ std::optional<std::int64_t> decode_counter(std::span<const std::byte> bytes) noe
   return load_le<std::int64_t>(bytes.data());
 }
 
+std::string quote_key(std::string_view key) {
+  if (key.size() <= kMaxQuotedKeyBytes) return detail::concat("'", key, "'");
+  return detail::concat("'", key.substr(0, kMaxQuotedKeyBytes), "...' (", key.size(), " bytes)");
+}
+
 bool is_known(Opcode op) noexcept {
   switch (op) {
     case Opcode::kHello:
@@ -105,6 +110,7 @@ bool is_known(Opcode op) noexcept {
     case Opcode::kWait:
     case Opcode::kErase:
     case Opcode::kWatch:
+    case Opcode::kClaim:
       return true;
   }
   return false;
@@ -121,6 +127,7 @@ bool is_known(ReplyCode code) noexcept {
     case ReplyCode::kBusy:
     case ReplyCode::kOverLimit:
     case ReplyCode::kRankLost:
+    case ReplyCode::kRefused:
       return true;
   }
   return false;
@@ -144,6 +151,8 @@ std::string to_string(Opcode op) {
       return "ERASE";
     case Opcode::kWatch:
       return "WATCH";
+    case Opcode::kClaim:
+      return "CLAIM";
   }
   return detail::concat("opcode ", static_cast<unsigned>(op));
 }
@@ -168,6 +177,8 @@ std::string_view to_string(ReplyCode code) noexcept {
       return "over limit";
     case ReplyCode::kRankLost:
       return "rank lost";
+    case ReplyCode::kRefused:
+      return "refused";
   }
   return "unknown reply code";
 }
@@ -198,11 +209,16 @@ std::optional<Rejection> check_request(const RequestHeader& h, const Limits& lim
     }
     return std::nullopt;
   }
-  if (h.opcode == Opcode::kWatch) {
-    if (h.key_len != 0 || h.value_len != 0)
-      return reject(ReplyCode::kProtocolError, "WATCH carries no key and no value");
-    if (h.arg < -1 || h.arg > std::numeric_limits<std::int32_t>::max())
-      return reject(ReplyCode::kProtocolError, concat("WATCH of rank ", h.arg, " is out of range"));
+  if (h.opcode == Opcode::kWatch || h.opcode == Opcode::kClaim) {
+    if (h.arg < (h.opcode == Opcode::kWatch ? -1 : 0) ||
+        h.arg > std::numeric_limits<std::int32_t>::max())
+      return reject(ReplyCode::kProtocolError, concat(op, " of rank ", h.arg, " is out of range"));
+    const std::size_t value = h.opcode == Opcode::kWatch && h.arg >= 0 ? kWatchSecretBytes : 0;
+    if (h.key_len != 0 || h.value_len != value) {
+      return reject(ReplyCode::kProtocolError,
+                    concat(op, " of rank ", h.arg, " carries no key and ", value,
+                           " value bytes, got ", h.key_len, " and ", h.value_len));
+    }
     return std::nullopt;
   }
   if (h.key_len == 0) return reject(ReplyCode::kProtocolError, concat(op, " with an empty key"));

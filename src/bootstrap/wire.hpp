@@ -34,12 +34,16 @@ namespace tpcomm::wire {
 /// "TPSQ" and "TPSR" read as little-endian 32-bit words.
 inline constexpr std::uint32_t kRequestMagic = 0x51535054;
 inline constexpr std::uint32_t kReplyMagic = 0x52535054;
-inline constexpr std::uint16_t kVersion = 1;
+/// 2: a rank's watch is claimed over its request connection first (CLAIM), and WATCH carries the
+/// secret the claim returned (NOTE [rank watch]).
+inline constexpr std::uint16_t kVersion = 2;
 
 /// Largest token a HELLO may carry, in bytes.
 inline constexpr std::size_t kMaxTokenBytes = 1024;
 /// Largest reason text an error reply carries, in bytes.
 inline constexpr std::size_t kMaxReasonBytes = 1024;
+/// Bytes of the secret a CLAIM returns and its WATCH presents.
+inline constexpr std::size_t kWatchSecretBytes = 16;
 
 /// What a request asks for. `arg` of the request header carries the 64-bit argument.
 enum class Opcode : std::uint16_t {
@@ -59,13 +63,21 @@ enum class Opcode : std::uint16_t {
   kWait = 6,
   /// key. Reply: kOk, result = 1 when the key existed, else 0.
   kErase = 7,
-  /// No key, no value. arg = the job rank this connection stands for (>= 0): the connection
-  /// becomes that rank's watch connection (NOTE [rank watch]). Reply: kOk at once; after it
-  /// the server sends only notices on this connection, and the client sends only one more
-  /// WATCH, with arg = -1, when the rank leaves normally. kProtocolError (the connection then
-  /// closes, losing nothing) for a rank that has a watch connection already, or one past the
-  /// job's world size where the server knows it.
+  /// No key; arg = the job rank this connection watches (>= 0), value = the secret the rank's
+  /// CLAIM returned; or arg = -1 and no value. The connection becomes that rank's watch
+  /// connection (NOTE [rank watch]). Reply: kOk at once; after it the server sends only notices
+  /// on this connection, and the client sends only one more WATCH, with arg = -1 and no value,
+  /// when the rank leaves normally. kRefused, naming why (the connection then closes, losing
+  /// nothing), for a rank not claimed, a wrong secret, a rank watched already or gone, a rank
+  /// past the job's world size, or a store that takes no watches.
   kWatch = 8,
+  /// No key, no value; arg = the job rank this client is (>= 0). The request connection stands
+  /// for that rank from now on (NOTE [rank watch]). Reply: kOk with the rank's watch secret
+  /// (`kWatchSecretBytes`, returned by no other request); kRefused, naming why, for a rank
+  /// claimed already (by a connection still open) or gone, a rank past the job's world size, a
+  /// store that takes no watches, or a connection that stands for a rank already. The
+  /// connection stays open.
+  kClaim = 9,
 };
 
 /// Outcome of a request.
@@ -92,6 +104,9 @@ enum class ReplyCode : std::uint16_t {
   /// Connection stays open. On a watch connection: the notice that a rank left (result = the
   /// rank, value = the reason).
   kRankLost = 8,
+  /// CLAIM or WATCH refused: the reason says why. After a CLAIM the connection stays open; after
+  /// a WATCH it closes.
+  kRefused = 9,
 };
 
 struct RequestHeader {
@@ -153,6 +168,12 @@ inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {
   return std::as_bytes(std::span(text.data(), text.size()));
 }
 
+/// Most bytes of a key that a message quotes (`quote_key`).
+inline constexpr std::size_t kMaxQuotedKeyBytes = 256;
+/// `key` as messages quote it: 'key', or its first `kMaxQuotedKeyBytes` bytes, "..." and its
+/// length, so that a message naming a long key stays well within `kMaxReasonBytes`.
+std::string quote_key(std::string_view key);
+
 /// A counter value as stored: 8 little-endian bytes.
 std::array<std::byte, 8> encode_counter(std::int64_t value) noexcept;
 /// The counter held in `bytes`; nullopt unless it is exactly 8 bytes.
@@ -172,8 +193,9 @@ struct Rejection {
 
 /// Checks a request header before its payload is read: magic, version, opcode, reserved bits,
 /// lengths against `limits` (and `kMaxTokenBytes` for HELLO), the lengths each opcode allows
-/// (only SET and HELLO carry a value; every opcode but HELLO needs a non-empty key) and a
-/// non-negative timeout. nullopt when the header is acceptable.
+/// (only SET, HELLO and WATCH carry a value; every opcode but HELLO, WATCH and CLAIM needs a
+/// non-empty key), a rank in range for WATCH and CLAIM and a non-negative timeout. nullopt when the
+/// header is acceptable.
 std::optional<Rejection> check_request(const RequestHeader& h, const Limits& limits);
 
 /// Checks a reply header before its payload is read: magic, a known code, and a length of at

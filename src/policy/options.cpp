@@ -264,6 +264,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
   flag("TPCOMM_DISABLE_NCCL", o.disable_nccl);
   flag("TPCOMM_PDL", o.programmatic_launch);
   flag("TPCOMM_RANK_WATCH", o.rank_watch);
+  flag("TPCOMM_STORE_REQUIRE_TOKEN", o.store_require_token);
   if (auto v = getenv("TPCOMM_ASYNC_ERROR_HANDLING")) {
     auto m = parse_failure_mode(*v);
     if (!m) bad("TPCOMM_ASYNC_ERROR_HANDLING", *v, "raise, teardown or callback");
@@ -301,7 +302,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
 }
 
 std::span<const std::string_view> knob_names() noexcept {
-  static constexpr std::array<std::string_view, 22> kNames{
+  static constexpr std::array<std::string_view, 23> kNames{
       "TPCOMM_LOG",
       "TPCOMM_NCCL_PATH",
       "TPCOMM_TIMEOUT_MS",
@@ -324,6 +325,7 @@ std::span<const std::string_view> knob_names() noexcept {
       "TPCOMM_STORE_TOKEN",
       "TPCOMM_STORE_TOKEN_FILE",
       "TPCOMM_STORE_BIND",
+      "TPCOMM_STORE_REQUIRE_TOKEN",
   };
   return kNames;
 }

@@ -21,6 +21,7 @@
 #include "bootstrap/socket.hpp"
 #include "bootstrap/wire.hpp"
 #include "support/child.hpp"
+#include "support/raw_store.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
@@ -33,10 +34,19 @@ using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 using testing::eventually;
 using testing::fork_child;
+using testing::raw_leave;
+using testing::raw_watch;
 using testing::wait_child;
 
 // The goal: a survivor learns of a dead rank within this long.
 constexpr milliseconds kNoticeWithin{1000};
+
+// A server for a job of `world_size` ranks, which watch each other.
+TcpStoreServerConfig job(int world_size) {
+  TcpStoreServerConfig c;
+  c.world_size = world_size;
+  return c;
+}
 
 std::shared_ptr<TcpStore> watched(int port, int rank, milliseconds timeout = 30s) {
   TcpStore::Config c;
@@ -71,31 +81,6 @@ milliseconds since(SteadyClock::time_point t) {
   return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - t);
 }
 
-// A rank's watch connection made by hand, as `TcpStore` makes it but without its thread: forked
-// children must not start threads (ThreadSanitizer does not support it).
-net::Socket raw_watch(int port, int rank) {
-  net::Socket s = net::connect_tcp("127.0.0.1", port, deadline_after(10s));
-  for (const wire::RequestHeader& h :
-       {wire::RequestHeader{.opcode = wire::Opcode::kHello},
-        wire::RequestHeader{.opcode = wire::Opcode::kWatch, .arg = rank}}) {
-    const auto hb = wire::encode(h);
-    wire::ReplyBytes rb;
-    if (net::send_all(s.get(), hb, deadline_after(5s)).status != net::Io::kOk ||
-        net::recv_all(s.get(), rb, deadline_after(5s)).status != net::Io::kOk ||
-        wire::decode_reply(rb).code != wire::ReplyCode::kOk)
-      throw std::runtime_error("the store refused the watch connection");
-  }
-  return s;
-}
-
-// Leaves as a rank does when its store client is destroyed.
-void raw_leave(net::Socket& s) {
-  const auto hb = wire::encode(wire::RequestHeader{.opcode = wire::Opcode::kWatch, .arg = -1});
-  if (net::send_all(s.get(), hb, deadline_after(5s)).status != net::Io::kOk)
-    throw std::runtime_error("cannot leave");
-  s.reset();
-}
-
 // A child process that joins as a watched rank, says so, and then waits to be killed.
 pid_t watched_child(int port, int rank) {
   return fork_child([port, rank] {
@@ -108,7 +93,7 @@ pid_t watched_child(int port, int rank) {
 }
 
 TEST(RankWatch, AKilledRankFailsEveryWaitAndIsReportedWithinMilliseconds) {
-  TcpStoreServer server(TcpStoreServerConfig{});
+  TcpStoreServer server(job(3));
   auto s0 = watched(server.port(), 0);
   auto s1 = watched(server.port(), 1);
   ASSERT_NE(s0->rank_watch(), nullptr);
@@ -202,7 +187,7 @@ TEST(RankWatch, ARankThatDiesDuringSetupFailsTheOthersSetupAtOnce) {
 }
 
 TEST(RankWatch, RanksThatLeaveNormallyAreNotLost) {
-  TcpStoreServer server(TcpStoreServerConfig{});
+  TcpStoreServer server(job(3));
   auto s0 = watched(server.port(), 0);
   Heard heard;
   const auto id = s0->rank_watch()->subscribe(heard.callback());
@@ -232,7 +217,7 @@ TEST(RankWatch, ALostStoreHostIsReportedToItsClients) {
   const std::string port_text = std::to_string(port);
   const pid_t host = fork_child([&port_text] {
     ::execl(TPCOMM_CLI_PATH, TPCOMM_CLI_PATH, "store", "--bind", "127.0.0.1", "--port",
-            port_text.c_str(), static_cast<char*>(nullptr));
+            port_text.c_str(), "--world-size", "2", static_cast<char*>(nullptr));
     throw std::runtime_error("cannot run " TPCOMM_CLI_PATH);
   });
   auto s1 = watched(port, 1, 10s);
@@ -276,11 +261,9 @@ TEST(RankWatch, TheKnobTurnsItOff) {
 }
 
 // One watch per rank of the job: a second watch of a rank, or one past the world size, is
-// refused, and closing it loses nothing; once the rank leaves, it may watch again.
+// refused, and closing it loses nothing; once the rank left, it cannot watch again.
 TEST(RankWatch, OneWatchPerRankOfTheJob) {
-  TcpStoreServerConfig config;
-  config.world_size = 2;
-  TcpStoreServer server(config);
+  TcpStoreServer server(job(2));
   auto s0 = watched(server.port(), 0);
   Heard heard;
   const auto id = s0->rank_watch()->subscribe(heard.callback());
@@ -297,27 +280,22 @@ TEST(RankWatch, OneWatchPerRankOfTheJob) {
   s0->set("still", "here");
   const Bytes value = s0->get("still", 1s);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(value.data()), value.size()), "here");
-  // Rank 1 left normally: it may watch again, and its loss is then reported.
-  EXPECT_TRUE(eventually(
-      [&] {
-        try {
-          net::Socket again = raw_watch(server.port(), 1);
-          again.reset();  // closed without leaving: lost
-          return true;
-        } catch (const std::runtime_error&) {
-          return false;
-        }
-      },
-      5s));
-  ASSERT_TRUE(heard.wait(5s));
-  EXPECT_EQ(heard.lost->rank, 1);
+  // Rank 1 left normally: its place is gone, and a watch of it is refused, losing nothing.
+  ASSERT_TRUE(eventually([&] { return server.connections() == 2; }, 5s));
+  try {
+    raw_watch(server.port(), 1);
+    ADD_FAILURE() << "rank 1 watched again after it left";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 left the job"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(heard.wait(300ms)) << heard.lost->reason;
   s0->rank_watch()->unsubscribe(id);
 }
 
 // A server at its connection limit answers a watch claim "busy": the claim is retried until a
 // connection frees up, within the client's timeout.
 TEST(RankWatch, ABusyWatchClaimIsRetried) {
-  TcpStoreServerConfig config;
+  TcpStoreServerConfig config = job(2);
   config.max_connections = 3;
   TcpStoreServer server(config);
   auto s0 = watched(server.port(), 0);  // two connections
@@ -352,10 +330,16 @@ TEST(RankWatch, TheServerFitsTheOpenFileLimitToItsConnections) {
 }
 
 TEST(RankWatch, WatchFramesAreChecked) {
-  wire::RequestHeader h{.opcode = wire::Opcode::kWatch, .arg = 3};
+  wire::RequestHeader h{
+      .opcode = wire::Opcode::kWatch, .value_len = wire::kWatchSecretBytes, .arg = 3};
   EXPECT_FALSE(wire::check_request(h, {}));
+  h.value_len = 0;  // a watch of a rank carries its secret
+  EXPECT_TRUE(wire::check_request(h, {}));
   h.arg = -1;
   EXPECT_FALSE(wire::check_request(h, {}));
+  h.value_len = wire::kWatchSecretBytes;  // leaving carries none
+  EXPECT_TRUE(wire::check_request(h, {}));
+  h.value_len = 0;
   h.arg = -2;
   EXPECT_TRUE(wire::check_request(h, {}));
   h.arg = std::int64_t{1} << 40;
@@ -363,6 +347,13 @@ TEST(RankWatch, WatchFramesAreChecked) {
   h.arg = 0;
   h.key_len = 3;
   EXPECT_TRUE(wire::check_request(h, {}));
+  wire::RequestHeader claim{.opcode = wire::Opcode::kClaim, .arg = 2};
+  EXPECT_FALSE(wire::check_request(claim, {}));
+  claim.arg = -1;
+  EXPECT_TRUE(wire::check_request(claim, {}));
+  claim.arg = 2;
+  claim.value_len = 1;
+  EXPECT_TRUE(wire::check_request(claim, {}));
 }
 
 }  // namespace

@@ -1048,6 +1048,7 @@ TEST(StoreFuzz, RandomAndMutatedFramesLeaveTheServerServing) {
   sc.max_inflight_bytes = 16 << 10;
   sc.max_keys = 64;
   sc.max_stored_bytes = 16 << 10;
+  sc.world_size = 4;  // claims and watches of ranks 0..3 are taken (with the claim's secret)
   TcpStoreServer server(sc);
   TcpStore::Config cc = client_config(server.port(), "fuzz");
   cc.server = sc;
@@ -1062,10 +1063,12 @@ TEST(StoreFuzz, RandomAndMutatedFramesLeaveTheServerServing) {
   std::mt19937_64 rng(20261203);
   auto pick = [&](std::uint64_t n) { return static_cast<std::size_t>(rng() % n); };
   auto frame = [&]() {
-    const auto op = static_cast<wire::Opcode>(1 + pick(8));
+    const auto op = static_cast<wire::Opcode>(1 + pick(9));
     std::string key(pick(4) == 0 ? 0 : 1 + pick(16), 'k');
     for (char& ch : key) ch = static_cast<char>('a' + pick(4));
-    Bytes value(op == wire::Opcode::kSet || op == wire::Opcode::kHello ? pick(64) : 0);
+    Bytes value(op == wire::Opcode::kSet || op == wire::Opcode::kHello ? pick(64)
+                : op == wire::Opcode::kWatch && pick(2) == 0           ? wire::kWatchSecretBytes
+                                                                       : 0);
     for (auto& v : value) v = static_cast<std::byte>(rng());
     if (op == wire::Opcode::kHello && pick(2) == 0) {
       auto token = bytes_of("fuzz");
@@ -1074,7 +1077,7 @@ TEST(StoreFuzz, RandomAndMutatedFramesLeaveTheServerServing) {
     wire::RequestHeader h{.opcode = op,
                           .key_len = static_cast<std::uint32_t>(key.size()),
                           .value_len = value.size(),
-                          .arg = static_cast<std::int64_t>(pick(3))};
+                          .arg = static_cast<std::int64_t>(pick(6)) - 1};
     return frame_bytes(h, key, value);
   };
   const Bytes hello =

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 
 namespace tpcomm::wire {
 namespace {
@@ -12,9 +13,9 @@ TEST(Wire, RequestHeaderRoundTripsInLittleEndian) {
   RequestHeader h{
       .opcode = Opcode::kAdd, .key_len = 0x0102, .value_len = 0x0A0B0C0D0E0FULL, .arg = -2};
   RequestBytes b = encode(h);
-  // magic "TPSQ", version 1, opcode 4, all little-endian at the documented offsets.
+  // magic "TPSQ", version 2, opcode 4, all little-endian at the documented offsets.
   EXPECT_EQ(std::memcmp(b.data(), "TPSQ", 4), 0);
-  EXPECT_EQ(b[4], std::byte{1});
+  EXPECT_EQ(b[4], std::byte{2});
   EXPECT_EQ(b[5], std::byte{0});
   EXPECT_EQ(b[6], std::byte{4});
   EXPECT_EQ(b[8], std::byte{0x02});
@@ -75,9 +76,9 @@ TEST(Wire, RejectsMalformedHeadersWithReasons) {
       {{.magic = 0xDEADBEEF, .opcode = Opcode::kSet, .key_len = 1},
        ReplyCode::kProtocolError,
        "bad magic 0xdeadbeef"},
-      {{.version = 2, .opcode = Opcode::kSet, .key_len = 1},
+      {{.version = 1, .opcode = Opcode::kSet, .key_len = 1},
        ReplyCode::kProtocolError,
-       "version 2"},
+       "version 1"},
       {{.opcode = static_cast<Opcode>(99), .key_len = 1},
        ReplyCode::kProtocolError,
        "unknown opcode 99"},
@@ -115,10 +116,12 @@ TEST(Wire, ChecksReplies) {
   EXPECT_FALSE(check_reply({.code = ReplyCode::kTimeout, .value_len = kMaxReasonBytes}, 0));
   EXPECT_TRUE(
       check_reply({.code = ReplyCode::kProtocolError, .value_len = kMaxReasonBytes + 1}, 1 << 20));
-  // "Over limit" and "rank lost" are error replies with a reason; the code after them is unknown.
+  // "Over limit" and "rank lost" (and "refused") are error replies with a reason; the code after
+  // them is unknown.
   EXPECT_FALSE(check_reply({.code = ReplyCode::kOverLimit, .value_len = kMaxReasonBytes}, 0));
   EXPECT_FALSE(check_reply({.code = ReplyCode::kRankLost, .value_len = kMaxReasonBytes}, 0));
-  EXPECT_TRUE(check_reply({.code = static_cast<ReplyCode>(9)}, 10));
+  EXPECT_FALSE(check_reply({.code = ReplyCode::kRefused, .value_len = kMaxReasonBytes}, 0));
+  EXPECT_TRUE(check_reply({.code = static_cast<ReplyCode>(10)}, 10));
 }
 
 TEST(Wire, NamesOpcodes) {
@@ -127,6 +130,15 @@ TEST(Wire, NamesOpcodes) {
   EXPECT_EQ(to_string(ReplyCode::kUnauthenticated), "unauthenticated");
   EXPECT_EQ(to_string(ReplyCode::kOverLimit), "over limit");
   EXPECT_EQ(to_string(ReplyCode::kRankLost), "rank lost");
+  EXPECT_EQ(to_string(Opcode::kClaim), "CLAIM");
+  EXPECT_EQ(to_string(ReplyCode::kRefused), "refused");
+}
+
+TEST(Wire, QuotesLongKeysShortened) {
+  EXPECT_EQ(quote_key("abc"), "'abc'");
+  const std::string exact(kMaxQuotedKeyBytes, 'k');
+  EXPECT_EQ(quote_key(exact), "'" + exact + "'");
+  EXPECT_EQ(quote_key(std::string(60000, 'k')), "'" + exact + "...' (60000 bytes)");
 }
 
 }  // namespace
