@@ -22,6 +22,7 @@
 #include "bootstrap/wire.hpp"
 #include "support/child.hpp"
 #include "support/raw_store.hpp"
+#include "support/watched_store.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
@@ -41,41 +42,9 @@ using testing::wait_child;
 // The goal: a survivor learns of a dead rank within this long.
 constexpr milliseconds kNoticeWithin{1000};
 
-// A server for a job of `world_size` ranks, which watch each other.
-TcpStoreServerConfig job(int world_size) {
-  TcpStoreServerConfig c;
-  c.world_size = world_size;
-  return c;
-}
-
-std::shared_ptr<TcpStore> watched(int port, int rank, milliseconds timeout = 30s) {
-  TcpStore::Config c;
-  c.port = port;
-  c.timeout = timeout;
-  c.watch_rank = rank;
-  return std::make_shared<TcpStore>(std::move(c));
-}
-
-// What a subscriber heard, and when.
-struct Heard {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<RankWatch::Lost> lost;
-  SteadyClock::time_point at;
-
-  RankWatch::Callback callback() {
-    return [this](int rank, const std::string& reason) {
-      std::lock_guard lock(mu);
-      lost = RankWatch::Lost{rank, reason};
-      at = SteadyClock::now();
-      cv.notify_all();
-    };
-  }
-  bool wait(milliseconds timeout) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, timeout, [&] { return lost.has_value(); });
-  }
-};
+using testing::Heard;
+using testing::job;
+using testing::watched;
 
 milliseconds since(SteadyClock::time_point t) {
   return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - t);

@@ -28,6 +28,7 @@
 #include "support/child.hpp"
 #include "support/raw_store.hpp"
 #include "support/run_program.hpp"
+#include "support/watched_store.hpp"
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
@@ -44,42 +45,9 @@ using testing::raw_hello;
 using testing::raw_watch_with;
 using wire::ReplyCode;
 
-TcpStoreServerConfig job(int world_size) {
-  TcpStoreServerConfig c;
-  c.world_size = world_size;
-  return c;
-}
-
-std::shared_ptr<TcpStore> watched(int port, int rank, milliseconds timeout = 5s) {
-  TcpStore::Config c;
-  c.port = port;
-  c.timeout = timeout;
-  c.watch_rank = rank;
-  return std::make_shared<TcpStore>(std::move(c));
-}
-
-// Whether a subscriber heard of a lost rank.
-struct Heard {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<RankWatch::Lost> lost;
-
-  RankWatch::Callback callback() {
-    return [this](int rank, const std::string& reason) {
-      std::lock_guard lock(mu);
-      lost = RankWatch::Lost{rank, reason};
-      cv.notify_all();
-    };
-  }
-  bool wait(milliseconds timeout) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, timeout, [&] { return lost.has_value(); });
-  }
-  std::string reason() {
-    std::lock_guard lock(mu);
-    return lost ? lost->reason : std::string();
-  }
-};
+using testing::Heard;
+using testing::job;
+using testing::watched;
 
 // A secret that no claim returned.
 const std::vector<std::byte> kGuessed(wire::kWatchSecretBytes, std::byte{0x5a});
@@ -104,7 +72,7 @@ bool contains(const std::string& text, const std::string& part) {
 // stranger's leaving loses nothing.
 TEST(StoreTrust, AWatchBeforeTheRankStartsTakesNothing) {
   TcpStoreServer server(job(2));
-  auto s0 = watched(server.port(), 0);
+  auto s0 = watched(server.port(), 0, 5s);
   Heard heard;
   const auto id = s0->rank_watch()->subscribe(heard.callback());
   {
@@ -114,7 +82,7 @@ TEST(StoreTrust, AWatchBeforeTheRankStartsTakesNothing) {
     EXPECT_TRUE(contains(r.text(), "rank 1 has not claimed")) << r.text();
     std::shared_ptr<TcpStore> s1;
     try {
-      s1 = watched(server.port(), 1);
+      s1 = watched(server.port(), 1, 5s);
     } catch (const Error& e) {
       ADD_FAILURE() << "rank 1 was kept out: " << e.what();
     }
@@ -137,7 +105,7 @@ TEST(StoreTrust, ARefusedClaimNamesItsReasonToTheClient) {
   net::Socket holder = raw_hello(server.port());
   ASSERT_EQ(raw_claim(holder.get(), 1).header.code, ReplyCode::kOk);
   try {
-    watched(server.port(), 1);
+    watched(server.port(), 1, 5s);
     ADD_FAILURE() << "two clients hold rank 1";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::kInvalidArgument) << e.what();
@@ -148,7 +116,7 @@ TEST(StoreTrust, ARefusedClaimNamesItsReasonToTheClient) {
   EXPECT_TRUE(eventually(
       [&] {
         try {
-          watched(server.port(), 1).reset();
+          watched(server.port(), 1, 5s).reset();
           return true;
         } catch (const Error&) {
           return false;
@@ -161,10 +129,10 @@ TEST(StoreTrust, ARefusedClaimNamesItsReasonToTheClient) {
 // left cannot be claimed or watched again.
 TEST(StoreTrust, AWatchAfterTheRankLeftLosesNothing) {
   TcpStoreServer server(job(2));
-  auto s0 = watched(server.port(), 0);
+  auto s0 = watched(server.port(), 0, 5s);
   Heard heard;
   const auto id = s0->rank_watch()->subscribe(heard.callback());
-  watched(server.port(), 1).reset();  // leaves normally
+  watched(server.port(), 1, 5s).reset();  // leaves normally
   ASSERT_TRUE(eventually([&] { return server.connections() == 2; }, 5s));
   {
     net::Socket stranger = raw_hello(server.port());
@@ -242,7 +210,7 @@ TEST(StoreTrust, WatchesPastTheWorldSizeAreRefused) {
 
   TcpStoreServer unknown(TcpStoreServerConfig{});
   try {
-    watched(unknown.port(), 0);
+    watched(unknown.port(), 0, 5s);
     ADD_FAILURE() << "a store that does not know its world took a watch";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::kInvalidArgument) << e.what();
@@ -326,7 +294,7 @@ TEST(StoreTrust, IdleConnectionsThatHoldNoRankCannotKeepARankOut) {
   TcpStoreServerConfig config = job(2);
   config.max_connections = kMax;
   TcpStoreServer server(config);
-  auto s0 = watched(server.port(), 0);  // two connections
+  auto s0 = watched(server.port(), 0, 5s);  // two connections
   std::vector<net::Socket> idle;
   for (int i = 0; i < kMax - 2; ++i) idle.push_back(raw_hello(server.port()));
   ASSERT_TRUE(eventually([&] { return server.connections() == kMax; }, 5s));

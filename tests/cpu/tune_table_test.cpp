@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/tune_tables.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/status.hpp"
 #include "tune/table.hpp"
@@ -28,46 +29,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr std::int64_t kKiB = 1024;
-constexpr std::int64_t kMiB = 1024 * 1024;
-
-TuneKey h200_key() { return TuneKey{"NVIDIA H200", 8, "nvlink-full", 12040, 22703, "0.1.0"}; }
-
-/// One entry per bound of bucket_bounds(max_bytes); entry i has i + 1 blocks so every bucket's
-/// choice is distinct.
-TuneTable numbered_table(std::int64_t max_bytes) {
-  std::vector<TuneEntry> entries;
-  int i = 0;
-  for (std::int64_t b : TuneTable::bucket_bounds(max_bytes)) {
-    Algo a = b < 256 * kKiB ? Algo::kOneShot : Algo::kTwoShot;
-    entries.push_back(TuneEntry{b, Choice{a, i + 1, 512}, 3.5 + i});
-    ++i;
-  }
-  return TuneTable(h200_key(), entries);
-}
+using testing::expect_error;
+using testing::h200_key;
+using testing::kGoodHead;
+using testing::kKiB;
+using testing::kMiB;
+using testing::numbered_table;
 
 int blocks_at(const TuneTable& t, std::int64_t bytes) {
   auto c = t.lookup(bytes);
   return c ? c->blocks : -1;
 }
-
-/// Runs `f`, which must throw `Error(status)` whose message contains `needle`.
-template <class F>
-void expect_error(F&& f, Status status, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message \"" << e.what() << "\" lacks \"" << needle << "\"";
-  }
-}
-
-const std::string kGoodHead =
-    "# tpcomm tune table v2\n"
-    "key gpu=\"NVIDIA H200\" world_size=8 topology=nvlink-full driver_version=12040 "
-    "nccl_version=22703 tpcomm_version=0.1.0\n";
 
 // ---------------------------------------------------------------------------------------------
 // Buckets and lookup

@@ -324,11 +324,31 @@ class GroupOverScriptedNccl : public NcclCommFailures {
     std::string message;
   };
 
-  std::unique_ptr<Group> make_group(FailureMode mode) {
+  /// A group over the scripted NCCL whose watchdog acts by `mode`; in the callback mode its
+  /// handler records what it is told in `seen`.
+  std::unique_ptr<Group> make_group(FailureMode mode, Seen* seen = nullptr) {
     Options o = scripted_options();
     o.algo = "nccl";
     o.failure_mode = mode;
-    return std::make_unique<Group>(boots_[0], 0, o);
+    auto g = std::make_unique<Group>(boots_[0], 0, o);
+    if (mode == FailureMode::kCallback && seen != nullptr)
+      g->set_failure_mode(mode, [seen](Status s, const std::string& message) {
+        std::lock_guard lock(seen->m);
+        ++seen->calls;
+        seen->status = s;
+        seen->message = message;
+      });
+    return g;
+  }
+
+  /// Whether the handler was called within a second.
+  static bool called_back(Seen& seen) {
+    return wait_for(
+               [&] {
+                 std::lock_guard lock(seen.m);
+                 return seen.calls > 0;
+               },
+               std::chrono::milliseconds(1000)) >= 0;
   }
 
   /// One eager all-reduce on the group; the scripted NCCL enqueues nothing.
@@ -365,15 +385,8 @@ TEST_F(GroupOverScriptedNccl, TheWatchdogActsOnAnAsynchronousNcclError) {
   for (FailureMode mode : {FailureMode::kRaise, FailureMode::kCallback}) {
     SCOPED_TRACE(mode == FailureMode::kRaise ? "raise" : "callback");
     script_.set_mode(ScriptedMode::kHealthy);
-    auto g = make_group(mode);
     Seen seen;
-    if (mode == FailureMode::kCallback)
-      g->set_failure_mode(mode, [&](Status s, const std::string& message) {
-        std::lock_guard lock(seen.m);
-        ++seen.calls;
-        seen.status = s;
-        seen.message = message;
-      });
+    auto g = make_group(mode, &seen);
     ASSERT_EQ(g->backend_for_all_reduce(TensorView::flat(buffer_, DType::kF32, 16, 0),
                                         TensorView::flat(buffer_, DType::kF32, 16, 0)),
               "nccl");
@@ -387,13 +400,7 @@ TEST_F(GroupOverScriptedNccl, TheWatchdogActsOnAnAsynchronousNcclError) {
     EXPECT_GE(took, 0.0) << "NCCL was not aborted";
     EXPECT_LT(took, 0.5);
     if (mode == FailureMode::kCallback) {
-      EXPECT_GE(wait_for(
-                    [&] {
-                      std::lock_guard l(seen.m);
-                      return seen.calls > 0;
-                    },
-                    std::chrono::milliseconds(1000)),
-                0.0);
+      EXPECT_TRUE(called_back(seen));
       std::lock_guard lock(seen.m);
       EXPECT_EQ(seen.calls, 1);
       EXPECT_EQ(seen.status, Status::kNcclError);
@@ -409,15 +416,8 @@ TEST_F(GroupOverScriptedNccl, TheWatchdogActsOnAnAsynchronousNcclError) {
 TEST_F(GroupOverScriptedNccl, TheWatchdogAbortsNcclWorkPastTheDeadline) {
   for (FailureMode mode : {FailureMode::kRaise, FailureMode::kCallback}) {
     SCOPED_TRACE(mode == FailureMode::kRaise ? "raise" : "callback");
-    auto g = make_group(mode);
     Seen seen;
-    if (mode == FailureMode::kCallback)
-      g->set_failure_mode(mode, [&](Status s, const std::string& message) {
-        std::lock_guard lock(seen.m);
-        ++seen.calls;
-        seen.status = s;
-        seen.message = message;
-      });
+    auto g = make_group(mode, &seen);
     const int aborts = script_.aborts();
     // The stream is held for 1.5 s: the call's work cannot finish within the 200 ms deadline.
     occupy(stream_, 1500);
@@ -427,13 +427,7 @@ TEST_F(GroupOverScriptedNccl, TheWatchdogAbortsNcclWorkPastTheDeadline) {
     EXPECT_GE(took, kTimeoutMs / 1000.0 - 0.01) << "aborted before the deadline";
     EXPECT_LT(took, kTimeoutMs / 1000.0 + 0.3) << "not aborted within the deadline";
     if (mode == FailureMode::kCallback) {
-      EXPECT_GE(wait_for(
-                    [&] {
-                      std::lock_guard l(seen.m);
-                      return seen.calls > 0;
-                    },
-                    std::chrono::milliseconds(1000)),
-                0.0);
+      EXPECT_TRUE(called_back(seen));
       std::lock_guard lock(seen.m);
       EXPECT_EQ(seen.status, Status::kTimeout);
       EXPECT_NE(seen.message.find("has not finished"), std::string::npos) << seen.message;
