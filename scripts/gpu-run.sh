@@ -39,8 +39,9 @@ step() {  # step NAME COMMAND...: runs (at most STEP_TIMEOUT seconds), logs, rec
   return 0
 }
 
-# Faults: the kill and stop matrix (graph replays in every failure mode), mismatched calls
-# across processes, and the gpu tier's fault tests.
+# Faults: the kill and stop matrix (graph replays in every failure mode; the all-reduce, the fused
+# norm, the all-gather and the all-to-all), mismatched calls across processes, and the gpu tier's
+# fault tests.
 faults() {
   ulimit -c 0  # the teardown cases end with SIGABRT
   step mgpu-mismatch "$bin/tpcomm" launch -n 2 --timeout 300 -- "$bin/tpcomm_mgpu_tests" \
@@ -131,6 +132,8 @@ if [ "$what" = overhead ]; then
           -b 14336 -e 917504 -f 4 -d bfloat16 --graph -n 50 -w 5 --graph-replays 20 --algo auto
         step overhead "$b" bench --virtual-ranks "$r" --op allgather -b 1K -e 1M -f 16 \
           -d bfloat16 --graph -n 50 -w 5 --graph-replays 20 --algo pull
+        step overhead "$b" bench --virtual-ranks "$r" --op lm_head_exchange --vocab 129280 \
+          --tokens 1 -d bfloat16 --graph -n 50 -w 5 --graph-replays 20 --algo auto
       done
     done
   done

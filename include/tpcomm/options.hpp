@@ -60,7 +60,7 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_HEARTBEAT_TIMEOUT_MS` | `heartbeat_timeout_ms` | 5000 (200 to `kMaxTimeoutMs`) |
 /// | `TPCOMM_ASYNC_ERROR_HANDLING` | `failure_mode` | `raise` (or `teardown`, `callback`) |
 /// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
-/// | `TPCOMM_NCCL_CHECK` | `nccl_check` | `auto` (eager NCCL calls of at least 32 MiB) |
+/// | `TPCOMM_NCCL_CHECK` | `nccl_check` | `auto` (eager NCCL calls of at least 64 MiB) |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
 /// | `TPCOMM_STORE_TOKEN_FILE` | `store_token_file`, `store_token` | unset |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
@@ -168,7 +168,7 @@ struct Options {
   /// on: every one; off: none. The same on every rank (building a group compares it).
   Switch nccl_check = Switch::kAuto;
   /// The smallest eager NCCL-served call `nccl_check` auto checks, in bytes.
-  static constexpr std::int64_t kNcclCheckMinBytes = std::int64_t{32} << 20;
+  static constexpr std::int64_t kNcclCheckMinBytes = std::int64_t{64} << 20;
   /// Shared secret every store client must present, at most 1024 bytes (`from_env` refuses a
   /// longer `TPCOMM_STORE_TOKEN`, naming the variable); empty disables the check, and an empty
   /// `TPCOMM_STORE_TOKEN=` counts as unset.

@@ -130,10 +130,14 @@ __device__ __forceinline__ WaitContext wait_context(const Params& p) {
 template <std::uint32_t Counter>
 __device__ __forceinline__ void report(const WaitContext& w, std::uint32_t code, int peer) {
   volatile ErrorWord* e = w.error;
+  volatile std::uint32_t* failed = e->failed;
+  // A mismatch seen once the rank has failed is not news, and may not be one: an operation that
+  // gave up left its buffer's Lamport headers unrefilled, so a later block can find the header
+  // of an earlier call there (NOTE [fingerprints]). The rank's first failure stands.
+  if (code == ErrorWord::kMismatch && *failed != 0) return;
   e->peer = static_cast<std::uint32_t>(peer);
   e->block = blockIdx.x;
   e->counter = Counter;
-  volatile std::uint32_t* failed = e->failed;
   *failed = code;
   __threadfence_system();
   e->code = code;

@@ -622,7 +622,7 @@ TEST(MultiProcess, MismatchedCallsFailEveryRank) {
 
 }  // namespace
 // Ranks that disagree on a call NCCL serves (above the custom kernels' limit): the check before
-// NCCL (TPCOMM_NCCL_CHECK, on here; auto checks calls from 32 MiB) compares the calls over one
+// NCCL (TPCOMM_NCCL_CHECK, on here; auto checks calls from 64 MiB) compares the calls over one
 // barrier of the custom kernels, so every rank fails with kMismatch naming both calls, within
 // the deadline, and NCCL, which would wait for a partner call or sum mismatched data, is
 // aborted; the output of the call is poisoned. Needs a GPU per rank (NCCL refuses two ranks on
