@@ -435,6 +435,8 @@ TEST(Faults, GraphReplaysAfterAPeerStopsArePoisonedAndReported) {
       {"two_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
       {"auto", {Call::kFused, DType::kBF16, 8 * 7168, 7168}},
       {"auto", {Call::kAllGather, DType::kBF16, 8 * 4096}},
+      {"auto", {Call::kAllToAll, DType::kBF16, 8 * 4096}},
+      {"auto", {Call::kLmHead, DType::kBF16, 8 * 1024, 1024}},
   };
   constexpr int kDeadlineMs = 1000;
   for (const Kind& k : kinds) {

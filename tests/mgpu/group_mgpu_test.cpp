@@ -456,7 +456,8 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
     });
   StreamHolder stream;
   // TPCOMM_MGPU_KILL_OP: the operation replayed, all_reduce by default, or the fused norm, the
-  // all-gather or the all-to-all. Every input is zero, so every exact output element is zero.
+  // all-gather, the all-to-all or the LM head. Every input is zero, so every exact output element
+  // is zero.
   const char* op_env = std::getenv("TPCOMM_MGPU_KILL_OP");
   const std::string op = op_env != nullptr ? op_env : "all_reduce";
   constexpr std::int64_t kCount = 8192;
@@ -482,6 +483,13 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
       return g->all_gather(flat(in, kCount / world), flat(out, kCount), stream.stream());
     if (op == "all_to_all")
       return g->all_to_all(flat(in, kCount), flat(out, kCount), stream.stream());
+    if (op == "lm_head") {  // every rank's 4 rows on each shard, [4, kCount / 4] back
+      const std::int64_t cols = kCount / (world * 4);
+      return g->lm_head_exchange(
+          TensorView::contiguous(in.get(), DType::kBF16, {world * 4, cols}, g_device),
+          TensorView::contiguous(out.get(), DType::kBF16, {4, cols * world}, g_device),
+          LmHeadLayout::equal(4), stream.stream());
+    }
     return g->all_reduce(flat(in, kCount), flat(out, kCount), stream.stream());
   };
   const bool graph = std::getenv("TPCOMM_MGPU_KILL_GRAPH") != nullptr;
