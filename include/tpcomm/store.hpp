@@ -191,6 +191,9 @@ class TcpStoreServer {
   [[nodiscard]] int waiting() const noexcept;
   /// Payload bytes held in flight now (see `TcpStoreServerConfig::max_inflight_bytes`).
   [[nodiscard]] std::size_t inflight_bytes() const noexcept;
+  /// Payload bytes (keys, values, tokens) read from clients so far, whether stored or
+  /// discarded: a value refused and sent again counts twice.
+  [[nodiscard]] std::uint64_t received_payload_bytes() const noexcept;
   /// Bytes stored now, keys and values together.
   [[nodiscard]] std::size_t stored_bytes() const noexcept;
   /// Waits up to `timeout` until no client is connected; true when none is.
@@ -214,7 +217,9 @@ class TcpStoreServer {
 /// the server over one of its limits (`max_keys`, `max_stored_bytes`) throws
 /// `Error(kUnavailable)` naming the limit, changes nothing, and leaves the connection usable;
 /// one over `max_inflight_bytes` waits its turn (it is sent again until the operation's
-/// timeout) and only then throws so. A lost connection, a reply
+/// timeout; a SET of a value over 64 KiB sends its value only once the server has room for it,
+/// so a turn that does not come costs a header, not the value) and only then throws so. A lost
+/// connection, a reply
 /// that never comes, or an error reply after which the server closes the connection (wrong
 /// token, malformed frame) makes this and every later operation throw: the client does not
 /// reconnect, because an operation whose reply was lost may or may not have been applied.

@@ -7,6 +7,9 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <span>
+#include <string>
 #include <thread>
 
 #include "bootstrap/deadline.hpp"
@@ -115,35 +118,52 @@ struct TcpStore::Impl {
                           .key_len = static_cast<std::uint32_t>(key.size()),
                           .value_len = value.size(),
                           .arg = arg};
+    // NOTE [store wire format] 5: a large value is sent only after the server's go-ahead.
+    const bool go_ahead = wire::awaits_go_ahead(h);
+    const std::span<const std::byte> eager = go_ahead ? std::span<const std::byte>{} : value;
     auto hb = wire::encode(h);
-    Bytes frame(hb.size() + key.size() + value.size());
+    Bytes frame(hb.size() + key.size() + eager.size());
     std::memcpy(frame.data(), hb.data(), hb.size());
     if (!key.empty()) std::memcpy(frame.data() + hb.size(), key.data(), key.size());
-    if (!value.empty())
-      std::memcpy(frame.data() + hb.size() + key.size(), value.data(), value.size());
+    if (!eager.empty())
+      std::memcpy(frame.data() + hb.size() + key.size(), eager.data(), eager.size());
     auto waited = [&] {
       return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - started);
     };
-    // A request over the bytes the server holds in flight was not applied: it is sent again,
-    // after a growing pause, while another attempt as long as the last one (twice over) still
-    // fits before the deadline (other requests give their bytes back); then the refusal is the
-    // answer, and the connection stays usable (an attempt cut off by the deadline would break
-    // it in the middle of a frame).
-    for (milliseconds pause{1};; pause = std::min(pause * 2, milliseconds{50})) {
-      const auto attempt = SteadyClock::now();
-      IoResult r = net::send_all(sock.get(), frame, io_deadline);
+    auto send = [&](std::span<const std::byte> bytes) {
+      IoResult r = net::send_all(sock.get(), bytes, io_deadline);
       if (r.status != Io::kOk) fail_io(what, r, waited());
+    };
+    auto receive = [&](bool go_ahead_ok) {
       wire::ReplyBytes rb;
-      r = net::recv_all(sock.get(), rb, io_deadline);
+      IoResult r = net::recv_all(sock.get(), rb, io_deadline);
       if (r.status != Io::kOk) fail_io(what, r, waited());
       Reply reply{wire::decode_reply(rb), {}};
-      if (auto why = wire::check_reply(reply.header, limits.max_value_bytes)) {
+      std::optional<std::string> why = wire::check_reply(reply.header, limits.max_value_bytes);
+      if (!why && !go_ahead_ok && reply.header.code == ReplyCode::kGoAhead)
+        why = "a go-ahead for a request that awaits none";
+      if (why) {
         broken = *why;
         TPCOMM_THROW(Status::kProtocolError, what, ": malformed reply from ", address, ": ", *why);
       }
       reply.value.resize(reply.header.value_len);
       r = net::recv_all(sock.get(), reply.value, io_deadline);
       if (r.status != Io::kOk) fail_io(what, r, waited());
+      return reply;
+    };
+    // A request over the bytes the server holds in flight was not applied: it is sent again,
+    // after a growing pause, while another attempt as long as the last one (twice over) still
+    // fits before the deadline (other requests give their bytes back); then the refusal is the
+    // answer, and the connection stays usable (an attempt cut off by the deadline would break
+    // it in the middle of a frame). An attempt refused before its go-ahead sent no value.
+    for (milliseconds pause{1};; pause = std::min(pause * 2, milliseconds{50})) {
+      const auto attempt = SteadyClock::now();
+      send(frame);
+      Reply reply = receive(go_ahead);
+      if (reply.header.code == ReplyCode::kGoAhead) {
+        send(value);
+        reply = receive(false);
+      }
       if (reply.header.code == ReplyCode::kOk) return reply;
       if (timeout_ok && reply.header.code == ReplyCode::kTimeout) return reply;
       const auto now = SteadyClock::now();
@@ -359,8 +379,16 @@ TcpStore::TcpStore(Config config) : impl_(std::make_unique<Impl>()) {
     // The handshake gets at least a second even when connecting took the whole timeout.
     const Deadline hello = std::max(deadline, deadline_after(milliseconds{1000}));
     try {
-      m.call("store hello", Opcode::kHello, {}, wire::as_bytes(m.config.token), 0, hello,
-             m.config.timeout);
+      const std::int64_t version =
+          m.call("store hello", Opcode::kHello, {}, wire::as_bytes(m.config.token), 0, hello,
+                 m.config.timeout)
+              .header.result;
+      if (version != wire::kVersion) {
+        m.broken = "protocol version mismatch";
+        TPCOMM_THROW(Status::kProtocolError, "store hello: the store at ", m.address,
+                     " speaks protocol version ", version, ", this client ", wire::kVersion,
+                     " (the client and the store come from different tpcomm releases)");
+      }
       break;
     } catch (const Error& e) {
       if (!Impl::retry_handshake(e) || SteadyClock::now() >= deadline) throw;

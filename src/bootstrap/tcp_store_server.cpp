@@ -60,11 +60,13 @@ constexpr milliseconds kWatchStopGrace{200};
 // 2. A request's key and value are counted against `max_inflight_bytes` (over all connections)
 //    when its header arrives, whole, and given back when the request is stored; the copy of a
 //    value that a GET replies with is counted before it is copied and given back when the reply
-//    is sent. A request that finds no room holds nothing: it is read to its end and discarded,
-//    and answered kOverLimit (the connection stays open); a GET that finds none is not copied
-//    and answered the same. So a request being received keeps its room to the end: requests
-//    arriving after it, retried however often, cannot take it away. One request is in flight
-//    per connection, so a connection holds at most `max_key_bytes + max_value_bytes`.
+//    is sent. A request that finds no room holds nothing: it is answered kOverLimit (the
+//    connection stays open) after its key, before its value when the value awaits the go-ahead
+//    (NOTE [store wire format] 5), else after the value is read to its end and discarded; a GET
+//    that finds none is not copied and answered the same. So a request being received keeps
+//    its room to the end: requests arriving after it, retried however often, cannot take it
+//    away. One request is in flight per connection, so a connection holds at most
+//    `max_key_bytes + max_value_bytes`.
 // 3. A reply is sent in pieces; a client that does not take one within `kReplyStall` is
 //    dropped (and counted as rejected), so a slow or stopped reader frees what it holds soon.
 // 4. Stored keys and bytes are bounded by `max_keys` and `max_stored_bytes`.
@@ -350,6 +352,7 @@ IoResult TcpStoreServer::Impl::read_payload(int fd, std::size_t n, Deadline dead
     const std::size_t k = std::min(n, piece.size());
     IoResult r = net::recv_all(fd, std::span(piece.data(), k), deadline);
     total.bytes += r.bytes;
+    received.fetch_add(r.bytes);
     if (r.status != Io::kOk) {
       r.bytes = total.bytes;
       return r;
@@ -380,6 +383,18 @@ void TcpStoreServer::Impl::reject(Connection& c, ReplyCode code, const std::stri
     if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
     if (n > 0) drained += static_cast<std::size_t>(n);
   }
+}
+
+void TcpStoreServer::Impl::note_retry_later(Connection& c, const std::string& reason) {
+  rejected.fetch_add(1);
+  if (c.warned_retry_later) {
+    TPCOMM_LOG_DEBUG("store: refused a request from ", c.peer, " again: ", reason);
+    return;
+  }
+  c.warned_retry_later = true;
+  TPCOMM_LOG_WARN("store: refused a request from ", c.peer, ": ", reason,
+                  " (its client retries; later refusals on this connection are logged at debug "
+                  "level)");
 }
 
 void TcpStoreServer::Impl::serve(Connection& c) {
@@ -431,10 +446,16 @@ void TcpStoreServer::Impl::serve(Connection& c) {
     // NOTE [store memory bounds] 1, 2: the payload is counted whole, then read as it arrives.
     Held held(*this);
     const bool over_limit = !held.take(h.key_len + h.value_len);
+    // NOTE [store wire format] 5: a large value comes only after the go-ahead, and not at all
+    // when there is no room for it.
+    const bool go_ahead = wire::awaits_go_ahead(h);
     Bytes key_bytes;
     Bytes value;
     r = read_payload(fd, h.key_len, frame_deadline, over_limit ? nullptr : &key_bytes);
-    if (r.status == Io::kOk)
+    if (r.status == Io::kOk && go_ahead && !over_limit &&
+        !send_reply(fd, wire::ReplyHeader{.code = ReplyCode::kGoAhead}, {}))
+      return;
+    if (r.status == Io::kOk && !(go_ahead && over_limit))
       r = read_payload(fd, h.value_len, frame_deadline, over_limit ? nullptr : &value);
     if (r.status != Io::kOk) {
       if (stopping.load() || c.auth.load() == Auth::kDisplaced) return;
@@ -451,8 +472,7 @@ void TcpStoreServer::Impl::serve(Connection& c) {
                  " payload bytes would take the bytes the store holds in flight over its ",
                  "max_inflight_bytes of ", config.max_inflight_bytes, "; try again later");
       if (h.opcode == Opcode::kHello) return reject(c, ReplyCode::kOverLimit, reason);
-      rejected.fetch_add(1);
-      TPCOMM_LOG_WARN("store: refused a frame from ", c.peer, ": ", reason);
+      note_retry_later(c, reason);
       const wire::ReplyHeader over{
           .code = ReplyCode::kOverLimit, .value_len = reason.size(), .result = wire::kRetryLater};
       if (!send_reply(fd, over, wire::as_bytes(reason))) return;
@@ -552,6 +572,10 @@ int TcpStoreServer::connections() const noexcept {
 int TcpStoreServer::waiting() const noexcept { return impl_->waiting.load(); }
 
 std::size_t TcpStoreServer::inflight_bytes() const noexcept { return impl_->inflight.load(); }
+
+std::uint64_t TcpStoreServer::received_payload_bytes() const noexcept {
+  return impl_->received.load();
+}
 
 std::size_t TcpStoreServer::stored_bytes() const noexcept {
   std::lock_guard lock(impl_->data_mu);

@@ -49,6 +49,9 @@ struct TcpStoreServer::Impl {
     std::atomic<Use> use{Use::kIdle};
     /// The rank this connection claimed (CLAIM), or -1. Its own thread only.
     std::int64_t claimed = -1;
+    /// Whether a refusal for want of room in flight was logged as a warning; later ones are
+    /// logged at debug level (`note_retry_later`). Its own thread only.
+    bool warned_retry_later = false;
   };
   /// NOTE [rank watch]: one job rank's place, from its CLAIM on.
   struct RankSlot {
@@ -104,6 +107,7 @@ struct TcpStoreServer::Impl {
   std::atomic<int> waiting{0};
   std::atomic<int> watchers{0};
   std::atomic<std::size_t> inflight{0};
+  std::atomic<std::uint64_t> received{0};  // payload bytes read from clients
 
   std::mutex stop_mu;
   bool stopped = false;
@@ -159,6 +163,9 @@ struct TcpStoreServer::Impl {
   /// them to `out`, or discarding them where `out` is null.
   net::IoResult read_payload(int fd, std::size_t n, Deadline deadline, Bytes* out);
   void reject(Connection& c, wire::ReplyCode code, const std::string& reason);
+  /// Counts and logs a request refused for want of room in flight (kRetryLater): a warning the
+  /// first time on `c`, at debug level after that, since its client sends it again and again.
+  void note_retry_later(Connection& c, const std::string& reason);
   bool handle(Connection& c, const wire::RequestHeader& h, const std::string& key, Bytes& value);
   /// Waits for `key`; with `out`, copies its value there, counted in `held`.
   WaitResult wait_for_key(int fd, const std::string& key, std::int64_t timeout_ms, Bytes* out,

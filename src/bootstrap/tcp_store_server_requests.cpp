@@ -148,7 +148,7 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
   Held held(*this);
   // An error reply's reason, cut to what a client accepts (it may quote a long key).
   auto fail = [&](ReplyCode code, const std::string& reason) {
-    if (code == ReplyCode::kOverLimit) {
+    if (code == ReplyCode::kOverLimit && reply.result != wire::kRetryLater) {
       rejected.fetch_add(1);
       TPCOMM_LOG_WARN("store: refused a request from ", c.peer, ": ", reason);
     }
@@ -173,14 +173,16 @@ bool TcpStoreServer::Impl::handle(Connection& c, const wire::RequestHeader& h,
           break;
         case WaitResult::kGone:
           return false;
-        case WaitResult::kOverLimit:
-          fail(ReplyCode::kOverLimit,
-               concat("GET ", wire::quote_key(key),
-                      ": its value would take the bytes the store holds in flight ",
-                      "over its max_inflight_bytes of ", config.max_inflight_bytes,
-                      "; try again later"));
+        case WaitResult::kOverLimit: {
+          const std::string reason = concat("GET ", wire::quote_key(key),
+                                            ": its value would take the bytes the store holds in ",
+                                            "flight over its max_inflight_bytes of ",
+                                            config.max_inflight_bytes, "; try again later");
+          note_retry_later(c, reason);
           reply.result = wire::kRetryLater;
+          fail(ReplyCode::kOverLimit, reason);
           break;
+        }
         case WaitResult::kRankLost: {
           std::string reason;
           {

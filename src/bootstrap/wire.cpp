@@ -128,6 +128,7 @@ bool is_known(ReplyCode code) noexcept {
     case ReplyCode::kOverLimit:
     case ReplyCode::kRankLost:
     case ReplyCode::kRefused:
+    case ReplyCode::kGoAhead:
       return true;
   }
   return false;
@@ -179,6 +180,8 @@ std::string_view to_string(ReplyCode code) noexcept {
       return "rank lost";
     case ReplyCode::kRefused:
       return "refused";
+    case ReplyCode::kGoAhead:
+      return "go ahead";
   }
   return "unknown reply code";
 }
@@ -193,7 +196,8 @@ std::optional<Rejection> check_request(const RequestHeader& h, const Limits& lim
   if (h.version != kVersion) {
     return reject(
         ReplyCode::kProtocolError,
-        concat("protocol version ", h.version, " is not supported (server speaks ", kVersion, ")"));
+        concat("protocol version ", h.version, " is not supported: this store speaks version ",
+               kVersion, " (the client and the store come from different tpcomm releases)"));
   }
   if (!is_known(h.opcode))
     return reject(ReplyCode::kProtocolError, concat("unknown ", to_string(h.opcode)));
@@ -248,7 +252,9 @@ std::optional<std::string> check_reply(const ReplyHeader& h, std::size_t max_val
                   "): not a tpcomm store server");
   }
   if (!is_known(h.code)) return concat("unknown reply code ", static_cast<unsigned>(h.code));
-  const std::size_t limit = h.code == ReplyCode::kOk ? max_value_bytes : kMaxReasonBytes;
+  const std::size_t limit = h.code == ReplyCode::kOk        ? max_value_bytes
+                            : h.code == ReplyCode::kGoAhead ? 0
+                                                            : kMaxReasonBytes;
   if (h.value_len > limit) {
     return concat("reply of ", h.value_len, " bytes is longer than the limit of ", limit);
   }

@@ -27,16 +27,24 @@ namespace tpcomm::wire {
 // 3. A rejected frame gets an error reply when the socket still accepts one; then the server
 //    closes that connection (and only that one). `kTimeout`, `kInvalidArgument` and
 //    `kOverLimit` replies are answers to a well-formed request: the connection stays open (for
-//    `kOverLimit` the server reads the request to its end first).
+//    `kOverLimit` the server reads the request to its end first, but for a value that awaits the
+//    go-ahead (5), which is not sent).
 // 4. One request is in flight per connection: the client waits for the reply before it sends
 //    the next request, so replies need no request id.
+// 5. A SET whose value is longer than `kMaxEagerValueBytes` (`awaits_go_ahead`) sends its header
+//    and key, then waits. The server answers kGoAhead when it has room in flight for the whole
+//    request (the room is then held for it): the client sends the value, and the reply follows.
+//    Without room it answers kOverLimit with `kRetryLater` at once: the request is over, no value
+//    follows, and the client may send the header again later. So a refused large SET costs a
+//    header, not its value. A shorter value follows its header at once (no extra round trip).
 
 /// "TPSQ" and "TPSR" read as little-endian 32-bit words.
 inline constexpr std::uint32_t kRequestMagic = 0x51535054;
 inline constexpr std::uint32_t kReplyMagic = 0x52535054;
 /// 2: a rank's watch is claimed over its request connection first (CLAIM), and WATCH carries the
-/// secret the claim returned (NOTE [rank watch]).
-inline constexpr std::uint16_t kVersion = 2;
+/// secret the claim returned (NOTE [rank watch]). 3: a large SET's value waits for the server's
+/// go-ahead (NOTE [store wire format] 5).
+inline constexpr std::uint16_t kVersion = 3;
 
 /// Largest token a HELLO may carry, in bytes.
 inline constexpr std::size_t kMaxTokenBytes = 1024;
@@ -44,6 +52,9 @@ inline constexpr std::size_t kMaxTokenBytes = 1024;
 inline constexpr std::size_t kMaxReasonBytes = 1024;
 /// Bytes of the secret a CLAIM returns and its WATCH presents.
 inline constexpr std::size_t kWatchSecretBytes = 16;
+/// Longest SET value sent with its header; a longer one waits for kGoAhead (NOTE [store wire
+/// format] 5).
+inline constexpr std::size_t kMaxEagerValueBytes = std::size_t{64} << 10;
 
 /// What a request asks for. `arg` of the request header carries the 64-bit argument.
 enum class Opcode : std::uint16_t {
@@ -107,6 +118,9 @@ enum class ReplyCode : std::uint16_t {
   /// CLAIM or WATCH refused: the reason says why. After a CLAIM the connection stays open; after
   /// a WATCH it closes.
   kRefused = 9,
+  /// A SET that awaits the go-ahead (NOTE [store wire format] 5) may send its value now; its
+  /// reply follows the value. Carries no bytes.
+  kGoAhead = 10,
 };
 
 struct RequestHeader {
@@ -144,6 +158,12 @@ struct ReplyHeader {
 
 /// `ReplyHeader::result` of a kOverLimit reply that waiting may cure (`max_inflight_bytes`).
 inline constexpr std::int64_t kRetryLater = 1;
+
+/// True for a request whose value the client sends only after a kGoAhead reply: a SET of more
+/// than `kMaxEagerValueBytes` (NOTE [store wire format] 5).
+inline bool awaits_go_ahead(const RequestHeader& h) noexcept {
+  return h.opcode == Opcode::kSet && h.value_len > kMaxEagerValueBytes;
+}
 static_assert(std::is_trivially_copyable_v<ReplyHeader>);
 static_assert(sizeof(ReplyHeader) == 24);
 static_assert(offsetof(ReplyHeader, magic) == 0);
@@ -199,8 +219,8 @@ struct Rejection {
 std::optional<Rejection> check_request(const RequestHeader& h, const Limits& limits);
 
 /// Checks a reply header before its payload is read: magic, a known code, and a length of at
-/// most `max_value_bytes` (or `kMaxReasonBytes` for an error reply). nullopt when acceptable,
-/// else what is wrong.
+/// most `max_value_bytes` (or `kMaxReasonBytes` for an error reply, 0 for kGoAhead). nullopt
+/// when acceptable, else what is wrong.
 std::optional<std::string> check_reply(const ReplyHeader& h, std::size_t max_value_bytes);
 
 /// True for the opcodes above.

@@ -725,6 +725,9 @@ TEST(StoreLimits, AnnouncedPayloadIsNotAllocatedBeforeItArrives) {
   Bytes value(16 * kMiB);
   for (std::size_t i = 0; i < value.size(); ++i) value[i] = static_cast<std::byte>(i % 251);
   raws[0]->send(value);
+  auto go = raws[0]->read_reply();  // sent when the header came (NOTE [store wire format] 5)
+  ASSERT_TRUE(go.has_value());
+  EXPECT_EQ(go->first.code, wire::ReplyCode::kGoAhead);
   auto reply = raws[0]->read_reply();
   ASSERT_TRUE(reply.has_value());
   EXPECT_EQ(reply->first.code, wire::ReplyCode::kOk);
@@ -742,21 +745,22 @@ TEST(StoreLimits, BytesInFlightAreCappedOverAllConnections) {
   TcpStoreServer server(sc);
   const Bytes almost(kMiB - 1, std::byte{7});
   // `a` holds 1 MiB + 1 byte in flight (its whole request, from its header on): it has sent all
-  // of its value but one byte.
+  // of its value but one byte, after the go-ahead (NOTE [store wire format] 5).
   RawClient a(server.port());
   a.hello();
   a.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
   a.send(bytes_of("a"));
+  auto go = a.read_reply();
+  ASSERT_TRUE(go.has_value());
+  ASSERT_EQ(go->first.code, wire::ReplyCode::kGoAhead);
   a.send(almost);
   ASSERT_TRUE(eventually([&] { return server.inflight_bytes() == kMiB + 1; }, 5s))
       << server.inflight_bytes();
-  // `b`'s value does not fit beside it: read, discarded and refused; `b` stays connected.
+  // `b`'s value does not fit beside it: refused before it is sent; `b` stays connected.
   RawClient b(server.port());
   b.hello();
   b.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
   b.send(bytes_of("b"));
-  b.send(almost);
-  b.send(std::span(almost.data(), 1));
   auto refused = b.read_reply();
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->first.code, wire::ReplyCode::kOverLimit);
@@ -797,6 +801,9 @@ TEST(StoreLimits, ARequestOverTheBytesInFlightWaitsItsTurn) {
   holder.hello();
   holder.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
   holder.send(bytes_of("h"));
+  auto go = holder.read_reply();
+  ASSERT_TRUE(go.has_value());
+  ASSERT_EQ(go->first.code, wire::ReplyCode::kGoAhead);
   holder.send(Bytes(512 << 10));
   // Its whole request is counted from its header on, so the retries below cannot take its room
   // while its second half is on the way.
@@ -831,6 +838,9 @@ TEST(StoreLimits, OverLimitIsAnErrorNamingTheLimit) {
   holder.hello();
   holder.send_header({.opcode = wire::Opcode::kSet, .key_len = 1, .value_len = kMiB});
   holder.send(bytes_of("h"));
+  auto go = holder.read_reply();
+  ASSERT_TRUE(go.has_value());
+  ASSERT_EQ(go->first.code, wire::ReplyCode::kGoAhead);
   holder.send(Bytes(512 << 10));
   ASSERT_TRUE(eventually([&] { return server.inflight_bytes() >= (512 << 10); }, 5s));
   TcpStore::Config cc = client_config(server.port());
@@ -839,7 +849,7 @@ TEST(StoreLimits, OverLimitIsAnErrorNamingTheLimit) {
   const auto start = std::chrono::steady_clock::now();
   expect_error([&] { c.set("big", std::string(kMiB, 'x'), 500ms); }, Status::kUnavailable,
                "max_inflight_bytes");
-  // It waited its turn, in vain, leaving time for its last attempt (each one sends a MiB).
+  // It waited its turn, in vain, leaving time for its last attempt.
   EXPECT_GE(std::chrono::steady_clock::now() - start, 250ms);
   c.set("small", "1");
   EXPECT_EQ(text(c.get("small")), "1");

@@ -13,9 +13,9 @@ TEST(Wire, RequestHeaderRoundTripsInLittleEndian) {
   RequestHeader h{
       .opcode = Opcode::kAdd, .key_len = 0x0102, .value_len = 0x0A0B0C0D0E0FULL, .arg = -2};
   RequestBytes b = encode(h);
-  // magic "TPSQ", version 2, opcode 4, all little-endian at the documented offsets.
+  // magic "TPSQ", version 3, opcode 4, all little-endian at the documented offsets.
   EXPECT_EQ(std::memcmp(b.data(), "TPSQ", 4), 0);
-  EXPECT_EQ(b[4], std::byte{2});
+  EXPECT_EQ(b[4], std::byte{3});
   EXPECT_EQ(b[5], std::byte{0});
   EXPECT_EQ(b[6], std::byte{4});
   EXPECT_EQ(b[8], std::byte{0x02});
@@ -121,7 +121,26 @@ TEST(Wire, ChecksReplies) {
   EXPECT_FALSE(check_reply({.code = ReplyCode::kOverLimit, .value_len = kMaxReasonBytes}, 0));
   EXPECT_FALSE(check_reply({.code = ReplyCode::kRankLost, .value_len = kMaxReasonBytes}, 0));
   EXPECT_FALSE(check_reply({.code = ReplyCode::kRefused, .value_len = kMaxReasonBytes}, 0));
-  EXPECT_TRUE(check_reply({.code = static_cast<ReplyCode>(10)}, 10));
+  // "Go ahead" carries no bytes; the code after it is unknown.
+  EXPECT_FALSE(check_reply({.code = ReplyCode::kGoAhead}, 10));
+  EXPECT_TRUE(check_reply({.code = ReplyCode::kGoAhead, .value_len = 1}, 10));
+  EXPECT_TRUE(check_reply({.code = static_cast<ReplyCode>(11)}, 10));
+}
+
+TEST(Wire, OnlyALargeSetAwaitsTheGoAhead) {
+  EXPECT_FALSE(awaits_go_ahead({.opcode = Opcode::kSet, .value_len = kMaxEagerValueBytes}));
+  EXPECT_TRUE(awaits_go_ahead({.opcode = Opcode::kSet, .value_len = kMaxEagerValueBytes + 1}));
+  EXPECT_FALSE(awaits_go_ahead({.opcode = Opcode::kHello, .value_len = kMaxEagerValueBytes + 1}));
+  EXPECT_FALSE(awaits_go_ahead({.opcode = Opcode::kWatch, .value_len = kMaxEagerValueBytes + 1}));
+}
+
+TEST(Wire, AVersionMismatchNamesBothVersions) {
+  auto r = check_request({.version = 2, .opcode = Opcode::kHello}, Limits{});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->code, ReplyCode::kProtocolError);
+  EXPECT_NE(r->reason.find("protocol version 2 is not supported: this store speaks version 3"),
+            std::string::npos)
+      << r->reason;
 }
 
 TEST(Wire, NamesOpcodes) {
@@ -132,6 +151,7 @@ TEST(Wire, NamesOpcodes) {
   EXPECT_EQ(to_string(ReplyCode::kRankLost), "rank lost");
   EXPECT_EQ(to_string(Opcode::kClaim), "CLAIM");
   EXPECT_EQ(to_string(ReplyCode::kRefused), "refused");
+  EXPECT_EQ(to_string(ReplyCode::kGoAhead), "go ahead");
 }
 
 TEST(Wire, QuotesLongKeysShortened) {

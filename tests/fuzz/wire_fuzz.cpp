@@ -37,6 +37,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     require(request.value_len <= limits.max_value_bytes);
     require(is_known(request.opcode));
   }
+  // Only a large SET waits for the go-ahead (NOTE [store wire format] 5).
+  if (awaits_go_ahead(request)) {
+    require(request.opcode == Opcode::kSet && request.value_len > kMaxEagerValueBytes);
+  }
   (void)to_string(request.opcode);
 
   const std::span<const std::byte, kReplyHeaderBytes> reply_bytes(bytes, kReplyHeaderBytes);
@@ -47,6 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } else {
     require(is_known(reply.code));
     require(reply.value_len <= limits.max_value_bytes);
+    require(reply.code != ReplyCode::kGoAhead || reply.value_len == 0);
   }
   (void)to_string(reply.code);
 
