@@ -48,7 +48,7 @@ faults() {
     --gtest_filter='*Mismatched*'
   local kill victim algo mode handling sig op
   # victim:algorithm:mode:failure mode:signal:operation (all_reduce, fused, all_gather,
-  # all_to_all, lm_head; empty: all_reduce).
+  # all_to_all, lm_head, moe_finalize; empty: all_reduce).
   for kill in 1:lamport 0:two_shot 1:one_shot:pdl0 1:lamport:graph:raise 0:one_shot:graph:raise \
       1:lamport:graph:callback 1:two_shot:graph:callback 1:lamport_two_shot:graph:teardown \
       1:lamport:graph:callback:STOP 1:one_shot:eager:raise:STOP \
@@ -59,7 +59,10 @@ faults() {
       1:auto:graph:callback::all_to_all 1:auto:graph:teardown::all_to_all \
       1:auto:graph:callback:STOP:all_to_all 0:auto:eager:raise::all_to_all \
       1:auto:graph:callback::lm_head 0:auto:graph:raise::lm_head 1:auto:graph:teardown::lm_head \
-      1:auto:graph:callback:STOP:lm_head 1:auto:eager:raise::lm_head; do
+      1:auto:graph:callback:STOP:lm_head 1:auto:eager:raise::lm_head \
+      1:auto:graph:callback::moe_finalize 0:auto:graph:raise::moe_finalize \
+      1:auto:graph:teardown::moe_finalize 1:auto:graph:callback:STOP:moe_finalize \
+      1:auto:eager:raise::moe_finalize; do
     IFS=: read -r victim algo mode handling sig op <<<"$kill"
     kill_env=(TPCOMM_PDL=1 TPCOMM_ASYNC_ERROR_HANDLING="${handling:-raise}" TPCOMM_MGPU_KILL_OP="${op:-all_reduce}")
     [ "$mode" = pdl0 ] && kill_env=(TPCOMM_PDL=0)

@@ -39,7 +39,8 @@ using Clock = std::chrono::steady_clock;
 struct Call {
   /// kLmHead: `count` shard logits of `hidden` columns (vocabulary / world size), two ranks'
   /// rows each.
-  enum Kind { kAllReduce, kAllGather, kFused, kAllToAll, kLmHead } kind = kAllReduce;
+  /// kMoe: the MoE finalize of `count` / `hidden` tokens, two experts each.
+  enum Kind { kAllReduce, kAllGather, kFused, kAllToAll, kLmHead, kMoe } kind = kAllReduce;
   DType dtype = DType::kBF16;
   std::int64_t count = 0;
   std::int64_t hidden = 0;
@@ -58,6 +59,9 @@ struct Call {
         return "all_to_all " + std::to_string(count) + " " + std::string(to_string(dtype));
       case kLmHead:
         return "lm_head_exchange " + std::to_string(count) + " " + std::string(to_string(dtype));
+      case kMoe:
+        return "moe_finalize_all_reduce_add_rmsnorm " + std::to_string(count) + " " +
+               std::string(to_string(dtype)) + " (hidden " + std::to_string(hidden) + ")";
     }
     return "";
   }
@@ -68,6 +72,7 @@ struct Buffers {
   static constexpr std::size_t kBytes = std::size_t{4} << 20;
   DeviceBuffer in{kBytes}, out{2 * kBytes}, residual{kBytes}, gamma{kBytes};
   DeviceBuffer counter{sizeof(unsigned long long)};
+  DeviceBuffer moe_map{64 << 10}, moe_weights{64 << 10};  // int32 and f32 [tokens, 2], zero
 
   /// Inputs of small integers; outputs zero, so that poisoning shows.
   void reset(Stream s, int rank) {
@@ -80,6 +85,9 @@ struct Buffers {
         cudaSuccess);
     ASSERT_EQ(cudaMemsetAsync(gamma.get(), 0, gamma.size(), reinterpret_cast<cudaStream_t>(s)),
               cudaSuccess);
+    for (DeviceBuffer* b : {&moe_map, &moe_weights})
+      ASSERT_EQ(cudaMemsetAsync(b->get(), 0, b->size(), reinterpret_cast<cudaStream_t>(s)),
+                cudaSuccess);
   }
 };
 
@@ -95,6 +103,19 @@ Status issue(Group& g, const Call& c, Buffers& b, Stream s) {
     case Call::kAllToAll:
       return g.all_to_all(TensorView::flat(b.in.get(), c.dtype, c.count, dev),
                           TensorView::flat(b.out.get(), c.dtype, c.count, dev), s);
+    case Call::kMoe: {
+      // Every token's two experts are row 0 of `in` (the map is zero), weighted by zero.
+      const std::int64_t tokens = c.count / c.hidden;
+      const MoeCombine moe{
+          TensorView::contiguous(b.in.get(), c.dtype, {2 * tokens, c.hidden}, dev),
+          TensorView::contiguous(b.moe_map.get(), DType::kI32, {tokens, 2}, dev),
+          TensorView::contiguous(b.moe_weights.get(), DType::kF32, {tokens, 2}, dev),
+          {}};
+      const auto x = TensorView::contiguous(b.out.get(), c.dtype, {tokens, c.hidden}, dev);
+      const auto res = TensorView::contiguous(b.residual.get(), c.dtype, {tokens, c.hidden}, dev);
+      return g.moe_finalize_all_reduce_add_rmsnorm(
+          moe, res, TensorView::flat(b.gamma.get(), c.dtype, c.hidden, dev), 1e-6f, x, res, s);
+    }
     case Call::kLmHead: {
       // Every rank computed [world x rows, vocab / world] logits; it gets [rows, vocab] back.
       const std::int64_t rows = c.count / c.hidden / g.world_size();
@@ -283,6 +304,7 @@ TEST(Faults, CallsOutOfStepFailEveryRankAtThatCall) {
       {"auto", {Call::kAllGather, DType::kBF16, 8 * 4096}},
       {"auto", {Call::kAllToAll, DType::kBF16, 8 * 4096}},
       {"auto", {Call::kLmHead, DType::kBF16, 8 * 1024, 1024}},
+      {"auto", {Call::kMoe, DType::kBF16, 2 * 7168, 7168}},
   };
   for (const Kind& k : kinds) {
     for (const bool repeat : {false, true}) {
@@ -437,6 +459,7 @@ TEST(Faults, GraphReplaysAfterAPeerStopsArePoisonedAndReported) {
       {"auto", {Call::kAllGather, DType::kBF16, 8 * 4096}},
       {"auto", {Call::kAllToAll, DType::kBF16, 8 * 4096}},
       {"auto", {Call::kLmHead, DType::kBF16, 8 * 1024, 1024}},
+      {"auto", {Call::kMoe, DType::kBF16, 2 * 7168, 7168}},
   };
   constexpr int kDeadlineMs = 1000;
   for (const Kind& k : kinds) {

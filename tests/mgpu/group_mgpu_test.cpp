@@ -456,14 +456,16 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
     });
   StreamHolder stream;
   // TPCOMM_MGPU_KILL_OP: the operation replayed, all_reduce by default, or the fused norm, the
-  // all-gather, the all-to-all or the LM head. Every input is zero, so every exact output element
-  // is zero.
+  // all-gather, the all-to-all, the LM head or the MoE finalize. Every input is zero, so every
+  // exact output element is zero.
   const char* op_env = std::getenv("TPCOMM_MGPU_KILL_OP");
   const std::string op = op_env != nullptr ? op_env : "all_reduce";
   constexpr std::int64_t kCount = 8192;
   constexpr std::int64_t kHidden = 4096;
-  DeviceBuffer in(kCount * 2), out(kCount * 2), residual(kCount * 2), gamma(kHidden * 2);
-  for (DeviceBuffer* b : {&in, &out, &residual, &gamma})
+  // `in` holds the MoE finalize's experts too: two rows for each of its kCount / kHidden tokens.
+  DeviceBuffer in(2 * kCount * 2), out(kCount * 2), residual(kCount * 2), gamma(kHidden * 2);
+  DeviceBuffer moe_map(64), moe_weights(64);  // int32 and f32 [tokens, 2]: experts' row 0, weight 0
+  for (DeviceBuffer* b : {&in, &out, &residual, &gamma, &moe_map, &moe_weights})
     ASSERT_EQ(cudaMemset(b->get(), 0, b->size()), cudaSuccess);
   ASSERT_EQ(g->warm_up(stream.stream()), Status::kOk) << g->last_error();
   g_boot->barrier();
@@ -483,6 +485,19 @@ TEST(MultiProcess, ZRankKilledIsNoticed) {
       return g->all_gather(flat(in, kCount / world), flat(out, kCount), stream.stream());
     if (op == "all_to_all")
       return g->all_to_all(flat(in, kCount), flat(out, kCount), stream.stream());
+    if (op == "moe_finalize") {  // kCount / kHidden tokens of two experts each
+      const std::int64_t tokens = kCount / kHidden;
+      const MoeCombine moe{
+          TensorView::contiguous(in.get(), DType::kBF16, {2 * tokens, kHidden}, g_device),
+          TensorView::contiguous(moe_map.get(), DType::kI32, {tokens, 2}, g_device),
+          TensorView::contiguous(moe_weights.get(), DType::kF32, {tokens, 2}, g_device),
+          {}};
+      const auto x = TensorView::contiguous(out.get(), DType::kBF16, {tokens, kHidden}, g_device);
+      const auto r =
+          TensorView::contiguous(residual.get(), DType::kBF16, {tokens, kHidden}, g_device);
+      return g->moe_finalize_all_reduce_add_rmsnorm(moe, r, flat(gamma, kHidden), 1e-6f, x, r,
+                                                    stream.stream());
+    }
     if (op == "lm_head") {  // every rank's 4 rows on each shard, [4, kCount / 4] back
       const std::int64_t cols = kCount / (world * 4);
       return g->lm_head_exchange(
