@@ -137,6 +137,26 @@ Status issue(Group& g, const Call& c, Buffers& b, Stream s) {
   return Status::kInternal;
 }
 
+/// A path a call can take: the algorithm pinned (TPCOMM_ALGO) and the call.
+struct Path {
+  const char* algo;
+  Call call;
+};
+
+/// Every custom all-reduce algorithm, the fused norm, the all-gather, the all-to-all, the LM head
+/// and the MoE finalize.
+const Path kEveryPath[] = {
+    {"lamport", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
+    {"lamport_two_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
+    {"one_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
+    {"two_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
+    {"auto", {Call::kFused, DType::kBF16, 8 * 7168, 7168}},
+    {"auto", {Call::kAllGather, DType::kBF16, 8 * 4096}},
+    {"auto", {Call::kAllToAll, DType::kBF16, 8 * 4096}},
+    {"auto", {Call::kLmHead, DType::kBF16, 8 * 1024, 1024}},
+    {"auto", {Call::kMoe, DType::kBF16, 2 * 7168, 7168}},
+};
+
 /// Elements of the `count` elements of `dtype` at `p` that are not NaN (f32, f16, bf16).
 std::size_t not_nan(const void* p, std::int64_t count, DType dtype) {
   const auto bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
@@ -289,24 +309,9 @@ TEST(Faults, MismatchedCapturedCallsFailWhenTheScopeCloses) {
 // repeats one) before both make the same call eagerly. The replayed call (the number it was
 // captured with) meets the peer's eager call (a later number): every rank fails with
 // kMismatch at that call, naming both numbers, its outputs poisoned, well before the deadline.
-// For each custom all-reduce algorithm, the fused norm, the all-gather and the all-to-all.
+// For every path (`kEveryPath`).
 TEST(Faults, CallsOutOfStepFailEveryRankAtThatCall) {
-  struct Kind {
-    const char* algo;
-    Call call;
-  };
-  const Kind kinds[] = {
-      {"lamport", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
-      {"lamport_two_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
-      {"one_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
-      {"two_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
-      {"auto", {Call::kFused, DType::kBF16, 4 * 7168, 7168}},
-      {"auto", {Call::kAllGather, DType::kBF16, 8 * 4096}},
-      {"auto", {Call::kAllToAll, DType::kBF16, 8 * 4096}},
-      {"auto", {Call::kLmHead, DType::kBF16, 8 * 1024, 1024}},
-      {"auto", {Call::kMoe, DType::kBF16, 2 * 7168, 7168}},
-  };
-  for (const Kind& k : kinds) {
+  for (const Path& k : kEveryPath) {
     for (const bool repeat : {false, true}) {
       SCOPED_TRACE(std::string(k.algo) + " " + k.call.describe() +
                    (repeat ? ": rank 1 repeats a replay" : ": rank 1 skips a replay"));
@@ -444,25 +449,10 @@ struct Report {
 // A peer that stops in the middle of graph replays (here: its thread stops launching): the
 // survivor's first replay after it gives up at the deadline, the watchdog calls the handler
 // within the bounds without any call from the caller, and every replay's outputs, that one's
-// and all after it, are poisoned. For each custom algorithm, the fused kernel and the exchange.
+// and all after it, are poisoned. For every path (`kEveryPath`).
 TEST(Faults, GraphReplaysAfterAPeerStopsArePoisonedAndReported) {
-  struct Kind {
-    const char* algo;
-    Call call;
-  };
-  const Kind kinds[] = {
-      {"lamport", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
-      {"lamport_two_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
-      {"one_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
-      {"two_shot", {Call::kAllReduce, DType::kBF16, 8 * 4096}},
-      {"auto", {Call::kFused, DType::kBF16, 8 * 7168, 7168}},
-      {"auto", {Call::kAllGather, DType::kBF16, 8 * 4096}},
-      {"auto", {Call::kAllToAll, DType::kBF16, 8 * 4096}},
-      {"auto", {Call::kLmHead, DType::kBF16, 8 * 1024, 1024}},
-      {"auto", {Call::kMoe, DType::kBF16, 2 * 7168, 7168}},
-  };
   constexpr int kDeadlineMs = 1000;
-  for (const Kind& k : kinds) {
+  for (const Path& k : kEveryPath) {
     SCOPED_TRACE(std::string(k.algo) + " " + k.call.describe());
     Report report;
     run_ranks(2, [&](int rank, Bootstrap& boot) {
