@@ -287,9 +287,9 @@ class Group {
   [[nodiscard]] const std::string& last_error() const noexcept;
   /// Makes every waiting kernel of this group give up and every later call return kAborted.
   /// Safe from any thread, while the owning thread waits or calls: the custom kernels give up
-  /// at their next poll; an NCCL communicator is aborted by the owning thread's next call (or
-  /// when the group is destroyed). The watchdog does not treat it as a failure (no teardown, no
-  /// callback).
+  /// at their next poll, and the NCCL communicator is aborted at once (its kernels return; a call
+  /// the owning thread is inside lets go). The watchdog does not treat it as a failure (no
+  /// teardown, no callback).
   void abort() noexcept;
 
   /// Measures every custom all-reduce candidate per size bucket (inside CUDA graphs, on a
