@@ -47,23 +47,13 @@ struct Call {
 
   /// How the library names it in a message.
   [[nodiscard]] std::string describe() const {
-    switch (kind) {
-      case kAllReduce:
-        return "all_reduce " + std::to_string(count) + " " + std::string(to_string(dtype));
-      case kAllGather:
-        return "all_gather " + std::to_string(count) + " " + std::string(to_string(dtype));
-      case kFused:
-        return "all_reduce_add_rmsnorm " + std::to_string(count) + " " +
-               std::string(to_string(dtype)) + " (hidden " + std::to_string(hidden) + ")";
-      case kAllToAll:
-        return "all_to_all " + std::to_string(count) + " " + std::string(to_string(dtype));
-      case kLmHead:
-        return "lm_head_exchange " + std::to_string(count) + " " + std::string(to_string(dtype));
-      case kMoe:
-        return "moe_finalize_all_reduce_add_rmsnorm " + std::to_string(count) + " " +
-               std::string(to_string(dtype)) + " (hidden " + std::to_string(hidden) + ")";
-    }
-    return "";
+    static constexpr const char* kNames[] = {
+        "all_reduce", "all_gather",       "all_reduce_add_rmsnorm",
+        "all_to_all", "lm_head_exchange", "moe_finalize_all_reduce_add_rmsnorm"};
+    std::string text = std::string(kNames[kind]) + " " + std::to_string(count) + " " +
+                       std::string(to_string(dtype));
+    if (kind == kFused || kind == kMoe) text += " (hidden " + std::to_string(hidden) + ")";
+    return text;
   }
 };
 
