@@ -18,7 +18,9 @@
 #include "core/cuda_check.hpp"
 #include "core/log.hpp"
 #include "tools/bench_args.hpp"
+#include "tools/bench_report.hpp"
 #include "tools/bench_runner.hpp"
+#include "tools/cold_timer.hpp"
 #include "tools/commands.hpp"
 #include "tools/json_file.hpp"
 #include "tools/ranks.hpp"
@@ -70,28 +72,32 @@ class Bench {
     allocate();
     std::int64_t total_wrong = 0;
     bool failed = false;
-    for (const BenchAlgo& algo : o_.algos) {
-      if (!runs_here(algo)) continue;
-      std::optional<Runner> runner;
-      std::string why;
-      try {
-        runner.emplace(boot_, device_, o_, algo, max_input_bytes_);
-      } catch (const Error& e) {
-        why = e.what();
+    // --audit: the rounds alternate over the paths, so that drift falls on every path alike.
+    const int rounds = o_.audit ? o_.audit_repeats : 1;
+    for (round_ = 0; round_ < rounds && !failed; ++round_) {
+      for (const BenchAlgo& algo : o_.algos) {
+        if (!runs_here(algo)) continue;
+        std::optional<Runner> runner;
+        std::string why;
+        try {
+          runner.emplace(boot_, device_, o_, algo, max_input_bytes_);
+        } catch (const Error& e) {
+          why = e.what();
+        }
+        if (!runner) {
+          if (boot_.rank() == 0)
+            std::printf("#\n# %s: skipped: %s\n", algo.name.c_str(), why.c_str());
+          continue;
+        }
+        if (runner->warm_up(stream()) != Status::kOk) {
+          if (boot_.rank() == 0)
+            std::printf("#\n# %s: failed: %s\n", algo.name.c_str(), runner->last_error().c_str());
+          failed = true;
+          break;
+        }
+        failed = !sweep(*runner, algo, rows, total_wrong);
+        if (failed) break;
       }
-      if (!runner) {
-        if (boot_.rank() == 0)
-          std::printf("#\n# %s: skipped: %s\n", algo.name.c_str(), why.c_str());
-        continue;
-      }
-      if (runner->warm_up(stream()) != Status::kOk) {
-        if (boot_.rank() == 0)
-          std::printf("#\n# %s: failed: %s\n", algo.name.c_str(), runner->last_error().c_str());
-        failed = true;
-        break;
-      }
-      failed = !sweep(*runner, algo, rows, total_wrong);
-      if (failed) break;
     }
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
@@ -119,6 +125,11 @@ class Bench {
     bufs_.out_bytes = elems * es;
     TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.in, static_cast<std::size_t>(bufs_.in_bytes)));
     TPCOMM_CUDA_CHECK(cudaMalloc(&bufs_.out, static_cast<std::size_t>(bufs_.out_bytes)));
+    // The MoE combine reads expert rows past the sweep's current size with weight 0: never NaN.
+    TPCOMM_CUDA_CHECK(cudaMemset(bufs_.in, 0, static_cast<std::size_t>(bufs_.in_bytes)));
+    if (o_.cold)
+      cold_ = std::make_unique<ColdTimer>(
+          stream(), device_, ranks_share_gpu(boot_, device_) ? boot_.world_size() : 1, o_.iters);
     TPCOMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&bufs_.wrong_host),
                                     sizeof(unsigned long long), cudaHostAllocMapped));
     TPCOMM_CUDA_CHECK(
@@ -126,11 +137,14 @@ class Bench {
   }
 
   /// False, with a line saying why, for a row this run cannot serve.
+  /// Rank 0 in the first round: the lines that would repeat each round.
+  bool first_report() const { return boot_.rank() == 0 && round_ == 0; }
+
   bool runs_here(const BenchAlgo& algo) {
     const bool nccl_path = algo.kind == BenchAlgo::Kind::kNcclDirect ||
                            (algo.kind == BenchAlgo::Kind::kGroup && algo.name == "nccl");
     if (nccl_path && boot_.world_size() > 1 && ranks_share_gpu(boot_, device_)) {
-      if (boot_.rank() == 0)
+      if (first_report())
         std::printf(
             "#\n# %s: skipped: NCCL refuses two ranks on one GPU (run with -g on several GPUs)\n",
             algo.name.c_str());
@@ -139,19 +153,19 @@ class Bench {
     const bool fused_row =
         algo.kind == BenchAlgo::Kind::kUnfused || algo.kind == BenchAlgo::Kind::kAllReduceOnly;
     if (fused_row && !o_.add_rmsnorm) {
-      if (boot_.rank() == 0)
+      if (first_report())
         std::printf("#\n# %s: skipped: a row of --op allreduce_add_rmsnorm\n", algo.name.c_str());
       return false;
     }
     if (o_.add_rmsnorm &&
         (algo.kind == BenchAlgo::Kind::kMemcpy || algo.kind == BenchAlgo::Kind::kNcclDirect)) {
-      if (boot_.rank() == 0)
+      if (first_report())
         std::printf("#\n# %s: skipped: not a way to run allreduce_add_rmsnorm\n",
                     algo.name.c_str());
       return false;
     }
     if (algo.kind == BenchAlgo::Kind::kExchange && !exchange_op(o_)) {
-      if (boot_.rank() == 0)
+      if (first_report())
         std::printf(
             "#\n# %s: skipped: the exchange serves allgather, alltoall and lm_head_exchange\n",
             algo.name.c_str());
@@ -159,15 +173,20 @@ class Bench {
     }
     if ((algo.kind == BenchAlgo::Kind::kLmHeadAllGather && !o_.lm_head) ||
         ((o_.lm_head || o_.gather) && algo.kind == BenchAlgo::Kind::kNcclDirect)) {
-      if (boot_.rank() == 0)
+      if (first_report())
         std::printf("#\n# %s: skipped: %s\n", algo.name.c_str(),
                     o_.lm_head  ? "NCCL has no LM-head exchange"
                     : o_.gather ? "NCCL has no gather"
                                 : "a row of --op lm_head_exchange");
       return false;
     }
+    if (algo.kind == BenchAlgo::Kind::kMoeForm && !o_.moe) {
+      if (first_report())
+        std::printf("#\n# %s: skipped: a row of --op moe_finalize\n", algo.name.c_str());
+      return false;
+    }
     if (algo.pins_custom() && o_.op != Collective::kAllReduce) {
-      if (boot_.rank() == 0)
+      if (first_report())
         std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",
                     algo.name.c_str());
       return false;
@@ -184,9 +203,9 @@ class Bench {
     const std::size_t sizes = sweep_size();
     for (std::size_t k = 0; k < sizes; ++k) {
       const Shape s = shape_at(k);
-      // The reported count: of the output for the LM head, of the operation otherwise.
-      const std::int64_t count =
-          o_.lm_head ? s.out : (o_.add_rmsnorm ? s.in : std::max(s.in, s.out));
+      // The reported count: of the output for the LM head, of x for the fused operations, of
+      // the larger buffer otherwise.
+      const std::int64_t count = o_.lm_head || o_.add_rmsnorm ? s.out : std::max(s.in, s.out);
       const std::int64_t bytes = count * es;
       // A form of the exchange that does not serve this size (the push form's Lamport slots
       // hold small messages only) is not timed: its row says which path would serve it.
@@ -211,8 +230,9 @@ class Bench {
         const std::string served = runner.served_by(s);
         print_row(bytes, count, oop, ip, served);
         rows.push_back(row_json(algo, bytes, count, oop, ip, served));
-        std::fprintf(stderr, "[tpcomm bench] %s %s: %zu/%zu sizes\n", algo.name.c_str(),
-                     op_name().c_str(), k + 1, sizes);
+        if (progress_)
+          std::fprintf(stderr, "[tpcomm bench] %s %s%s: %zu/%zu sizes\n", algo.name.c_str(),
+                       op_name().c_str(), round_label().c_str(), k + 1, sizes);
       }
       if (failed) return false;
     }
@@ -220,6 +240,13 @@ class Bench {
   }
 
   Stream stream() const { return reinterpret_cast<Stream>(stream_); }
+
+  /// ", round 2/3" in an audit.
+  std::string round_label() const {
+    return o_.audit
+               ? ", round " + std::to_string(round_ + 1) + "/" + std::to_string(o_.audit_repeats)
+               : std::string();
+  }
 
   std::string op_name() const {
     if (o_.lm_head) return "lm_head_exchange";
@@ -241,8 +268,9 @@ class Bench {
     }
     const std::int64_t size = bench_sizes(o_)[k];
     if (o_.add_rmsnorm) {
+      // The MoE finalize's input is its expert rows: top-k a token (bench_runner.cpp).
       const std::int64_t count = fused_count(size, o_.dtype, o_.hidden);
-      return {count, count};
+      return {o_.moe ? count * o_.top_k : count, count};
     }
     return shape_of(o_.op, bench_count(o_.op, size, o_.dtype, world), world);
   }
@@ -349,18 +377,48 @@ class Bench {
     return m;
   }
 
+  /// Enqueues the timed operations (each between `cold_`'s marks with --cold). Empty, or what
+  /// failed.
+  std::string enqueue_timed(Runner& runner, void* in, void* out, const Shape& s) {
+    for (int i = 0; i < o_.iters; ++i) {
+      if (cold_)
+        if (std::string f = cold_->before(i); !f.empty()) return f;
+      if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
+        return std::string(to_string(st)) + ": " + runner.last_error();
+      if (cold_)
+        if (std::string f = cold_->after(i); !f.empty()) return f;
+    }
+    return {};
+  }
+
   double time_eager(Runner& runner, void* in, void* out, const Shape& s, Measure& m) {
     boot_.barrier();
     cudaEventRecord(start_, stream_);
-    for (int i = 0; i < o_.iters && m.failure.empty(); ++i)
-      if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
-        m.failure = std::string(to_string(st)) + ": " + runner.last_error();
+    m.failure = enqueue_timed(runner, in, out, s);
     cudaEventRecord(stop_, stream_);
     if (cudaError_t e = cudaEventSynchronize(stop_); e != cudaSuccess)
       m.failure = cudaGetErrorString(e);
+    if (cold_) return cold_->mean_us();
     float ms = 0;
     cudaEventElapsedTime(&ms, start_, stop_);
     return ms * 1000.0 / o_.iters;
+  }
+
+  /// --cold --graph: `graph_replays` replays, each after a barrier and read when it ends (the
+  /// marks are the graph's own); the median of their means.
+  std::string time_cold_replays(double* us) {
+    std::vector<double> each;
+    for (int r = -1; r < o_.graph_replays; ++r) {  // replay -1 warms up
+      cudaStreamSynchronize(stream_);
+      boot_.barrier();  // NOTE [graphs of virtual ranks]
+      if (std::string f = graph_->replay(); !f.empty()) return f;
+      if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
+        return cudaGetErrorString(e);
+      if (r >= 0) each.push_back(cold_->mean_us());
+    }
+    std::sort(each.begin(), each.end());
+    *us = each[each.size() / 2];
+    return {};
   }
 
   /// Captures `iters` operations into one graph and returns the median time per operation over
@@ -371,11 +429,9 @@ class Bench {
     std::optional<Group::CaptureScope> scope;
     if (runner.group() != nullptr) scope.emplace(runner.group()->capture(stream()));
     m.failure = graph_->capture([&] {
-      for (int i = 0; i < o_.iters; ++i)
-        if (Status st = runner.run(in, out, s, stream()); st != Status::kOk)
-          return std::string(to_string(st)) + ": " + runner.last_error();
+      std::string f = enqueue_timed(runner, in, out, s);
       cudaEventRecord(stop_, stream_);  // keeps the capture valid even with zero launches
-      return std::string();
+      return f;
     });
     if (scope) {
       if (Status st = scope->close(); st != Status::kOk && m.failure.empty())
@@ -383,10 +439,10 @@ class Bench {
     }
     if (!m.failure.empty()) return 0;
     double us = 0;
-    m.failure = graph_->time(boot_, o_.graph_replays, &us);
+    m.failure = cold_ ? time_cold_replays(&us) : graph_->time(boot_, o_.graph_replays, &us);
     if (m.failure.empty() && runner.group() != nullptr && runner.group()->health() != Status::kOk)
       m.failure = runner.group()->last_error();
-    return us / o_.iters;
+    return cold_ ? us : us / o_.iters;
   }
 
   std::string check_graph(Runner& runner, const Shape& s, std::size_t size_index,
@@ -479,66 +535,12 @@ class Bench {
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;
   std::unique_ptr<GraphTimer> graph_;  // on `stream_`
-  std::int64_t max_input_bytes_ = 0;   // the sweep's largest input per rank
+  std::unique_ptr<ColdTimer> cold_;    // with --cold, on `stream_`
+  int round_ = 0;                      // of an audit
+  // Progress lines: on a terminal, unless --quiet.
+  bool progress_ = !o_.quiet && isatty(STDERR_FILENO) != 0;
+  std::int64_t max_input_bytes_ = 0;  // the sweep's largest input per rank
 };
-
-void print_banner(const BenchOptions& o, int world, const char* mode, std::uint64_t seed) {
-  int driver = 0, devices = 0;
-  cudaDriverGetVersion(&driver);
-  cudaGetDeviceCount(&devices);
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  const std::string op =
-      o.lm_head  ? "lm_head_exchange, vocab " + std::to_string(o.vocab)
-      : o.gather ? "gather to rank " + std::to_string(o.root)
-      : o.moe    ? "moe_finalize, hidden " + std::to_string(o.hidden) + ", top-" +
-                    std::to_string(o.top_k) + (o.shared_expert ? ", shared expert" : "")
-      : o.add_rmsnorm ? "allreduce_add_rmsnorm, hidden " + std::to_string(o.hidden)
-                      : std::string(collective_name(o.op));
-  std::printf("# tpcomm bench %s: %s, %d rank(s) (%s), %d GPU(s) visible: %s, driver %d\n",
-              TPCOMM_VERSION, op.c_str(), world, mode, devices, prop.name, driver);
-  std::string sweep =
-      "sizes " + std::to_string(o.min_bytes) + ".." + std::to_string(o.max_bytes) + " B";
-  if (o.lm_head) {
-    sweep = "tokens per rank";
-    for (std::size_t i = 0; i < o.tokens.size(); ++i)
-      sweep += (i == 0 ? " " : ",") + std::to_string(o.tokens[i]);
-  }
-  std::printf("# %s, %s, iters %d, warmup %d, check %d, unalign %lld, seed %llu\n", sweep.c_str(),
-              o.graph ? "CUDA graph replay (median)" : "eager (mean)", o.iters, o.warmup, o.check,
-              static_cast<long long>(o.unalign), static_cast<unsigned long long>(seed));
-}
-
-int finish(const BenchOptions& o, nlohmann::json& rows, std::int64_t wrong, int world) {
-  if (wrong < 0) {
-    std::printf("# a collective failed: see the failure lines above\n");
-    return 1;
-  }
-  double sum = 0;
-  int n = 0;
-  for (const auto& r : rows)
-    for (const char* col : {"out_of_place", "in_place"})
-      if (r[col].is_object() && r[col].contains("busbw_gbps")) {
-        sum += r[col]["busbw_gbps"].get<double>();
-        ++n;
-      }
-  std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
-              wrong == 0 ? "OK" : "FAILED");
-  std::printf("# Avg bus bandwidth    : %g\n#\n", n ? sum / n : 0.0);
-  if (!o.json.empty()) {
-    nlohmann::json doc{{"tool", "tpcomm bench"},
-                       {"version", TPCOMM_VERSION},
-                       {"world_size", world},
-                       {"wrong", wrong},
-                       {"rows", rows}};
-    if (const std::string why = write_json_file(o.json, doc); !why.empty()) {
-      std::fprintf(stderr, "tpcomm bench: --json \"%s\": %s\n", o.json.c_str(), why.c_str());
-      // Wrong results keep their own exit code; a lost report alone is a failure.
-      return wrong == 0 ? 1 : 2;
-    }
-  }
-  return wrong == 0 ? 0 : 2;
-}
 
 int run_bench(const BenchOptions& o) {
   if (!o.json.empty()) {
@@ -564,7 +566,7 @@ int run_bench(const BenchOptions& o) {
     Bench b(boot, device, o, shared_seed);
     const std::int64_t wrong = b.run(rows);
     if (boot.rank() != 0) return wrong < 0 ? 1 : (wrong == 0 ? 0 : 2);
-    return finish(o, rows, wrong, boot.world_size());
+    return finish_bench(o, rows, wrong, boot.world_size());
   });
 }
 

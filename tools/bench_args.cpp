@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/parse.hpp"
+#include "tools/audit.hpp"
 #include "tune/algorithms.hpp"
 
 namespace tpcomm::tools {
@@ -151,6 +152,17 @@ void add_execution_options(CLI::App& cmd, BenchOptions& o) {
       ->check(CLI::Range(1, 100000));
   cmd.add_option("-u,--unalign", o.unalign, "offset both buffers by this many elements")
       ->check(CLI::Range(0, 1024));
+  cmd.add_flag("--cold", o.cold,
+               "evict the L2 cache before each timed operation (write a buffer twice its size) "
+               "and time the operations alone, as a decode step's calls find the cache");
+  cmd.add_flag("--audit", o.audit,
+               "time every path the group can take (--algo all less nccl_direct, memcpy and the "
+               "plain all-reduce), --audit-repeats times alternating, and report each size where "
+               "the built-in choice (auto) is slower than the fastest by more than 3% and 0.2 us");
+  cmd.add_option("--audit-repeats", o.audit_repeats, "rounds of --audit over every path")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd.add_flag("-q,--quiet", o.quiet, "no progress lines (they go to a terminal's stderr only)");
 }
 
 /// --algo: the ways of serving the collective to compare.
@@ -179,7 +191,9 @@ void add_algo_option(CLI::App& cmd, BenchOptions& o) {
              "nccl_direct, memcpy (a device copy of the same bytes, for reference), unfused and "
              "allreduce (with --op allreduce_add_rmsnorm: the all-reduce then add_rmsnorm, and the "
              "all-reduce alone; with --op moe_finalize: the combine, the all-reduce, then "
-             "add_rmsnorm, and the all-reduce alone), all_gather (with --op lm_head_exchange: an "
+             "add_rmsnorm, and the all-reduce alone), prologue and combine_first (with --op "
+             "moe_finalize: the combine inside the fused kernel, or launched before it), "
+             "all_gather (with --op lm_head_exchange: an "
              "all-gather of the "
              "shards, then a copy of the local rows), all (give --op first)")
       ->delimiter(',');
@@ -224,6 +238,11 @@ void add_sweep_checks(CLI::App& cmd, BenchOptions& o, std::function<void()> on_v
     if (o.step_factor == 1) throw CLI::ValidationError("-f", "a step factor of 1 never ends");
     if (o.step_factor == 0 && o.step_bytes <= 0)
       throw CLI::ValidationError("-i", "the step must be positive");
+    if (o.audit) {
+      o.algos.clear();
+      for (const BenchAlgo& a : all_bench_algos(o))
+        if (audited_algo(a.name)) o.algos.push_back(a);
+    }
     if (sweep_length(o) > kMaxBenchSizes)
       throw CLI::ValidationError("-b/-e/-i", "the sweep would have more than " +
                                                  std::to_string(kMaxBenchSizes) +
@@ -257,6 +276,10 @@ std::vector<BenchAlgo> all_bench_algos(const BenchOptions& o) {
     return out;
   }
   if (o.add_rmsnorm) {
+    if (o.moe) {
+      out.push_back({BenchAlgo::Kind::kMoeForm, "prologue"});
+      out.push_back({BenchAlgo::Kind::kMoeForm, "combine_first"});
+    }
     for (const AlgoInfo& a : kAlgorithms)
       if (kernels::fuses(a.kernel)) out.push_back({BenchAlgo::Kind::kGroup, std::string(a.name)});
     out.push_back({BenchAlgo::Kind::kUnfused, "unfused"});
@@ -277,6 +300,8 @@ std::optional<BenchAlgo> parse_bench_algo(std::string_view name) {
   if (name == "memcpy") return BenchAlgo{BenchAlgo::Kind::kMemcpy, "memcpy"};
   if (name == "unfused") return BenchAlgo{BenchAlgo::Kind::kUnfused, "unfused"};
   if (name == "allreduce") return BenchAlgo{BenchAlgo::Kind::kAllReduceOnly, "allreduce"};
+  if (name == "prologue" || name == "combine_first" || name == "combine-first")
+    return BenchAlgo{BenchAlgo::Kind::kMoeForm, name == "prologue" ? "prologue" : "combine_first"};
   if (name == "all_gather" || name == "all-gather")
     return BenchAlgo{BenchAlgo::Kind::kLmHeadAllGather, "all_gather"};
   for (const ExchangeInfo& e : kExchangeAlgorithms)

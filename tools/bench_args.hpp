@@ -38,6 +38,10 @@ struct BenchAlgo {
     /// With `--op lm_head_exchange`: SGLang's path before the all-to-all, an all-gather of the
     /// shards (tpcomm's own) and a separate copy of the local rows into place.
     kLmHeadAllGather,
+    /// With `--op moe_finalize`: a group whose `Options::moe_prologue` is on ("prologue": the
+    /// combine inside the fused kernel) or off ("combine_first": the combine kernel, then the
+    /// fused call).
+    kMoeForm,
   };
   Kind kind = Kind::kGroup;
   /// The row's name, as `--algo` spells it canonically.
@@ -95,18 +99,29 @@ struct BenchOptions {
   int graph_replays = 10;                        // --graph-replays
   std::int64_t unalign = 0;                      // -u (elements)
   std::vector<BenchAlgo> algos{BenchAlgo{}};     // --algo
-  std::string json;                              // --json FILE
-  int gpus = 0;                                  // -g N: launch N processes, one per GPU
-  int virtual_ranks = 0;                         // --virtual-ranks N: N threads on GPU 0
-  int timeout_s = 600;                           // deadline of a self-launched run
-  std::uint64_t seed = 0;                        // --seed (0 = random)
+  /// --cold: the L2 cache is evicted before each timed operation (a buffer larger than it is
+  /// written), and only the operations are timed, as a decode step's calls find the cache.
+  bool cold = false;
+  /// --audit: every path the group can take (`all_bench_algos` less the peers), `audit_repeats`
+  /// times alternating, then where the built-in choice is slower than the fastest
+  /// (tools/audit.hpp).
+  bool audit = false;
+  int audit_repeats = 3;   // --audit-repeats
+  bool quiet = false;      // --quiet: no progress lines on a terminal
+  std::string json;        // --json FILE
+  int gpus = 0;            // -g N: launch N processes, one per GPU
+  int virtual_ranks = 0;   // --virtual-ranks N: N threads on GPU 0
+  int timeout_s = 600;     // deadline of a self-launched run
+  std::uint64_t seed = 0;  // --seed (0 = random)
 };
 
 /// Every row `--algo all` runs for the collective `o` describes: for all-reduce auto, the
 /// registry's all-reduce algorithms, nccl, nccl_direct, memcpy; for allreduce_add_rmsnorm auto,
 /// the algorithms that fuse, unfused and allreduce; for allgather and alltoall auto, the exchange
 /// algorithms, nccl, nccl_direct, memcpy; for lm_head_exchange auto, the exchange algorithms,
-/// all_gather, nccl and memcpy; for the others auto, nccl, nccl_direct, memcpy.
+/// all_gather, nccl and memcpy; for moe_finalize auto, prologue, combine_first, the algorithms
+/// that fuse (each with the prologue), unfused and allreduce; for the others auto, nccl,
+/// nccl_direct, memcpy.
 std::vector<BenchAlgo> all_bench_algos(const BenchOptions& o);
 
 /// True for the collectives the custom exchange serves (all-gather, all-to-all, the LM head's).

@@ -37,6 +37,9 @@ Runner::Runner(Bootstrap& boot, int device, const BenchOptions& o, const BenchAl
   if (algo.kind == BenchAlgo::Kind::kGroup && algo.name != "auto") opt.algo = algo.name;
   if (algo.kind == BenchAlgo::Kind::kExchange) opt.exchange_algo = algo.name;
   if (algo.kind == BenchAlgo::Kind::kLmHeadAllGather) opt.lm_head_a2a = Switch::kOff;
+  // The MoE finalize's rows that pin an algorithm time its prologue, as "prologue" does.
+  if (o.moe && (algo.pins_custom() || algo.name == "prologue")) opt.moe_prologue = Switch::kOn;
+  if (algo.name == "combine_first") opt.moe_prologue = Switch::kOff;
   world_ = boot.world_size();
   if (algo.kind == BenchAlgo::Kind::kMemcpy) {
     // nothing to build
@@ -112,9 +115,9 @@ std::string Runner::served_by(const Shape& s) const {
   if (algo_.kind == BenchAlgo::Kind::kMemcpy) return "cudaMemcpyAsync";
   if (direct_) return "nccl(direct)";
   if (o_.add_rmsnorm) {
-    const auto x = rows(reinterpret_cast<void*>(256), s.in);
+    const auto x = rows(reinterpret_cast<void*>(256), s.out);
     const std::string combine = o_.moe ? "moe_combine+" : "";
-    if (algo_.kind == BenchAlgo::Kind::kGroup)
+    if (algo_.kind == BenchAlgo::Kind::kGroup || algo_.kind == BenchAlgo::Kind::kMoeForm)
       return o_.moe ? group_->backend_for_moe_finalize(x, x, o_.graph)
                     : group_->backend_for_add_rmsnorm(x, x, o_.graph);
     const std::string reduce = group_->backend_for_all_reduce(x, x, o_.graph);
@@ -177,11 +180,14 @@ void Runner::allocate_moe() {
   for (std::int64_t t = 0; t < tokens; ++t) {
     for (int k = 0; k < o_.top_k; ++k) {
       const auto i = static_cast<std::size_t>(t * o_.top_k + k);
-      map[i] = static_cast<std::int32_t>(std::max<std::int64_t>(t - k, 0));
+      // Row t of x for k = 0; distinct rows past the largest x for the others, as a step's
+      // experts are distinct rows (never one row read top-k times).
+      map[i] = static_cast<std::int32_t>(k == 0 ? t : tokens + t * (o_.top_k - 1) + (k - 1));
       if (k == 0)
         std::memcpy(weights.data() + i * dtype_size(o_.dtype), &one, dtype_size(o_.dtype));
     }
   }
+  moe_rows_ = tokens * o_.top_k;
   TPCOMM_CUDA_CHECK(cudaMalloc(&map_, map.size() * 4));
   TPCOMM_CUDA_CHECK(cudaMemcpy(map_, map.data(), map.size() * 4, cudaMemcpyHostToDevice));
   TPCOMM_CUDA_CHECK(cudaMalloc(&weights_, weights.size()));
@@ -196,7 +202,7 @@ void Runner::allocate_moe() {
 MoeCombine Runner::moe(const void* in, std::int64_t count) const {
   const std::int64_t tokens = count / o_.hidden;
   const int device = group_->device();
-  return {rows(const_cast<void*>(in), count),
+  return {rows(const_cast<void*>(in), moe_rows_ * o_.hidden),
           TensorView::contiguous(map_, DType::kI32, {tokens, o_.top_k}, device),
           TensorView::contiguous(weights_, o_.dtype, {tokens, o_.top_k}, device),
           shared_ != nullptr ? rows(shared_, count) : TensorView{}};
@@ -204,17 +210,17 @@ MoeCombine Runner::moe(const void* in, std::int64_t count) const {
 
 Status Runner::run_fused(const void* in, void* out, const Shape& s, Stream stream) {
   Group& g = *group_;
-  const TensorView x = rows(const_cast<void*>(in), s.in);
-  const TensorView residual_out = rows(out, s.in);
-  const TensorView residual = rows(residual_, s.in);
+  const TensorView x = rows(const_cast<void*>(in), s.out);
+  const TensorView residual_out = rows(out, s.out);
+  const TensorView residual = rows(residual_, s.out);
   const TensorView gamma = TensorView::flat(gamma_, o_.dtype, o_.hidden, g.device());
   switch (algo_.kind) {
     case BenchAlgo::Kind::kUnfused: {
-      const TensorView sum = rows(sum_, s.in);
+      const TensorView sum = rows(sum_, s.out);
       if (o_.moe) {
         // The chain engines run today: the combine into a tensor of its own, then the pair.
-        const TensorView combined = rows(norm_, s.in);
-        TPCOMM_TRY(moe_combine(moe(in, s.in), combined, stream));
+        const TensorView combined = rows(norm_, s.out);
+        TPCOMM_TRY(moe_combine(moe(in, s.out), combined, stream));
         TPCOMM_TRY(g.all_reduce(combined, sum, stream));
       } else {
         TPCOMM_TRY(g.all_reduce(x, sum, stream));
@@ -225,9 +231,9 @@ Status Runner::run_fused(const void* in, void* out, const Shape& s, Stream strea
       return g.all_reduce(x, residual_out, stream);
     default:
       if (o_.moe)
-        return g.moe_finalize_all_reduce_add_rmsnorm(moe(in, s.in), residual, gamma, kEps,
-                                                     rows(norm_, s.in), residual_out, stream);
-      return g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, rows(norm_, s.in), residual_out,
+        return g.moe_finalize_all_reduce_add_rmsnorm(moe(in, s.out), residual, gamma, kEps,
+                                                     rows(norm_, s.out), residual_out, stream);
+      return g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, rows(norm_, s.out), residual_out,
                                       stream);
   }
 }

@@ -75,10 +75,11 @@ class Runner {
   /// One fused operation on this row's path; `out` is residual_out.
   Status run_fused(const void* in, void* out, const Shape& s, Stream stream);
   /// The MoE combine's map and weights for the largest size, and the shared expert's output (of
-  /// zeros): token t takes rows t, t-1, ... (never past its own, so the map holds for every size)
-  /// with weights 1, 0, ..., so that x is the input, which the checks verify.
+  /// zeros): token t takes row t of the input with weight 1 and top-k - 1 rows of its own past
+  /// the largest x with weight 0 (distinct rows; the map holds for every size), so that x is the
+  /// input's first rows, which the checks verify.
   void allocate_moe();
-  /// The MoE finalize's combine over `in` ([count / hidden, hidden] rows) for `count` elements.
+  /// The MoE finalize's combine over `in` (`moe_rows_` expert rows) for `count` elements of x.
   MoeCombine moe(const void* in, std::int64_t count) const;
 
   void* residual_ = nullptr;
@@ -88,6 +89,7 @@ class Runner {
   void* map_ = nullptr;
   void* weights_ = nullptr;
   void* shared_ = nullptr;
+  std::int64_t moe_rows_ = 0;  // expert rows of the largest size
 
   const BenchOptions& o_;
   BenchAlgo algo_;

@@ -2,6 +2,7 @@
 // `tpcomm step`: one decode step's communication of a model, captured per rank in one CUDA graph
 // in the order the model issues it, replayed, checked and timed for each way of serving it.
 #include <cuda_runtime.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -139,7 +140,7 @@ class StepRunner {
           }
         }
         ++done;
-        if (boot_.rank() == 0)
+        if (boot_.rank() == 0 && !o_.quiet && isatty(STDERR_FILENO) != 0)
           std::fprintf(stderr, "[tpcomm step] %s, %lld tokens, %s: %zu/%zu configurations\n",
                        model_.name.c_str(), static_cast<long long>(o_.tokens[ti]), variant_name(v),
                        done, configs);

@@ -27,8 +27,9 @@ void add_step_options(CLI::App& cmd, StepOptions& o, std::function<void()> on_va
   cmd.add_option_function<std::string>(
          "--moe-combine", [&o](const std::string& v) { o.moe_fused = v == "fused"; },
          "how tpcomm's variant runs a MoE layer's combine: fused (one call with the all-reduce "
-         "+ norm, moe_finalize_all_reduce_add_rmsnorm) or separate (moe_combine, then "
-         "all_reduce_add_rmsnorm); the other variants always run it separately")
+         "+ norm, moe_finalize_all_reduce_add_rmsnorm, which TPCOMM_MOE_PROLOGUE serves) or "
+         "separate (moe_combine, then all_reduce_add_rmsnorm); the other variants always run it "
+         "separately")
       ->default_str("fused")
       ->check(CLI::IsMember({"fused", "separate"}));
   cmd.add_option("-n,--replays", o.replays, "timed replays of each graph (median reported)")
@@ -50,6 +51,7 @@ void add_step_options(CLI::App& cmd, StepOptions& o, std::function<void()> on_va
   cmd.add_option("--timeout", o.timeout_s, "seconds before a self-launched run is stopped")
       ->check(CLI::Range(1, 86400));
   cmd.add_option("--seed", o.seed, "seed of the test data (0: random)");
+  cmd.add_flag("-q,--quiet", o.quiet, "no progress lines (they go to a terminal's stderr only)");
   // NOTE [one callback per command] (tools/bench_args.cpp): the checks, then the body.
   cmd.callback([&o, on_valid = std::move(on_valid)] {
     if (o.tokens.empty()) throw CLI::ValidationError("--tokens", "give at least one token count");

@@ -33,6 +33,7 @@ struct StepOptions {
   int virtual_ranks = 0;   // --virtual-ranks N: N threads on GPU 0
   int timeout_s = 600;     // deadline of a self-launched run
   std::uint64_t seed = 0;  // --seed (0 = random)
+  bool quiet = false;      // --quiet: no progress lines (they go to a terminal's stderr only)
 };
 
 /// The most `--tokens` values one run takes.

@@ -60,6 +60,7 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_HEARTBEAT_TIMEOUT_MS` | `heartbeat_timeout_ms` | 5000 (200 to `kMaxTimeoutMs`) |
 /// | `TPCOMM_ASYNC_ERROR_HANDLING` | `failure_mode` | `raise` (or `teardown`, `callback`) |
 /// | `TPCOMM_LM_HEAD_A2A` | `lm_head_a2a` | `auto` |
+/// | `TPCOMM_MOE_PROLOGUE` | `moe_prologue` | `auto` (off: the combine, then the fused norm) |
 /// | `TPCOMM_NCCL_CHECK` | `nccl_check` | `auto` (eager NCCL calls of at least 64 MiB) |
 /// | `TPCOMM_STORE_TOKEN` | `store_token` | empty (no authentication; set and empty are alike) |
 /// | `TPCOMM_STORE_TOKEN_FILE` | `store_token_file`, `store_token` | unset |
@@ -160,6 +161,12 @@ struct Options {
   /// fallback (an all-gather of the shards, then a copy of the local rows: SGLang's path before
   /// the all-to-all); auto and on let the custom exchange serve where it can.
   Switch lm_head_a2a = Switch::kAuto;
+  /// How `Group::moe_finalize_all_reduce_add_rmsnorm` runs the combine: on makes it a prologue
+  /// of the fused kernel (each rank combines its rows as it pushes them: one launch); off and
+  /// auto launch the combine kernel first, then the fused all-reduce + norm. Auto is the
+  /// built-in choice: inside a decode step the prologue measured slower than the two launches
+  /// at every shape (docs/PERFORMANCE.md), so auto takes the two. Accepted as `lm_head_a2a`.
+  Switch moe_prologue = Switch::kAuto;
   /// Whether an eager collective that NCCL serves is checked first: the ranks compare its
   /// fingerprint and call number (NOTE [fingerprints]) through one barrier of the custom kernels
   /// (where the group has them), so that ranks that disagree fail with kMismatch naming both

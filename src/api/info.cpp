@@ -159,6 +159,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_HEARTBEAT_TIMEOUT_MS", std::to_string(o.heartbeat_timeout_ms)},
       {"TPCOMM_ASYNC_ERROR_HANDLING", std::string(to_string(o.failure_mode))},
       {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
+      {"TPCOMM_MOE_PROLOGUE", std::string(to_string(o.moe_prologue))},
       {"TPCOMM_NCCL_CHECK", std::string(to_string(o.nccl_check))},
       // The token is a secret: say whether it is set, never what it is.
       {"TPCOMM_STORE_TOKEN",

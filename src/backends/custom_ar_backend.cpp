@@ -24,6 +24,8 @@ Plan CustomArBackend::plan(const Request& r) const noexcept {
       return Plan::yes({this, Algo::kNone, c.algo, c.shape()});
     }
     case Op::kMoeFinalize:
+      // NOTE [the combine's launch]
+      if (!moe_prologue_) return Plan::no("TPCOMM_MOE_PROLOGUE is not 1");
       // The combine is a prologue of the kernels that carry kAddRmsNorm (16-bit, no FP8).
       if (r.fusion->kind != kernels::Fusion::kAddRmsNorm)
         return Plan::no("the combine rides on the fused norm without FP8 only");

@@ -18,15 +18,18 @@ class CustomArBackend final : public Backend {
   /// `table` points at the group's current tuned table (null: the built-in choice), which
   /// `Group::tune` may replace. `pinned` and `pinned_exchange`: what `TPCOMM_ALGO` and
   /// `TPCOMM_EXCHANGE_ALGO` say. `lm_head`: the LM-head exchange is served here
-  /// (`TPCOMM_LM_HEAD_A2A`).
+  /// (`TPCOMM_LM_HEAD_A2A`). `moe_prologue`: the MoE finalize's combine runs as a prologue of
+  /// the fused kernel here (`TPCOMM_MOE_PROLOGUE=1`); otherwise the combine kernel runs first
+  /// (`make_moe_combine_backend`, ops/moe.hpp).
   CustomArBackend(std::unique_ptr<CustomAllReduce> ar, Pinned pinned,
-                  PinnedExchange pinned_exchange, const TuneTable* const* table,
-                  bool lm_head) noexcept
+                  PinnedExchange pinned_exchange, const TuneTable* const* table, bool lm_head,
+                  bool moe_prologue) noexcept
       : ar_(std::move(ar)),
         pinned_(pinned),
         pinned_exchange_(pinned_exchange),
         table_(table),
-        lm_head_(lm_head) {}
+        lm_head_(lm_head),
+        moe_prologue_(moe_prologue) {}
 
   [[nodiscard]] CustomAllReduce& impl() noexcept { return *ar_; }
 
@@ -42,6 +45,7 @@ class CustomArBackend final : public Backend {
   PinnedExchange pinned_exchange_;
   const TuneTable* const* table_;
   bool lm_head_;
+  bool moe_prologue_;
 };
 
 }  // namespace tpcomm

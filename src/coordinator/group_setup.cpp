@@ -150,7 +150,8 @@ void Group::Impl::add_custom(Pinned pinned, const GroupConfig& config) {
     PinnedExchange pinned_exchange;
     (void)parse_pinned_exchange(options.exchange_algo, &pinned_exchange);  // checked by Group
     auto backend = std::make_unique<CustomArBackend>(std::move(ar), pinned, pinned_exchange, &table,
-                                                     options.lm_head_a2a != Switch::kOff);
+                                                     options.lm_head_a2a != Switch::kOff,
+                                                     options.moe_prologue == Switch::kOn);
     custom = backend.get();
     chain.add(std::move(backend));
   } else if (boot.rank() == 0) {
@@ -241,6 +242,7 @@ void require_same_settings(Bootstrap& boot, const Options& o, const GroupConfig&
       {"TPCOMM_DISABLE_CUSTOM_AR", flag(o.disable_custom_ar)},
       {"TPCOMM_DISABLE_NCCL", flag(o.disable_nccl)},
       {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
+      {"TPCOMM_MOE_PROLOGUE", std::string(to_string(o.moe_prologue))},
       {"TPCOMM_NCCL_CHECK", std::string(to_string(o.nccl_check))},
       {"GroupConfig::custom_all_reduce", flag(c.custom_all_reduce)},
       {"GroupConfig::nccl", flag(c.nccl)},

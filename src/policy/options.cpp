@@ -275,6 +275,11 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
     if (!s) bad("TPCOMM_LM_HEAD_A2A", *v, "auto, 1 or 0 (or on/off, true/false)");
     o.lm_head_a2a = *s;
   }
+  if (auto v = getenv("TPCOMM_MOE_PROLOGUE")) {
+    auto s = parse_switch(*v);
+    if (!s) bad("TPCOMM_MOE_PROLOGUE", *v, "auto, 1 or 0 (or on/off, true/false)");
+    o.moe_prologue = *s;
+  }
   if (auto v = getenv("TPCOMM_NCCL_CHECK")) {
     auto s = parse_switch(*v);
     if (!s) bad("TPCOMM_NCCL_CHECK", *v, "auto, 1 or 0 (or on/off, true/false)");
@@ -302,7 +307,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
 }
 
 std::span<const std::string_view> knob_names() noexcept {
-  static constexpr std::array<std::string_view, 23> kNames{
+  static constexpr std::array<std::string_view, 24> kNames{
       "TPCOMM_LOG",
       "TPCOMM_NCCL_PATH",
       "TPCOMM_TIMEOUT_MS",
@@ -321,6 +326,7 @@ std::span<const std::string_view> knob_names() noexcept {
       "TPCOMM_HEARTBEAT_TIMEOUT_MS",
       "TPCOMM_ASYNC_ERROR_HANDLING",
       "TPCOMM_LM_HEAD_A2A",
+      "TPCOMM_MOE_PROLOGUE",
       "TPCOMM_NCCL_CHECK",
       "TPCOMM_STORE_TOKEN",
       "TPCOMM_STORE_TOKEN_FILE",

@@ -127,7 +127,11 @@ TEST(BenchArgs, MoeFinalize) {
   EXPECT_EQ(o.op, kernels::Collective::kAllReduce);
   EXPECT_EQ(o.top_k, 4);
   EXPECT_TRUE(o.shared_expert);
-  EXPECT_EQ(names(o.algos), names(parse({"--op", "allreduce_add_rmsnorm", "--algo", "all"}).algos));
+  // The fused norm's rows, with the two forms of the combine after auto.
+  std::vector<std::string> fused =
+      names(parse({"--op", "allreduce_add_rmsnorm", "--algo", "all"}).algos);
+  fused.insert(fused.begin() + 1, {"prologue", "combine_first"});
+  EXPECT_EQ(names(o.algos), fused);
   const BenchOptions plain = parse({"--op", "allreduce_add_rmsnorm"});
   EXPECT_FALSE(plain.moe);
   EXPECT_EQ(plain.top_k, 8);

@@ -262,9 +262,10 @@ TEST(Moe, FinalizeMatchesTheReferenceOnEveryRank) {
   }
 }
 
-// Where a Lamport kernel serves the fused norm, the combine is its prologue: bitwise what the
-// combine kernel and then the fused call give, in both of its forms (whole packs of a row, and
-// element by element where rows are not whole packs or the experts are not 16-byte aligned).
+// With TPCOMM_MOE_PROLOGUE=1, where a Lamport kernel serves the fused norm, the combine is its
+// prologue: bitwise what the combine kernel and then the fused call give, in both of its forms
+// (whole packs of a row, and element by element where rows are not whole packs or the experts
+// are not 16-byte aligned).
 TEST(Moe, ThePrologueEqualsTheCombineThenTheFusedCall) {
   constexpr std::int64_t kMaxTokens = 3, kMaxHidden = 7168;
   constexpr int kMaxTopK = 8;
@@ -278,7 +279,9 @@ TEST(Moe, ThePrologueEqualsTheCombineThenTheFusedCall) {
     std::vector<std::uint64_t> seeds;
     for (std::size_t i = 0; i < cases.size() * 2; ++i) seeds.push_back(fresh_seed());
     run_ranks(world, [&](int rank, Bootstrap& boot) {
-      Group g(boot, 0, options_for("auto"));
+      Options o = options_for("auto");
+      o.moe_prologue = Switch::kOn;  // the built-in choice launches the combine first
+      Group g(boot, 0, o);
       StreamHolder stream;
       const cudaStream_t cs = stream.get();
       const Stream s = stream.stream();
