@@ -30,6 +30,16 @@ Status moe_combine(const MoeCombine& moe, const TensorView& out, Stream stream) 
 
 namespace {
 
+// NOTE [the combine's launch]
+// The MoE finalize has two paths: the combine as the prologue of the fused Lamport kernel (each
+// rank combines its top-k expert rows as it pushes them; one launch, `CustomArBackend`), and the
+// combine kernel first, then the fused call (this composite, writing x into `norm_out` where it
+// can). Alone in a bench loop the prologue measured faster at one token, but with the expert rows
+// distinct (as a step's are) and the cache cold it is not, and inside a whole decode step it was
+// slower at every shape measured (docs/PERFORMANCE.md, "The built-in choice audited"): the
+// prologue's reads run in the few blocks of a Lamport launch, the combine kernel's in a grid of
+// its own. So the built-in choice is this composite; `TPCOMM_MOE_PROLOGUE=1` takes the prologue.
+
 class MoeCombineFirst final : public Composite {
  public:
   explicit MoeCombineFirst(BackendChain& chain) noexcept
