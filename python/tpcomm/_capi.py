@@ -73,7 +73,7 @@ class CGroupConfig(ctypes.Structure):
         ("custom_all_reduce", ctypes.c_int32),
         ("nccl", ctypes.c_int32),
         ("fusion", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("deterministic", ctypes.c_int32),
         ("fusion_max_tokens", ctypes.c_int64),
         ("fusion_hidden", ctypes.c_int64),
     ]

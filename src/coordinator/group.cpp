@@ -8,6 +8,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "backends/fingerprint.hpp"
 #include "coordinator/group_impl.hpp"
@@ -37,6 +38,9 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
   // Point-to-point calls involve two ranks: the others would never meet the barrier, and they
   // are not numbered (NOTE [fingerprints]).
   const bool collective = req.op != Op::kSend && req.op != Op::kRecv;
+  // Planned first (plans read no capture state), so that a call refused here launches nothing.
+  const Plan plan = chain.plan(req);
+  TPCOMM_TRY(check_invariant(req, plan));
   if (collective) {
     TPCOMM_TRY(warm_up(stream));
     req.tag.call = ++calls;
@@ -44,7 +48,6 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
   TPCOMM_TRY(order(stream));
   req.capturing = capturing(stream);
   if (req.capturing && collective) captured.push_back(req.tag);
-  const Plan plan = chain.plan(req);
   if (collective && checks_before_nccl(req, plan))
     TPCOMM_TRY(fail_on(custom->impl().check_call(req.tag, stream), "checking a call before NCCL"));
   const Backend* served = nullptr;
@@ -72,6 +75,32 @@ bool Group::Impl::checks_before_nccl(const Request& req, const Plan& plan) const
   if (!by_nccl) return false;
   return options.nccl_check == Switch::kOn ||
          std::max(req.in.nbytes(), req.out.nbytes()) >= Options::kNcclCheckMinBytes;
+}
+
+/// In a deterministic group (NOTE [batch invariance] in tune/selector.hpp), an all-reduce, fused
+/// norm or MoE finalize that NCCL reduces, in any step of its plan (NCCL's order is its own):
+/// logged once, or, strict, refused before anything is launched. The same on every rank: the
+/// plan and the knob are.
+Status Group::Impl::check_invariant(const Request& req, const Plan& plan) noexcept {
+  if (options.deterministic == Determinism::kOff || nccl == nullptr) return Status::kOk;
+  if (req.op != Op::kAllReduce && req.op != Op::kAllReduceAddRmsNorm && req.op != Op::kMoeFinalize)
+    return Status::kOk;
+  bool by_nccl = plan.step.backend == nccl;
+  for (const Step& s : plan.inner) by_nccl = by_nccl || s.backend == nccl;
+  if (!by_nccl) return Status::kOk;
+  std::string message = detail::concat(
+      to_string(req.op), " of ", req.in.nbytes(), " bytes (", to_string(req.in.dtype),
+      ") is not batch-invariant: ", BackendChain::describe(plan), " serves it; ",
+      custom == nullptr
+          ? std::string("this group has no custom all-reduce")
+          : detail::concat("the custom kernels hold up to ", custom->impl().caps().max_bytes,
+                           " bytes (TPCOMM_CUSTOM_AR_MAX_BYTES)"));
+  if (options.deterministic == Determinism::kStrict)
+    return fail(Status::kInvalidArgument,
+                detail::concat("TPCOMM_DETERMINISTIC=strict: ", std::move(message)));
+  if (!std::exchange(said_not_invariant, true) && boot.rank() == 0)
+    TPCOMM_LOG_WARN("deterministic group: ", message, " (said once per group)");
+  return Status::kOk;
 }
 
 /// `s` as a failure of the group, named `what` where the backend said nothing.
