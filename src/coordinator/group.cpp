@@ -70,36 +70,25 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
 bool Group::Impl::checks_before_nccl(const Request& req, const Plan& plan) const noexcept {
   if (custom == nullptr || nccl == nullptr || req.capturing || options.nccl_check == Switch::kOff)
     return false;
-  bool by_nccl = plan.step.backend == nccl;
-  for (const Step& s : plan.inner) by_nccl = by_nccl || s.backend == nccl;
-  if (!by_nccl) return false;
+  if (!runs_on(plan, nccl)) return false;
   return options.nccl_check == Switch::kOn ||
          std::max(req.in.nbytes(), req.out.nbytes()) >= Options::kNcclCheckMinBytes;
 }
 
 /// In a deterministic group (NOTE [batch invariance] in tune/selector.hpp), an all-reduce, fused
-/// norm or MoE finalize that NCCL reduces, in any step of its plan (NCCL's order is its own):
-/// logged once, or, strict, refused before anything is launched. The same on every rank: the
-/// plan and the knob are.
+/// norm or MoE finalize that NCCL reduces in a step of its plan (`not_batch_invariant`): logged
+/// once, or, strict, refused before anything is launched. The same on every rank: the plan and
+/// the knob are.
 Status Group::Impl::check_invariant(const Request& req, const Plan& plan) noexcept {
   if (options.deterministic == Determinism::kOff || nccl == nullptr) return Status::kOk;
-  if (req.op != Op::kAllReduce && req.op != Op::kAllReduceAddRmsNorm && req.op != Op::kMoeFinalize)
-    return Status::kOk;
-  bool by_nccl = plan.step.backend == nccl;
-  for (const Step& s : plan.inner) by_nccl = by_nccl || s.backend == nccl;
-  if (!by_nccl) return Status::kOk;
-  std::string message = detail::concat(
-      to_string(req.op), " of ", req.in.nbytes(), " bytes (", to_string(req.in.dtype),
-      ") is not batch-invariant: ", BackendChain::describe(plan), " serves it; ",
-      custom == nullptr
-          ? std::string("this group has no custom all-reduce")
-          : detail::concat("the custom kernels hold up to ", custom->impl().caps().max_bytes,
-                           " bytes (TPCOMM_CUSTOM_AR_MAX_BYTES)"));
+  std::string why =
+      not_batch_invariant(req, plan, nccl, custom != nullptr ? custom->impl().caps().max_bytes : 0);
+  if (why.empty()) return Status::kOk;
   if (options.deterministic == Determinism::kStrict)
     return fail(Status::kInvalidArgument,
-                detail::concat("TPCOMM_DETERMINISTIC=strict: ", std::move(message)));
+                detail::concat("TPCOMM_DETERMINISTIC=strict: ", std::move(why)));
   if (!std::exchange(said_not_invariant, true) && boot.rank() == 0)
-    TPCOMM_LOG_WARN("deterministic group: ", message, " (said once per group)");
+    TPCOMM_LOG_WARN("deterministic group: ", why, " (said once per group)");
   return Status::kOk;
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Deterministic groups on the host: `TPCOMM_DETERMINISTIC`, and the selector's choices with
-// `SelectorCaps::deterministic` (NOTE [batch invariance] in tune/selector.hpp).
+// Deterministic groups on the host: `TPCOMM_DETERMINISTIC`, the selector's choices with
+// `SelectorCaps::deterministic` (NOTE [batch invariance] in tune/selector.hpp), the calls a
+// deterministic group logs or refuses, and the fusion policy with a deterministic group.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/backend.hpp"
 #include "tpcomm/options.hpp"
 #include "tpcomm/policy.hpp"
 #include "tpcomm/status.hpp"
@@ -183,6 +185,50 @@ TEST(DeterministicSelector, FusedLaunchShapeIsTheHiddenSizesAlone) {
   EXPECT_GT(
       select_add_rmsnorm(1, 16384, DType::kBF16, caps_of(8, false, 64 * kMiB), {}, nullptr).group,
       1);
+}
+
+/// A backend that serves everything, by its name.
+class Named final : public Backend {
+ public:
+  explicit Named(std::string name) : name_(std::move(name)) {}
+  std::string_view name() const noexcept override { return name_; }
+  Plan plan(const Request&) const noexcept override { return Plan::yes({this}); }
+  Status run(const Request&, const Plan&, Stream) noexcept override { return Status::kOk; }
+
+ private:
+  std::string name_;
+};
+
+// What a deterministic group logs once, or refuses under strict (before launching anything):
+// an all-reduce, fused norm or MoE finalize that NCCL reduces in any step of its plan; the
+// message names the size and the custom kernels' limit.
+TEST(DeterministicGroupCalls, NcclReducedCallsAreNotBatchInvariant) {
+  const Named nccl("nccl"), custom("custom_ar"), composite("all_reduce+add_rmsnorm");
+  Request r;
+  r.in = TensorView::flat(nullptr, DType::kBF16, 16 << 20, 0);  // 32 MiB
+  const Plan on_nccl = Plan::yes({&nccl});
+  const Plan on_custom = Plan::yes({&custom});
+  const Plan nested = Plan::around({&composite}, on_nccl);
+  for (Op op : {Op::kAllReduce, Op::kAllReduceAddRmsNorm, Op::kMoeFinalize}) {
+    SCOPED_TRACE(std::string(to_string(op)));
+    r.op = op;
+    EXPECT_EQ(not_batch_invariant(r, on_custom, &nccl, 8 * kMiB), "");
+    const std::string why = not_batch_invariant(r, on_nccl, &nccl, 8 * kMiB);
+    EXPECT_NE(why.find("33554432 bytes"), std::string::npos) << why;
+    EXPECT_NE(why.find("up to 8388608 bytes (TPCOMM_CUSTOM_AR_MAX_BYTES)"), std::string::npos)
+        << why;
+    EXPECT_NE(why.find("not batch-invariant"), std::string::npos) << why;
+    EXPECT_NE(not_batch_invariant(r, nested, &nccl, 8 * kMiB), "");
+    EXPECT_NE(not_batch_invariant(r, on_nccl, &nccl, 0).find("no custom all-reduce"),
+              std::string::npos);
+    EXPECT_TRUE(runs_on(nested, &nccl));
+    EXPECT_FALSE(runs_on(on_custom, &nccl));
+  }
+  // Other operations have no reduction order to keep.
+  for (Op op : {Op::kAllGather, Op::kAllToAll, Op::kBroadcast}) {
+    r.op = op;
+    EXPECT_EQ(not_batch_invariant(r, on_nccl, &nccl, 8 * kMiB), "");
+  }
 }
 
 // The policy's other conditions still decide when the group is deterministic.
