@@ -266,6 +266,13 @@ def test_a_group_without_a_gpu_raises_the_library_error():
             tpcomm.Group(b, 0, fusion_max_tokens=65536, fusion_hidden=65536)
         with pytest.raises(ValueError, match="fusion_hidden 9223372036854775808 is outside"):
             tpcomm.Group(b, 0, fusion_hidden=1 << 63)
+        with pytest.raises(tpcomm.InvalidArgumentError, match="deterministic='sometimes'"):
+            tpcomm.Group(b, 0, deterministic="sometimes")
+
+
+def test_group_determinism_is_the_c_numbering():
+    assert tpcomm.DETERMINISM == {None: 0, "off": 1, False: 1, "on": 2, True: 2, "strict": 3}
+    assert [f[0] for f in tpcomm._capi.CGroupConfig._fields_][3] == "deterministic"
 
 
 def test_parallel_layout_is_sglangs():
