@@ -38,7 +38,8 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
   // Point-to-point calls involve two ranks: the others would never meet the barrier, and they
   // are not numbered (NOTE [fingerprints]).
   const bool collective = req.op != Op::kSend && req.op != Op::kRecv;
-  // Planned first (plans read no capture state), so that a call refused here launches nothing.
+  // Planned first, so that a call refused here launches nothing and counts as no call.
+  req.capturing = capturing(stream);
   const Plan plan = chain.plan(req);
   TPCOMM_TRY(check_invariant(req, plan));
   if (collective) {
@@ -46,7 +47,6 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
     req.tag.call = ++calls;
   }
   TPCOMM_TRY(order(stream));
-  req.capturing = capturing(stream);
   if (req.capturing && collective) captured.push_back(req.tag);
   if (collective && checks_before_nccl(req, plan))
     TPCOMM_TRY(fail_on(custom->impl().check_call(req.tag, stream), "checking a call before NCCL"));
@@ -80,7 +80,9 @@ bool Group::Impl::checks_before_nccl(const Request& req, const Plan& plan) const
 /// once, or, strict, refused before anything is launched. The same on every rank: the plan and
 /// the knob are.
 Status Group::Impl::check_invariant(const Request& req, const Plan& plan) noexcept {
-  if (options.deterministic == Determinism::kOff || nccl == nullptr) return Status::kOk;
+  // One rank has nothing to sum: NCCL's copy (TPCOMM_ALGO=nccl) is as invariant as any.
+  if (options.deterministic == Determinism::kOff || nccl == nullptr || boot.world_size() == 1)
+    return Status::kOk;
   std::string why =
       not_batch_invariant(req, plan, nccl, custom != nullptr ? custom->impl().caps().max_bytes : 0);
   if (why.empty()) return Status::kOk;
