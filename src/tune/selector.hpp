@@ -56,9 +56,10 @@ struct SelectorCaps {
 // then the block and the group of blocks (NOTE [row groups]) combine them, so its order depends
 // on the threads per block and the group's size, which `fused_launch` picks from the rows as
 // well as the hidden size. A deterministic group launches the fused kernels without groups
-// (one block a row, threads from the hidden size alone), and lets no bound that exists only for
-// speed hand a call that the custom kernels can hold to NCCL or to the unfused pair, whose
-// reductions and roundings differ.
+// (one block a row, threads from the hidden size alone: the shape of the local `add_rmsnorm`
+// kernel of the unfused pair, which adds and rounds as the fused kernels do), and lets no bound
+// that exists only for speed hand a call the custom kernels can hold to NCCL, whose order of
+// summation is its own, or to the unfused pair, whose all-reduce NCCL may then serve.
 
 /// Blocks the built-in launch shapes never exceed (a default, not a limit: the tuner may pick
 /// more): the vLLM/SGLang kernels' grid search on A100-class parts found that more blocks only
