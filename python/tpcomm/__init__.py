@@ -61,9 +61,6 @@ _OPS = {"all_reduce": 0, "all_reduce_add_rmsnorm": 1, "all_gather": 2, "all_to_a
 
 #: What a group's watchdog does when the group fails (`tpcomm_failure_mode`).
 FAILURE_MODES = {"raise": 0, "teardown": 1, "callback": 2}
-#: Whether a group's all-reduces and fused norms are batch-invariant (`tpcomm_determinism`;
-#: None: TPCOMM_DETERMINISTIC decides).
-DETERMINISM = {None: 0, "off": 1, False: 1, "on": 2, True: 2, "strict": 3}
 
 
 def __getattr__(name):
@@ -425,23 +422,16 @@ class Group(_Handle):
 
     def __init__(self, bootstrap, device, custom_all_reduce=True, nccl=True, fusion=True,
                  fusion_max_tokens=0, fusion_hidden=0, deterministic=None):
-        """`fusion_max_tokens` rows of `fusion_hidden` elements: the largest batch the fused
-        all-reduce + RMSNorm serves from its workspace (0: TPCOMM_FUSION_MAX_TOKENS and
-        TPCOMM_FUSION_HIDDEN). `deterministic`: batch-invariant all-reduces and fused norms,
-        "off", "on" or "strict" (or False, True; None: TPCOMM_DETERMINISTIC decides;
-        docs/DETERMINISM.md)."""
-        if deterministic not in DETERMINISM:
-            raise InvalidArgumentError(2, f"deterministic={deterministic!r} is not one of None, "
-                                          "False, True, 'off', 'on', 'strict'")
-        lib = _capi.lib()
+        """`fusion_max_tokens` rows of `fusion_hidden` elements: the fused operation's largest
+        batch (0: TPCOMM_FUSION_*). `deterministic`: batch-invariant reductions, "on", "strict",
+        "off" (or True, False; None: TPCOMM_DETERMINISTIC decides; docs/DETERMINISM.md)."""
         config = _capi.CGroupConfig(int(custom_all_reduce), int(nccl), int(fusion),
-                                    DETERMINISM[deterministic],
+                                    _capi.determinism(deterministic),
                                     _int("fusion_max_tokens", fusion_max_tokens, 64),
                                     _int("fusion_hidden", fusion_hidden, 64))
         handle = ctypes.c_void_p()
-        status = lib.tpcomm_group_create(bootstrap.handle, _int("device", device),
-                                         ctypes.byref(config),
-                                         ctypes.byref(handle))
+        status = _capi.lib().tpcomm_group_create(bootstrap.handle, _int("device", device),
+                                                 ctypes.byref(config), ctypes.byref(handle))
         if status != 0:
             bootstrap._call(status)
         self._adopt(handle)

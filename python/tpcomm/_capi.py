@@ -79,6 +79,19 @@ class CGroupConfig(ctypes.Structure):
     ]
 
 
+#: `tpcomm_determinism`: whether a group's all-reduces and fused norms are batch-invariant
+#: (None: TPCOMM_DETERMINISTIC decides; docs/DETERMINISM.md).
+DETERMINISM = {None: 0, "off": 1, False: 1, "on": 2, True: 2, "strict": 3}
+
+
+def determinism(value):
+    """`value` (a key of DETERMINISM) as a `tpcomm_determinism`; ValueError for anything else."""
+    if value not in DETERMINISM:
+        raise ValueError(f"tpcomm: deterministic={value!r} is not one of None, False, True, "
+                         "'off', 'on', 'strict'")
+    return DETERMINISM[value]
+
+
 #: `tpcomm_failure_fn`: void (*)(int status, const char* message, void* user).
 FAILURE_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
