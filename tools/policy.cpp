@@ -50,6 +50,9 @@ void add_fusion_options(CLI::App& cmd, FusionInputs& in) {
                  "MoE all-to-all backend (none, deepep, mooncake, ...)")
       ->capture_default_str();
   cmd.add_flag("--deterministic", in.deterministic_inference, "deterministic inference is on");
+  cmd.add_flag("--deterministic-group", in.deterministic_group,
+               "the tpcomm group is deterministic (TPCOMM_DETERMINISTIC=1 or strict): its fused "
+               "kernels are batch-invariant, so deterministic inference keeps the fusion");
   cmd.add_option_function<std::string>(
          "--fusion",
          [&in](const std::string& value) { in.fusion = parse_switch_option("--fusion", value); },
@@ -117,6 +120,7 @@ json fusion_inputs_json(const FusionInputs& in) {
               {"nnodes", in.nnodes},
               {"moe_a2a_backend", in.moe_a2a_backend},
               {"deterministic_inference", in.deterministic_inference},
+              {"deterministic_group", in.deterministic_group},
               {"fusion", std::string(to_string(in.fusion))}};
 }
 
@@ -142,10 +146,11 @@ int run_policy(const PolicyArgs& args) {
   std::printf("\n  reason: %s\n", fusion.reason.c_str());
   std::printf(
       "  inputs: arch %s, sm %d, tp %d, dp-attention %s, nnodes %d, moe-a2a %s, "
-      "deterministic %s, fusion %s\n",
+      "deterministic %s, deterministic group %s, fusion %s\n",
       in.architecture.empty() ? "(none)" : in.architecture.c_str(), in.sm, in.tp_size,
       in.enable_dp_attention ? "on" : "off", in.nnodes, in.moe_a2a_backend.c_str(),
-      in.deterministic_inference ? "on" : "off", std::string(to_string(in.fusion)).c_str());
+      in.deterministic_inference ? "on" : "off", in.deterministic_group ? "on" : "off",
+      std::string(to_string(in.fusion)).c_str());
   std::printf("LM-head all-to-all: %s\n", lm_head.enabled ? "on" : "off");
   std::printf("  reason: %s\n", lm_head.reason.c_str());
   std::printf(

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,6 +39,10 @@ struct GroupConfig {
   /// rank must pass the same values.
   std::int64_t fusion_max_tokens = -1;
   std::int64_t fusion_hidden = 0;
+  /// Whether the all-reduces and fused norms are batch-invariant (`Determinism`,
+  /// docs/DETERMINISM.md); nullopt takes `TPCOMM_DETERMINISTIC` (`Options::deterministic`), and
+  /// `Group::options()` shows the value in force. Every rank must pass the same value.
+  std::optional<Determinism> deterministic;
 };
 
 /// A communicator for the ranks of one `Bootstrap`: the ordered backend chain of docs/DESIGN.md

@@ -36,6 +36,25 @@ enum class FailureMode : int {
 std::string_view to_string(FailureMode m) noexcept;
 std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 
+/// Whether a group's all-reduces and fused all-reduce + norms are batch-invariant (a token's
+/// result bitwise the same whatever batch it rides in: docs/DETERMINISM.md), from
+/// `TPCOMM_DETERMINISTIC` or `GroupConfig::deterministic`.
+enum class Determinism : int {
+  /// The fastest path for each size: NCCL (or the unfused pair) where it is faster.
+  kOff,
+  /// The custom kernels serve every such call they can hold (the tuned table's and the built-in
+  /// bounds that hand a size to NCCL or to the unfused pair for speed are lifted up to the
+  /// workspaces), and the fused kernels take a launch shape fixed by the hidden size alone. A
+  /// call they cannot serve runs as before, and the group logs once that it is not invariant.
+  kOn,
+  /// As kOn, but such a call is refused with kInvalidArgument, naming its size and the limit;
+  /// nothing is launched and the outputs are not written.
+  kStrict,
+};
+std::string_view to_string(Determinism d) noexcept;
+/// 0, off, false, no; 1, on, true, yes; strict (any case).
+std::optional<Determinism> parse_determinism(std::string_view s) noexcept;
+
 /// All run-time knobs. `from_env()` reads each `TPCOMM_*` variable once; a field left at its
 /// default means the variable was unset. `NCCL_*` variables are never read here: they pass
 /// through to NCCL untouched.
@@ -66,6 +85,7 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept;
 /// | `TPCOMM_STORE_TOKEN_FILE` | `store_token_file`, `store_token` | unset |
 /// | `TPCOMM_STORE_BIND` | `store_bind` | loopback, or `MASTER_ADDR` when it is not loopback |
 /// | `TPCOMM_STORE_REQUIRE_TOKEN` | `store_require_token` | 0 |
+/// | `TPCOMM_DETERMINISTIC` | `deterministic` | 0 (or 1, `strict`) |
 struct Options;
 
 /// Every environment variable `Options::from_env` reads, in the table's order above: the one
@@ -194,6 +214,9 @@ struct Options {
   /// rank 0's bootstrap then throws `Error(kInvalidArgument)` naming this knob instead of
   /// warning. Off by default, so tokenless multi-node jobs (torchrun) start as they always did.
   bool store_require_token = false;
+  /// Batch-invariant all-reduces and fused norms (`Determinism`); `GroupConfig::deterministic`
+  /// overrides it per group. The same on every rank (building a group compares it).
+  Determinism deterministic = Determinism::kOff;
 
   /// Reads the environment. Throws `Error(kInvalidArgument)` naming the variable when a value
   /// cannot be parsed (a typo in a knob is an error, not a silent default).

@@ -63,6 +63,10 @@ struct FusionInputs {
   std::string moe_a2a_backend = "none";
   /// Deterministic inference (`--enable-deterministic-inference`).
   bool deterministic_inference = false;
+  /// The group is deterministic (`TPCOMM_DETERMINISTIC` or `GroupConfig::deterministic` on or
+  /// strict): its fused kernels are batch-invariant (docs/DETERMINISM.md), so deterministic
+  /// inference need not turn the automatic fusion off.
+  bool deterministic_group = false;
   /// The user's setting: SGLang's `--flashinfer-allreduce-fusion-backend` given (kOn),
   /// `--enforce-disable-flashinfer-allreduce-fusion` (kOff), neither (kAuto).
   Switch fusion = Switch::kAuto;
@@ -89,7 +93,9 @@ std::span<const std::string_view> allreduce_fusion_architectures() noexcept;
 ///
 /// - kOff: off.
 /// - kOn: on, whatever the automatic conditions say (deterministic inference included).
-/// - kAuto: off under deterministic inference; otherwise on only when all of these hold:
+/// - kAuto: off under deterministic inference, unless the group is deterministic too (its fused
+///   kernels are batch-invariant, and the reason says so); otherwise on only when all of these
+///   hold:
 ///   the architecture is in `allreduce_fusion_architectures()`; the GPU is SM90 or SM10x;
 ///   tp_size > 1; DP attention is off; one node, or SM10x; the MoE all-to-all backend is
 ///   "none". The reason names the first condition that fails, in that order.

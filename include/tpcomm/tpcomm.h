@@ -109,14 +109,24 @@ typedef struct tpcomm_rank_info {
   int32_t device;  /* -1 for a bootstrap */
 } tpcomm_rank_info;
 
-/* What a group may build (`tpcomm::GroupConfig`): the first three 0 or 1; the fused operation's
- * largest batch, `fusion_max_tokens` rows of `fusion_hidden` elements, sizes its workspace (0:
- * TPCOMM_FUSION_MAX_TOKENS and TPCOMM_FUSION_HIDDEN). */
+/* Whether a group's all-reduces and fused norms are batch-invariant (`tpcomm::Determinism`,
+ * docs/DETERMINISM.md): the numbering of `tpcomm_group_config::deterministic`. */
+typedef enum tpcomm_determinism {
+  TPCOMM_DETERMINISM_DEFAULT = 0, /* TPCOMM_DETERMINISTIC decides */
+  TPCOMM_DETERMINISM_OFF = 1,
+  TPCOMM_DETERMINISM_ON = 2,    /* custom kernels wherever they can serve; others logged once */
+  TPCOMM_DETERMINISM_STRICT = 3 /* as ON; a call they cannot serve: TPCOMM_INVALID_ARGUMENT */
+} tpcomm_determinism;
+
+/* What a group may build (`tpcomm::GroupConfig`): the first three 0 or 1; `deterministic` a
+ * `tpcomm_determinism` (0: TPCOMM_DETERMINISTIC); the fused operation's largest batch,
+ * `fusion_max_tokens` rows of `fusion_hidden` elements, sizes its workspace (0:
+ * TPCOMM_FUSION_MAX_TOKENS and TPCOMM_FUSION_HIDDEN). Every rank passes the same values. */
 typedef struct tpcomm_group_config {
   int32_t custom_all_reduce;
   int32_t nccl;
   int32_t fusion;
-  int32_t reserved; /* 0 */
+  int32_t deterministic;
   int64_t fusion_max_tokens;
   int64_t fusion_hidden;
 } tpcomm_group_config;

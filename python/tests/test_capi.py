@@ -266,6 +266,15 @@ def test_a_group_without_a_gpu_raises_the_library_error():
             tpcomm.Group(b, 0, fusion_max_tokens=65536, fusion_hidden=65536)
         with pytest.raises(ValueError, match="fusion_hidden 9223372036854775808 is outside"):
             tpcomm.Group(b, 0, fusion_hidden=1 << 63)
+        with pytest.raises(ValueError, match="deterministic='sometimes' is not one of"):
+            tpcomm.Group(b, 0, deterministic="sometimes")
+
+
+def test_group_determinism_is_the_c_numbering():
+    # tpcomm_determinism: 0 the environment's, then off, on, strict.
+    assert [tpcomm._capi.determinism(v) for v in (None, "off", "on", "strict")] == [0, 1, 2, 3]
+    assert tpcomm._capi.determinism(True) == 2 and tpcomm._capi.determinism(False) == 1
+    assert [f[0] for f in tpcomm._capi.CGroupConfig._fields_][3] == "deterministic"
 
 
 def test_parallel_layout_is_sglangs():

@@ -421,18 +421,17 @@ class Group(_Handle):
     _kind = "group"
 
     def __init__(self, bootstrap, device, custom_all_reduce=True, nccl=True, fusion=True,
-                 fusion_max_tokens=0, fusion_hidden=0):
-        """`fusion_max_tokens` rows of `fusion_hidden` elements: the largest batch the fused
-        all-reduce + RMSNorm serves from its workspace (0: TPCOMM_FUSION_MAX_TOKENS and
-        TPCOMM_FUSION_HIDDEN)."""
-        lib = _capi.lib()
-        config = _capi.CGroupConfig(int(custom_all_reduce), int(nccl), int(fusion), 0,
+                 fusion_max_tokens=0, fusion_hidden=0, deterministic=None):
+        """`fusion_max_tokens` rows of `fusion_hidden` elements: the fused operation's largest
+        batch (0: TPCOMM_FUSION_*). `deterministic`: batch-invariant reductions, "on", "strict",
+        "off" (or True, False; None: TPCOMM_DETERMINISTIC decides; docs/DETERMINISM.md)."""
+        config = _capi.CGroupConfig(int(custom_all_reduce), int(nccl), int(fusion),
+                                    _capi.determinism(deterministic),
                                     _int("fusion_max_tokens", fusion_max_tokens, 64),
                                     _int("fusion_hidden", fusion_hidden, 64))
         handle = ctypes.c_void_p()
-        status = lib.tpcomm_group_create(bootstrap.handle, _int("device", device),
-                                         ctypes.byref(config),
-                                         ctypes.byref(handle))
+        status = _capi.lib().tpcomm_group_create(bootstrap.handle, _int("device", device),
+                                                 ctypes.byref(config), ctypes.byref(handle))
         if status != 0:
             bootstrap._call(status)
         self._adopt(handle)

@@ -73,10 +73,23 @@ class CGroupConfig(ctypes.Structure):
         ("custom_all_reduce", ctypes.c_int32),
         ("nccl", ctypes.c_int32),
         ("fusion", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("deterministic", ctypes.c_int32),
         ("fusion_max_tokens", ctypes.c_int64),
         ("fusion_hidden", ctypes.c_int64),
     ]
+
+
+#: `tpcomm_determinism`: whether a group's all-reduces and fused norms are batch-invariant
+#: (None: TPCOMM_DETERMINISTIC decides; docs/DETERMINISM.md).
+DETERMINISM = {None: 0, "off": 1, False: 1, "on": 2, True: 2, "strict": 3}
+
+
+def determinism(value):
+    """`value` (a key of DETERMINISM) as a `tpcomm_determinism`; ValueError for anything else."""
+    if value not in DETERMINISM:
+        raise ValueError(f"tpcomm: deterministic={value!r} is not one of None, False, True, "
+                         "'off', 'on', 'strict'")
+    return DETERMINISM[value]
 
 
 #: `tpcomm_failure_fn`: void (*)(int status, const char* message, void* user).

@@ -13,6 +13,11 @@ store or port of tpcomm's own), and run every collective through a `tpcomm.torch
 SGLang's `reduce_scatter` takes `(output, input_list)`, vLLM's `(input_, dim=-1)`; SGLang's
 variable-size gathers and scatters work along dimension 0, vLLM's take a `dim`.
 
+Keyword arguments past `native` are TpcommGroup's group options: an engine serving
+deterministic inference (SGLang's `--enable-deterministic-inference`, vLLM's batch-invariant
+mode) passes `deterministic="on"` (or "strict"; docs/DETERMINISM.md), as
+`TPCOMM_DETERMINISTIC` would set it for every group.
+
 The `native` object is anything with TpcommGroup's dimension-0 operations (`all_reduce`,
 `all_gather(x, 0)`, `gather(x, dst, 0)`, `reduce_scatter`, `all_to_all_single`, `broadcast`,
 `send`, `recv`, `barrier`, `graph_capture`, `close`, `world_size`, `rank_in_group`, `device`);

@@ -380,7 +380,7 @@ class TpcommGroup:
 
     def __init__(self, device=None, bootstrap=None, custom_all_reduce=True, nccl=True,
                  fusion=True, failure_mode=None, on_failure=None, fusion_max_tokens=0,
-                 fusion_hidden=0):
+                 fusion_hidden=0, deterministic=None):
         if not torch.cuda.is_available():
             raise tpcomm.UnavailableError(7, "tpcomm: no CUDA device is visible to this process "
                                              "(torch.cuda.is_available() is False)")
@@ -393,7 +393,7 @@ class TpcommGroup:
         self.device = torch.device("cuda", device if isinstance(device, int) else device.index)
         torch.cuda.set_device(self.device)
         self.group = tpcomm.Group(self.bootstrap, self.device.index, custom_all_reduce, nccl,
-                                  fusion, fusion_max_tokens, fusion_hidden)
+                                  fusion, fusion_max_tokens, fusion_hidden, deterministic)
         if failure_mode is None:
             failure_mode = os.environ.get("TPCOMM_ASYNC_ERROR_HANDLING", "teardown").lower()
         self.group.set_failure_mode(failure_mode, on_failure)

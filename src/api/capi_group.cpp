@@ -3,6 +3,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "api/capi_support.hpp"
 #include "kernels/launch_error.hpp"
@@ -14,6 +15,17 @@ using tpcomm::Status;
 using tpcomm::TensorView;
 using tpcomm::capi::fail;
 using tpcomm::capi::guarded;
+
+namespace {
+
+/// `tpcomm_determinism`'s values other than the default, and what they set.
+constexpr std::pair<int, tpcomm::Determinism> kDeterminism[] = {
+    {TPCOMM_DETERMINISM_OFF, tpcomm::Determinism::kOff},
+    {TPCOMM_DETERMINISM_ON, tpcomm::Determinism::kOn},
+    {TPCOMM_DETERMINISM_STRICT, tpcomm::Determinism::kStrict},
+};
+
+}  // namespace
 
 extern "C" {
 
@@ -33,6 +45,12 @@ tpcomm_status tpcomm_group_create(tpcomm_bootstrap boot, int device,
       c.custom_all_reduce = config->custom_all_reduce != 0;
       c.nccl = config->nccl != 0;
       c.fusion = config->fusion != 0;
+      TPCOMM_C_REQUIRE(config->deterministic >= TPCOMM_DETERMINISM_DEFAULT &&
+                           config->deterministic <= TPCOMM_DETERMINISM_STRICT,
+                       "config: deterministic ", config->deterministic,
+                       " is not a tpcomm_determinism (0 to 3)");
+      for (const auto& [value, d] : kDeterminism)
+        if (config->deterministic == value) c.deterministic = d;
       TPCOMM_C_REQUIRE(config->fusion_max_tokens >= 0 && config->fusion_hidden >= 0,
                        "config: fusion_max_tokens ", config->fusion_max_tokens,
                        " and fusion_hidden ", config->fusion_hidden,

@@ -167,6 +167,7 @@ std::vector<Knob> knobs_of(const Options& o) {
       {"TPCOMM_STORE_TOKEN_FILE", o.store_token_file.empty() ? "(unset)" : o.store_token_file},
       {"TPCOMM_STORE_BIND", o.store_bind.empty() ? "(default)" : o.store_bind},
       {"TPCOMM_STORE_REQUIRE_TOKEN", o.store_require_token ? "1" : "0"},
+      {"TPCOMM_DETERMINISTIC", std::string(to_string(o.deterministic))},
   };
   std::vector<Knob> knobs;
   for (const std::string_view name : knob_names()) {

@@ -104,4 +104,24 @@ Status BackendChain::run(const Request& request, const Plan& plan, Stream stream
   }
 }
 
+bool runs_on(const Plan& plan, const Backend* backend) noexcept {
+  if (backend == nullptr) return false;
+  bool runs = plan.step.backend == backend;
+  for (const Step& s : plan.inner) runs = runs || s.backend == backend;
+  return runs;
+}
+
+std::string not_batch_invariant(const Request& req, const Plan& plan, const Backend* nccl,
+                                std::int64_t custom_max_bytes) {
+  if (req.op != Op::kAllReduce && req.op != Op::kAllReduceAddRmsNorm && req.op != Op::kMoeFinalize)
+    return {};
+  if (!runs_on(plan, nccl)) return {};
+  return detail::concat(
+      to_string(req.op), " of ", req.in.nbytes(), " bytes (", to_string(req.in.dtype),
+      ") is not batch-invariant: ", BackendChain::describe(plan), " serves it; ",
+      custom_max_bytes > 0 ? detail::concat("the custom kernels hold up to ", custom_max_bytes,
+                                            " bytes (TPCOMM_CUSTOM_AR_MAX_BYTES)")
+                           : std::string("this group has no custom all-reduce"));
+}
+
 }  // namespace tpcomm

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -157,6 +158,17 @@ class Backend {
   /// What went wrong in the last `run` that failed, where the backend knows more than a status.
   [[nodiscard]] virtual std::string last_error() const { return {}; }
 };
+
+/// Whether `backend` runs a step of `plan`: its own, or one of a composite's inner calls.
+[[nodiscard]] bool runs_on(const Plan& plan, const Backend* backend) noexcept;
+
+/// For a deterministic group (NOTE [batch invariance] in tune/selector.hpp): empty when `req`,
+/// planned as `plan`, is batch-invariant — an operation other than the all-reduce, the fused norm
+/// and the MoE finalize, or one that `nccl` reduces in none of its steps —, else why not, naming
+/// the call's size, its path and `custom_max_bytes`, the largest all-reduce the group's custom
+/// kernels hold (0: the group has none). Pure.
+[[nodiscard]] std::string not_batch_invariant(const Request& req, const Plan& plan,
+                                              const Backend* nccl, std::int64_t custom_max_bytes);
 
 /// The ordered backends of a group. Not thread-safe for `add`; `plan`/`run` may be called
 /// concurrently with each other.

@@ -133,6 +133,7 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int de
   caps.custom_available = true;
   caps.max_bytes = options.custom_ar_max_bytes;
   caps.lamport_max_bytes = lamport_max_bytes;
+  caps.deterministic = options.deterministic != Determinism::kOff;
   caps.exchange_max_bytes = impl->layout.half_bytes;
   impl->exchange_half = impl->layout.half_bytes;
   for (int r = 0; r < world; ++r)

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "backends/fingerprint.hpp"
 #include "coordinator/group_impl.hpp"
@@ -37,14 +38,16 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
   // Point-to-point calls involve two ranks: the others would never meet the barrier, and they
   // are not numbered (NOTE [fingerprints]).
   const bool collective = req.op != Op::kSend && req.op != Op::kRecv;
+  // Planned first, so that a call refused here launches nothing and counts as no call.
+  req.capturing = capturing(stream);
+  const Plan plan = chain.plan(req);
+  TPCOMM_TRY(check_invariant(req, plan));
   if (collective) {
     TPCOMM_TRY(warm_up(stream));
     req.tag.call = ++calls;
   }
   TPCOMM_TRY(order(stream));
-  req.capturing = capturing(stream);
   if (req.capturing && collective) captured.push_back(req.tag);
-  const Plan plan = chain.plan(req);
   if (collective && checks_before_nccl(req, plan))
     TPCOMM_TRY(fail_on(custom->impl().check_call(req.tag, stream), "checking a call before NCCL"));
   const Backend* served = nullptr;
@@ -67,11 +70,28 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
 bool Group::Impl::checks_before_nccl(const Request& req, const Plan& plan) const noexcept {
   if (custom == nullptr || nccl == nullptr || req.capturing || options.nccl_check == Switch::kOff)
     return false;
-  bool by_nccl = plan.step.backend == nccl;
-  for (const Step& s : plan.inner) by_nccl = by_nccl || s.backend == nccl;
-  if (!by_nccl) return false;
+  if (!runs_on(plan, nccl)) return false;
   return options.nccl_check == Switch::kOn ||
          std::max(req.in.nbytes(), req.out.nbytes()) >= Options::kNcclCheckMinBytes;
+}
+
+/// In a deterministic group (NOTE [batch invariance] in tune/selector.hpp), an all-reduce, fused
+/// norm or MoE finalize that NCCL reduces in a step of its plan (`not_batch_invariant`): logged
+/// once, or, strict, refused before anything is launched. The same on every rank: the plan and
+/// the knob are.
+Status Group::Impl::check_invariant(const Request& req, const Plan& plan) noexcept {
+  // One rank has nothing to sum: NCCL's copy (TPCOMM_ALGO=nccl) is as invariant as any.
+  if (options.deterministic == Determinism::kOff || nccl == nullptr || boot.world_size() == 1)
+    return Status::kOk;
+  std::string why =
+      not_batch_invariant(req, plan, nccl, custom != nullptr ? custom->impl().caps().max_bytes : 0);
+  if (why.empty()) return Status::kOk;
+  if (options.deterministic == Determinism::kStrict)
+    return fail(Status::kInvalidArgument,
+                detail::concat("TPCOMM_DETERMINISTIC=strict: ", std::move(why)));
+  if (!std::exchange(said_not_invariant, true) && boot.rank() == 0)
+    TPCOMM_LOG_WARN("deterministic group: ", why, " (said once per group)");
+  return Status::kOk;
 }
 
 /// `s` as a failure of the group, named `what` where the backend said nothing.

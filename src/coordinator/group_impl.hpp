@@ -56,6 +56,8 @@ struct Group::Impl {
   Status abort_status = Status::kAborted;  // guarded by abort_mu; the first request's
   // Collective calls made so far (NOTE [fingerprints]): every rank counts the same calls.
   std::uint32_t calls = 0;
+  // A deterministic group said once that a call of it is not batch-invariant.
+  bool said_not_invariant = false;
   // The calls captured in the open capture scope, compared across ranks when it closes.
   std::vector<CallTag> captured;
   std::optional<Watchdog> watchdog;  // NOTE [watchdog]; stopped first in ~Impl
@@ -89,6 +91,7 @@ struct Group::Impl {
   }
   Status fail(Status s, std::string message) noexcept;
   [[nodiscard]] bool checks_before_nccl(const Request& req, const Plan& plan) const noexcept;
+  Status check_invariant(const Request& req, const Plan& plan) noexcept;
   Status fail_on(Status s, const char* what) noexcept;
   Status poll_health() noexcept;
   Status order(Stream stream) noexcept;

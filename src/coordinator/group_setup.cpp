@@ -244,6 +244,8 @@ void require_same_settings(Bootstrap& boot, const Options& o, const GroupConfig&
       {"TPCOMM_LM_HEAD_A2A", std::string(to_string(o.lm_head_a2a))},
       {"TPCOMM_MOE_PROLOGUE", std::string(to_string(o.moe_prologue))},
       {"TPCOMM_NCCL_CHECK", std::string(to_string(o.nccl_check))},
+      {"TPCOMM_DETERMINISTIC (or GroupConfig::deterministic)",
+       std::string(to_string(o.deterministic))},
       {"GroupConfig::custom_all_reduce", flag(c.custom_all_reduce)},
       {"GroupConfig::nccl", flag(c.nccl)},
       {"GroupConfig::fusion", flag(c.fusion)},
@@ -281,6 +283,7 @@ Group::Group(Bootstrap& boot, int device, Options options, GroupConfig config) {
   Impl& m = *impl_;
   m.device = device;
   m.options = std::move(options);
+  if (config.deterministic) m.options.deterministic = *config.deterministic;
   require_same_settings(m.boot, m.options, config);
   DeviceGuard guard(device);
   require_kernel_image(device);

@@ -46,6 +46,12 @@ constexpr std::array<std::pair<FailureMode, std::string_view>, 3> kFailureModeNa
     {FailureMode::kCallback, "callback"},
 }};
 
+constexpr std::array<std::pair<Determinism, std::string_view>, 3> kDeterminismNames{{
+    {Determinism::kOff, "0"},
+    {Determinism::kOn, "1"},
+    {Determinism::kStrict, "strict"},
+}};
+
 // The token in the file `path` names (TPCOMM_STORE_TOKEN_FILE): its contents less trailing
 // newlines. Only a regular file is read, so a FIFO or a device cannot block or feed the
 // process. Errors name the variable and the path, never the contents.
@@ -165,6 +171,19 @@ std::optional<FailureMode> parse_failure_mode(std::string_view s) noexcept {
   for (const auto& [k, n] : kFailureModeNames)
     if (n == v) return k;
   return std::nullopt;
+}
+
+std::string_view to_string(Determinism d) noexcept {
+  for (const auto& [k, n] : kDeterminismNames)
+    if (k == d) return n;
+  return "unknown";
+}
+
+std::optional<Determinism> parse_determinism(std::string_view s) noexcept {
+  if (lower(s) == "strict") return Determinism::kStrict;
+  auto b = parse_bool(s);
+  if (!b) return std::nullopt;
+  return *b ? Determinism::kOn : Determinism::kOff;
 }
 
 Options Options::from_lookup(const std::function<std::optional<std::string>(const char*)>& getenv) {
@@ -303,6 +322,11 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
     o.store_token = read_token_file(*v);
   }
   if (auto v = getenv("TPCOMM_STORE_BIND")) o.store_bind = *v;
+  if (auto v = getenv("TPCOMM_DETERMINISTIC")) {
+    auto d = parse_determinism(*v);
+    if (!d) bad("TPCOMM_DETERMINISTIC", *v, "0, 1 or strict (or on/off, true/false)");
+    o.deterministic = *d;
+  }
   return o;
 }
 
@@ -332,6 +356,7 @@ std::span<const std::string_view> knob_names() noexcept {
       "TPCOMM_STORE_TOKEN_FILE",
       "TPCOMM_STORE_BIND",
       "TPCOMM_STORE_REQUIRE_TOKEN",
+      "TPCOMM_DETERMINISTIC",
   };
   return kNames;
 }

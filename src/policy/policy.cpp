@@ -145,7 +145,7 @@ FusionDecision decide_allreduce_fusion(const FusionInputs& in) {
   if (in.fusion == Switch::kOff) return off("fusion forced off by the user");
   if (in.fusion == Switch::kOn) return on(in, "fusion forced on by the user");
 
-  if (in.deterministic_inference)
+  if (in.deterministic_inference && !in.deterministic_group)
     return off("deterministic inference turns the automatic fusion off");
   const std::string& arch = in.architecture;
   if (arch.empty()) return off("no model architecture given (auto needs one in the allow-list)");
@@ -162,9 +162,15 @@ FusionDecision decide_allreduce_fusion(const FusionInputs& in) {
   if (in.moe_a2a_backend != "none")
     return off("MoE all-to-all backend " + in.moe_a2a_backend + " is not none");
 
-  return on(in, "auto: architecture " + arch + " is in the allow-list, " + sm_name(in.sm) +
-                    ", tp_size " + std::to_string(in.tp_size) + ", no DP attention, " +
-                    nodes_text(in.nnodes) + ", MoE all-to-all backend none");
+  const std::string batch_invariant =
+      in.deterministic_inference
+          ? "deterministic inference on a deterministic group, whose fused kernels are "
+            "batch-invariant, "
+          : "";
+  return on(in, "auto: " + batch_invariant + "architecture " + arch + " is in the allow-list, " +
+                    sm_name(in.sm) + ", tp_size " + std::to_string(in.tp_size) +
+                    ", no DP attention, " + nodes_text(in.nnodes) +
+                    ", MoE all-to-all backend none");
 }
 
 LmHeadA2aDecision decide_lm_head_a2a(const LmHeadA2aInputs& in) {

@@ -51,14 +51,21 @@ Choice default_launch(Algo algo, std::int64_t bytes, int world_size, int max_blo
 Choice built_in_choice(std::int64_t bytes, DType dtype, const SelectorCaps& caps,
                        bool allow_push) noexcept {
   const AlgoInfo* best = nullptr;
+  const AlgoInfo* widest = nullptr;  // the largest bound, for a deterministic group
   for (const AlgoInfo& a : kAlgorithms) {
-    if (a.built_in.order == 0 || (best != nullptr && a.built_in.order >= best->built_in.order))
-      continue;
+    if (a.built_in.order == 0) continue;
     if (kernels::pushes(a.kernel) &&
         (!allow_push || !fits(a.algo, bytes, dtype, caps.world_size, caps.lamport_max_bytes)))
       continue;
-    if (bytes <= a.built_in.bound(caps.world_size)) best = &a;
+    if (widest == nullptr ||
+        a.built_in.bound(caps.world_size) > widest->built_in.bound(caps.world_size))
+      widest = &a;
+    if (bytes <= a.built_in.bound(caps.world_size) &&
+        (best == nullptr || a.built_in.order < best->built_in.order))
+      best = &a;
   }
+  // NOTE [batch invariance]: past every bound, still a custom kernel.
+  if (best == nullptr && caps.deterministic) best = widest;
   if (best == nullptr) return Choice{};
   return default_launch(best->algo, bytes, caps.world_size, caps.max_blocks);
 }
@@ -90,7 +97,11 @@ Choice select_all_reduce(std::int64_t bytes, DType dtype, ReduceOp op, const Sel
   };
   if (pinned) return serve(default_launch(*pinned, bytes, caps.world_size, caps.max_blocks));
   if (table != nullptr && table->key().world_size == caps.world_size) {
-    if (auto tuned = table->lookup(bytes)) return serve(*tuned);
+    // NOTE [batch invariance]: a bucket NCCL won is the built-in choice's in a deterministic
+    // group.
+    if (auto tuned = table->lookup(bytes);
+        tuned && !(caps.deterministic && tuned->algo == Algo::kNone))
+      return serve(*tuned);
   }
   return built_in_choice(bytes, dtype, caps, /*allow_push=*/true);
 }
@@ -145,33 +156,38 @@ Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
   if (dtype != DType::kF16 && dtype != DType::kBF16) return no("the fused kernels take f16/bf16");
   if (rows < 1 || hidden < 1) return no("empty");
   const std::int64_t bytes = rows * hidden * 2;
+  // NOTE [batch invariance]: no groups of blocks, so the sum of squares' order is the hidden
+  // size's alone.
+  const ClusterBlocks clusters = caps.deterministic ? ClusterBlocks{} : caps.max_cluster_blocks;
   auto usable = [&](Algo a) {
     return a != Algo::kNone && kernels::fuses(info(a).kernel) &&
            fits(a, bytes, dtype, caps.world_size, caps.lamport_max_bytes);
   };
   if (pinned) {
     if (*pinned == Algo::kNone) return no("TPCOMM_ALGO=nccl");
-    if (usable(*pinned))
-      return fused_launch(*pinned, rows, hidden, caps.max_blocks, caps.max_cluster_blocks);
+    if (usable(*pinned)) return fused_launch(*pinned, rows, hidden, caps.max_blocks, clusters);
   } else if (table != nullptr && table->key().world_size == caps.world_size) {
     if (auto tuned = table->lookup_fused(bytes)) {
-      if (tuned->algo == Algo::kNone) return no("the tuned table: the unfused pair was faster");
+      if (tuned->algo == Algo::kNone && !caps.deterministic)
+        return no("the tuned table: the unfused pair was faster");
       if (usable(tuned->algo))
-        return fused_launch(tuned->algo, rows, hidden, caps.max_blocks, caps.max_cluster_blocks);
+        return fused_launch(tuned->algo, rows, hidden, caps.max_blocks, clusters);
     }
   }
   const AlgoInfo* best = nullptr;
-  bool any_fits = false;
+  const AlgoInfo* first_fit = nullptr;  // the lowest order that fits, for a deterministic group
   for (const AlgoInfo& a : kAlgorithms) {
     if (a.fused.order == 0 || !usable(a.algo)) continue;
-    any_fits = true;
+    if (first_fit == nullptr || a.fused.order < first_fit->fused.order) first_fit = &a;
     if (bytes > a.fused.bound(caps.world_size)) continue;
     if (best == nullptr || a.fused.order < best->fused.order) best = &a;
   }
-  if (!any_fits) return no("rows x hidden beyond the fusion workspace (TPCOMM_LAMPORT_MAX_BYTES)");
+  if (first_fit == nullptr)
+    return no("rows x hidden beyond the fusion workspace (TPCOMM_LAMPORT_MAX_BYTES)");
+  if (best == nullptr && caps.deterministic) best = first_fit;  // NOTE [batch invariance]
   if (best == nullptr)
     return no("rows x hidden past the built-in bounds, where the unfused pair is faster");
-  return fused_launch(best->algo, rows, hidden, caps.max_blocks, caps.max_cluster_blocks);
+  return fused_launch(best->algo, rows, hidden, caps.max_blocks, clusters);
 }
 
 ExchangeChoice exchange_launch(ExchangeAlgo algo, std::int64_t largest_output,

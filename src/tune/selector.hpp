@@ -42,7 +42,24 @@ struct SelectorCaps {
   /// groups] in kernels/common/epilogue.cuh), as `max_blocks` caps them alone: a GPC holds a
   /// whole number of clusters, so fewer blocks fit in clusters than alone.
   ClusterBlocks max_cluster_blocks{kMaxBlocks, kMaxBlocks, kMaxBlocks};
+  /// A deterministic group (`Options::deterministic` not off): the custom kernels serve every
+  /// all-reduce and fused norm they can hold, whatever the bounds set for speed say, and the
+  /// fused kernels' launch shape depends on the hidden size alone (NOTE [batch invariance]).
+  bool deterministic = false;
 };
+
+// NOTE [batch invariance]
+// Every custom all-reduce sums an element over the ranks in rank order in fp32 and rounds once
+// (`sum_packs`, kernels/common/workspace.cuh), whatever the algorithm, the launch shape or the
+// element's place in the message, so a token's sums are bitwise the same in any batch. The fused
+// norm's sum of squares is not, by itself: each thread adds the terms of the packs it holds,
+// then the block and the group of blocks (NOTE [row groups]) combine them, so its order depends
+// on the threads per block and the group's size, which `fused_launch` picks from the rows as
+// well as the hidden size. A deterministic group launches the fused kernels without groups
+// (one block a row, threads from the hidden size alone: the shape of the local `add_rmsnorm`
+// kernel of the unfused pair, which adds and rounds as the fused kernels do), and lets no bound
+// that exists only for speed hand a call the custom kernels can hold to NCCL, whose order of
+// summation is its own, or to the unfused pair, whose all-reduce NCCL may then serve.
 
 /// Blocks the built-in launch shapes never exceed (a default, not a limit: the tuner may pick
 /// more): the vLLM/SGLang kernels' grid search on A100-class parts found that more blocks only
@@ -77,7 +94,8 @@ inline constexpr std::int64_t kLamportWideBlocks = 16;
 /// The built-in choice where no tuned table covers a size (`BuiltIn` in tune/algorithms.hpp):
 /// among the algorithms that can serve `bytes` bytes of `dtype` in a group with `caps`, and only
 /// those that read peers' inputs unless `allow_push`, the lowest `BuiltIn::order` whose bound
-/// for `caps.world_size` holds `bytes`; with `default_launch`'s shape.
+/// for `caps.world_size` holds `bytes` (in a deterministic group, past every bound, the one with
+/// the largest bound); with `default_launch`'s shape.
 [[nodiscard]] Choice built_in_choice(std::int64_t bytes, DType dtype, const SelectorCaps& caps,
                                      bool allow_push) noexcept;
 
@@ -98,7 +116,8 @@ inline constexpr std::int64_t kLamportWideBlocks = 16;
 ///    algorithm with `default_launch`'s shape;
 /// 3. automatic (`pinned` is nullopt): the tuned table's choice when `table` is not null, was
 ///    tuned for `caps.world_size` ranks and covers `bytes` (its choice may be `kNone`: NCCL won
-///    that bucket); else `built_in_choice`;
+///    that bucket, except in a deterministic group, where `built_in_choice` decides instead);
+///    else `built_in_choice`;
 /// 4. a pinned or tuned algorithm that does not `fit` (a Lamport kernel for f32, or beyond its
 ///    buffers) gives `built_in_choice` among the algorithms that read peers' inputs;
 /// 5. in every case `blocks` is clamped to `caps.max_blocks`.
@@ -141,7 +160,9 @@ inline constexpr std::int64_t kLamportWideBlocks = 16;
 ///    there: the fallback won, `kNone`);
 /// 4. the built-in choice: among the algorithms that fit, the lowest `AlgoInfo::fused` order
 ///    whose bound holds the bytes (none past every bound: `kNone`);
-/// always with `fused_launch`'s shape. `*why`, when given, receives why it gives `kNone` (a
+/// always with `fused_launch`'s shape. A deterministic group (NOTE [batch invariance]) skips a
+/// tuned `none`, takes the lowest order that fits past every bound, and launches without
+/// groups of blocks. `*why`, when given, receives why it gives `kNone` (a
 /// static string), or nullptr when it gives an algorithm.
 [[nodiscard]] Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
                                         const SelectorCaps& caps, Pinned pinned,

@@ -231,6 +231,11 @@ static void test_world_of_one(void) {
   CHECK_FAILS(tpcomm_group_create(boot, 0, &huge, &group), TPCOMM_INVALID_ARGUMENT,
               "fusion_max_tokens 65536 x fusion_hidden 65536 rows of 2 bytes are more than");
   CHECK(group == NULL);
+  /* A determinism that is not a tpcomm_determinism. */
+  const tpcomm_group_config odd = {1, 1, 1, TPCOMM_DETERMINISM_STRICT + 1, 0, 0};
+  CHECK_FAILS(tpcomm_group_create(boot, 0, &odd, &group), TPCOMM_INVALID_ARGUMENT,
+              "config: deterministic 4 is not a tpcomm_determinism");
+  CHECK(group == NULL);
   /* A sub-group: shares the store, its own key namespace, this rank's index in it. */
   const int mine[] = {0};
   const int others[] = {1};

@@ -166,6 +166,20 @@ TEST(AllReduceFusionPolicy, ExplicitOnWins) {
   EXPECT_EQ(decide_allreduce_fusion(in).backend, FusionBackend::kMnnvl);
 }
 
+// Deterministic inference turns the automatic fusion off unless the group is deterministic,
+// whose fused kernels are batch-invariant (the reason says so).
+TEST(AllReduceFusionPolicy, DeterministicGroupKeepsTheFusionUnderDeterministicInference) {
+  FusionInputs in = eligible();
+  in.deterministic_inference = true;
+  EXPECT_FALSE(decide_allreduce_fusion(in).enabled);
+  in.deterministic_group = true;
+  const FusionDecision d = decide_allreduce_fusion(in);
+  EXPECT_TRUE(d.enabled) << d.reason;
+  EXPECT_EQ(d.backend, FusionBackend::kTrtllm);
+  EXPECT_TRUE(contains(d.reason, "deterministic group, whose fused kernels are batch-invariant"))
+      << d.reason;
+}
+
 // Forced on where no backend exists: SGLang refuses to start, and so does the rule.
 TEST(AllReduceFusionPolicy, ExplicitOnWithoutABackendIsAnError) {
   struct Bad {
@@ -459,7 +473,7 @@ nlohmann::json policy_json(const std::string& args) {
 TEST(PolicyCommand, EveryOptionReachesTheInputs) {
   const nlohmann::json j = policy_json(
       "--arch Qwen3MoeForCausalLM --sm 100 --tp 4 --dp-attention --nnodes 2 --moe-a2a deepep "
-      "--fusion on --deterministic");
+      "--fusion on --deterministic --deterministic-group");
   const nlohmann::json& f = j.at("allreduce_fusion");
   const nlohmann::json& in = f.at("inputs");
   EXPECT_EQ(in.at("architecture"), "Qwen3MoeForCausalLM");
@@ -469,6 +483,7 @@ TEST(PolicyCommand, EveryOptionReachesTheInputs) {
   EXPECT_EQ(in.at("nnodes"), 2);
   EXPECT_EQ(in.at("moe_a2a_backend"), "deepep");
   EXPECT_EQ(in.at("deterministic_inference"), true);
+  EXPECT_EQ(in.at("deterministic_group"), true);
   EXPECT_EQ(in.at("fusion"), "on");
   EXPECT_EQ(f.at("enabled"), true);
   EXPECT_EQ(f.at("backend"), "mnnvl");

@@ -107,6 +107,8 @@ TEST(Group, RanksWithDifferentSettingsFailAtOnceNamingThem) {
        "TPCOMM_DISABLE_CUSTOM_AR: 0 on rank 0; 1 on rank 1"},
       {"no fusion", [](Options&, GroupConfig& c) { c.fusion = false; },
        "GroupConfig::fusion: 1 on rank 0; 0 on rank 1"},
+      {"deterministic", [](Options&, GroupConfig& c) { c.deterministic = Determinism::kStrict; },
+       "TPCOMM_DETERMINISTIC (or GroupConfig::deterministic): 0 on rank 0; strict on rank 1"},
   };
   for (const Case& c : cases) {
     run_ranks(2, [&](int rank, Bootstrap& boot) {
