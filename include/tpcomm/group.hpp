@@ -42,7 +42,7 @@ struct GroupConfig {
   /// Whether the all-reduces and fused norms are batch-invariant (`Determinism`,
   /// docs/DETERMINISM.md); nullopt takes `TPCOMM_DETERMINISTIC` (`Options::deterministic`), and
   /// `Group::options()` shows the value in force. Every rank must pass the same value.
-  std::optional<Determinism> deterministic;
+  std::optional<Determinism> deterministic = std::nullopt;
 };
 
 /// A communicator for the ranks of one `Bootstrap`: the ordered backend chain of docs/DESIGN.md

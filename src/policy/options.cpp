@@ -331,7 +331,7 @@ Options Options::from_lookup(const std::function<std::optional<std::string>(cons
 }
 
 std::span<const std::string_view> knob_names() noexcept {
-  static constexpr std::array<std::string_view, 24> kNames{
+  static constexpr std::array<std::string_view, 25> kNames{
       "TPCOMM_LOG",
       "TPCOMM_NCCL_PATH",
       "TPCOMM_TIMEOUT_MS",
