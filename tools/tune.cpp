@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // `tpcomm tune`: measure the custom all-reduce per size bucket, print and store the table.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
+#include "core/log.hpp"
 #include "core/parse.hpp"
 #include "tools/commands.hpp"
 #include "tools/ranks.hpp"
@@ -14,6 +18,7 @@ namespace {
 struct TuneOptions {
   RankPlan plan;
   std::string max_bytes;
+  bool quiet = false;
 };
 
 int run_tune(const TuneOptions& t) {
@@ -27,6 +32,11 @@ int run_tune(const TuneOptions& t) {
     }
     options.custom_ar_max_bytes = *b;
   }
+  // Progress on a terminal: the tuner's line per size bucket (rank 0's), unless --quiet or
+  // TPCOMM_LOG says otherwise.
+  if (!t.quiet && isatty(STDERR_FILENO) != 0 && std::getenv("TPCOMM_LOG") == nullptr &&
+      !log::enabled(LogLevel::kInfo))
+    log::set_level(LogLevel::kInfo);
   return for_each_rank(t.plan, [&](Bootstrap& boot, int device) {
     Group g(boot, device, options);
     g.tune();
@@ -60,6 +70,8 @@ void add_tune_command(CLI::App& app, Command& run) {
                   "largest size to tune (default: TPCOMM_CUSTOM_AR_MAX_BYTES)");
   cmd->add_option("--timeout", t->plan.timeout_s, "seconds before a self-launched run is stopped")
       ->check(CLI::Range(1, 86400));
+  cmd->add_flag("-q,--quiet", t->quiet,
+                "no progress lines (on a terminal, each size bucket's choice goes to stderr)");
   cmd->final_callback([t, &run] { run = [t] { return run_tune(*t); }; });
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <span>
+#include <string>
 
 #include "core/log.hpp"
 
@@ -44,9 +45,14 @@ std::vector<Choice> tune_candidates(std::int64_t bytes, const SelectorCaps& caps
 namespace {
 
 /// Times `candidates` (not empty) for one bucket; rank 0's times decide.
+/// "all-reduce 3/14" for the log line of bucket `k` of `n`: what is measured, and how far along.
+std::string stage(const char* what, std::size_t k, std::size_t n) {
+  return detail::concat(what, " ", k + 1, "/", n);
+}
+
 template <class C, class Time>
 std::pair<C, double> pick_one(const std::vector<C>& candidates, std::int64_t bytes, Bootstrap& boot,
-                              const Time& time, const char* what) {
+                              const Time& time, const std::string& what) {
   std::vector<double> times;
   times.reserve(candidates.size());
   for (const C& c : candidates) times.push_back(time(c, bytes));
@@ -56,13 +62,14 @@ std::pair<C, double> pick_one(const std::vector<C>& candidates, std::int64_t byt
   const double best = *std::min_element(times.begin(), times.end());
   std::size_t i = 0;
   while (times[i] > best * (1.0 + kTie)) ++i;
-  TPCOMM_LOG_INFO("tune ", what, bytes, " B: ", to_string(candidates[i]), ", ", times[i], " us (",
-                  candidates.size(), " candidates)");
+  if (boot.rank() == 0)
+    TPCOMM_LOG_INFO("tune ", what, ": ", bytes, " B: ", to_string(candidates[i]), ", ", times[i],
+                    " us (", candidates.size(), " candidates)");
   return {candidates[i], times[i]};
 }
 
 TuneEntry pick(const std::vector<Choice>& candidates, std::int64_t bytes, Bootstrap& boot,
-               const TimeCandidate& time, const char* what) {
+               const TimeCandidate& time, const std::string& what) {
   const auto [choice, us] = pick_one(candidates, bytes, boot, time, what);
   return {bytes, choice, us};
 }
@@ -72,8 +79,10 @@ TuneEntry pick(const std::vector<Choice>& candidates, std::int64_t bytes, Bootst
 TuneTable tune_all_reduce(const SelectorCaps& caps, Bootstrap& boot, const TuneKey& key,
                           const TimeCandidate& time) {
   std::vector<TuneEntry> entries;
-  for (std::int64_t bytes : TuneTable::bucket_bounds(caps.max_bytes))
-    entries.push_back(pick(tune_candidates(bytes, caps), bytes, boot, time, ""));
+  const std::vector<std::int64_t> buckets = TuneTable::bucket_bounds(caps.max_bytes);
+  for (std::size_t k = 0; k < buckets.size(); ++k)
+    entries.push_back(pick(tune_candidates(buckets[k], caps), buckets[k], boot, time,
+                           stage("all-reduce", k, buckets.size())));
   return TuneTable(key, std::move(entries));
 }
 
@@ -93,7 +102,9 @@ std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
     most = b;
   }
   if (most == 0) return entries;
-  for (std::int64_t bytes : TuneTable::bucket_bounds(most)) {
+  const std::vector<std::int64_t> buckets = TuneTable::bucket_bounds(most);
+  for (std::size_t k = 0; k < buckets.size(); ++k) {
+    const std::int64_t bytes = buckets[k];
     const std::int64_t hidden = tune_fused_hidden(bytes);
     const std::int64_t rows = std::max<std::int64_t>(1, bytes / 2 / hidden);
     // `Choice{}`: the fallback (the all-reduce, then the local add + RMSNorm).
@@ -103,7 +114,7 @@ std::vector<TuneEntry> tune_fused(const SelectorCaps& caps, Bootstrap& boot,
           fits(a.algo, rows * hidden * 2, DType::kBF16, caps.world_size, caps.lamport_max_bytes))
         candidates.push_back(
             fused_launch(a.algo, rows, hidden, caps.max_blocks, caps.max_cluster_blocks));
-    entries.push_back(pick(candidates, bytes, boot, time, "fused "));
+    entries.push_back(pick(candidates, bytes, boot, time, stage("fused", k, buckets.size())));
   }
   return entries;
 }
@@ -133,9 +144,11 @@ std::vector<ExchangeEntry> tune_exchange(const SelectorCaps& caps, Bootstrap& bo
                                          const TimeExchange& time) {
   std::vector<ExchangeEntry> entries;
   if (caps.exchange_max_bytes <= 0) return entries;
-  for (std::int64_t bytes : TuneTable::bucket_bounds(caps.exchange_max_bytes)) {
-    const auto [choice, us] =
-        pick_one(exchange_candidates(bytes, caps), bytes, boot, time, "exchange ");
+  const std::vector<std::int64_t> buckets = TuneTable::bucket_bounds(caps.exchange_max_bytes);
+  for (std::size_t k = 0; k < buckets.size(); ++k) {
+    const std::int64_t bytes = buckets[k];
+    const auto [choice, us] = pick_one(exchange_candidates(bytes, caps), bytes, boot, time,
+                                       stage("exchange", k, buckets.size()));
     entries.push_back({bytes, choice, us});
   }
   return entries;
