@@ -210,8 +210,10 @@ TEST_F(Launcher, ReportsARankKilledBySignal) {
 // A rank killed by a signal, and a survivor that exits with an error moments later because it
 // noticed: the summary names the killed rank, not the survivor.
 TEST_F(Launcher, NamesTheKilledRankNotTheSurvivorThatNoticedIt) {
+  // The survivor exits only once the launcher has reaped the killed rank: a survivor that
+  // exited as soon as the other was about to die could end first on a loaded machine.
   LaunchResult r = launch_local(
-      spec(2, {"await:" + path("dead1") + ",exit:1", "touch:" + path("dead") + ",signal:9"}));
+      spec(2, {"await-gone:" + path("dead1") + ",exit:1", "pid:" + path("dead") + ",signal:9"}));
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.message;
   EXPECT_EQ(r.message, "rank 1 killed by signal 9 (SIGKILL)");
   expect_all_gone(r);

@@ -9,12 +9,17 @@
 //   ignore-term     ignore SIGTERM from now on
 //   touch:PREFIX    create the file PREFIX<rank>
 //   await:PATH      wait (at most 10 s, else exit 99) until PATH exists
+//   pid:PREFIX      write this process's id to the file PREFIX<rank>
+//   await-gone:PATH wait (at most 10 s, else exit 99) until PATH holds a process id and that
+//                   process is gone (reaped by its parent, the launcher)
 //   env:PREFIX      write RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 //                   MASTER_PORT, TPCOMM_STORE_TOKEN, TPCOMM_STORE_TOKEN_FILE, TPCOMM_RANK and
 //                   TPCOMM_TEST_EXTRA as NAME=VALUE lines to PREFIX<rank>
 // After the last step it exits 0.
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <csignal>
@@ -47,6 +52,19 @@ int run_step(const std::string& step, const std::string& rank) {
   } else if (name == "await") {
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!exists(arg)) {
+      if (std::chrono::steady_clock::now() > give_up) return 99;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  } else if (name == "pid") {
+    const std::string tmp = arg + rank + ".tmp";
+    std::ofstream(tmp) << ::getpid() << "\n";
+    std::rename(tmp.c_str(), (arg + rank).c_str());
+  } else if (name == "await-gone") {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      pid_t pid = 0;
+      if (std::ifstream in(arg); in >> pid && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
+        break;
       if (std::chrono::steady_clock::now() > give_up) return 99;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
