@@ -184,8 +184,9 @@ struct Options {
   /// How `Group::moe_finalize_all_reduce_add_rmsnorm` runs the combine: on makes it a prologue
   /// of the fused kernel (each rank combines its rows as it pushes them: one launch); off and
   /// auto launch the combine kernel first, then the fused all-reduce + norm. Auto is the
-  /// built-in choice: inside a decode step the prologue measured slower than the two launches
-  /// at every shape (docs/PERFORMANCE.md), so auto takes the two. Accepted as `lm_head_a2a`.
+  /// built-in choice: inside whole decode steps the prologue measured slower than the two
+  /// launches at one token and no faster at 128 (NOTE [the combine's launch] in
+  /// src/ops/moe_combine.cpp), so auto takes the two. Accepted as `lm_head_a2a`.
   Switch moe_prologue = Switch::kAuto;
   /// Whether an eager collective that NCCL serves is checked first: the ranks compare its
   /// fingerprint and call number (NOTE [fingerprints]) through one barrier of the custom kernels

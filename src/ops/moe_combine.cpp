@@ -34,11 +34,12 @@ namespace {
 // The MoE finalize has two paths: the combine as the prologue of the fused Lamport kernel (each
 // rank combines its top-k expert rows as it pushes them; one launch, `CustomArBackend`), and the
 // combine kernel first, then the fused call (this composite, writing x into `norm_out` where it
-// can). Alone in a bench loop the prologue measured faster at one token, but with the expert rows
-// distinct (as a step's are) and the cache cold it is not, and inside a whole decode step it was
-// slower at every shape measured (docs/PERFORMANCE.md, "The built-in choice audited"): the
-// prologue's reads run in the few blocks of a Lamport launch, the combine kernel's in a grid of
-// its own. So the built-in choice is this composite; `TPCOMM_MOE_PROLOGUE=1` takes the prologue.
+// can). In a bench loop the prologue measured faster at 1-8 tokens, but that loop read one expert
+// row top-k times (now distinct rows, as a step's are); in whole decode steps it was slower at
+// one token (DeepSeek-V3 8% and Qwen3-235B-A22B 23-28% at 8 virtual ranks, slower at tp 2 and 4
+// too) and no faster at 128 (docs/PERFORMANCE.md, "The MoE finalize; one path per operation").
+// Its reads run in the few blocks of a Lamport launch, the combine kernel's in a grid of its own.
+// So the built-in choice is this composite; `TPCOMM_MOE_PROLOGUE=1` takes the prologue.
 
 class MoeCombineFirst final : public Composite {
  public:
