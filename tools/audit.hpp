@@ -26,7 +26,9 @@ struct AuditPoint {
   std::string best_algo;     // the fastest row's `--algo` name; "auto" where that is the fastest
   std::string best_path;
   double best_us = 0;
-  bool loss = false;  // slower than the fastest by more than the margin
+  /// Slower than the fastest by more than the margin, on another path (the same path pinned
+  /// runs the same kernel and launch shape: the difference is noise).
+  bool loss = false;
 
   [[nodiscard]] double margin_us() const noexcept { return builtin_us - best_us; }
   [[nodiscard]] double ratio() const noexcept { return builtin_us / best_us; }

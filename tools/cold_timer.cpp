@@ -32,14 +32,18 @@ ColdTimer::~ColdTimer() {
 std::string ColdTimer::before(int i) {
   if (cudaError_t e = cudaMemsetAsync(flush_, i & 0xFF, flush_bytes_, stream_); e != cudaSuccess)
     return std::string("evicting the cache: ") + cudaGetErrorString(e);
-  if (cudaError_t e = cudaEventRecord(start_.at(static_cast<std::size_t>(i)), stream_);
+  // External: in a capture, an event node of the graph (a plain record would only order the
+  // capture's streams and never be recorded).
+  if (cudaError_t e = cudaEventRecordWithFlags(start_.at(static_cast<std::size_t>(i)), stream_,
+                                               cudaEventRecordExternal);
       e != cudaSuccess)
     return std::string("cudaEventRecord: ") + cudaGetErrorString(e);
   return {};
 }
 
 std::string ColdTimer::after(int i) {
-  if (cudaError_t e = cudaEventRecord(stop_.at(static_cast<std::size_t>(i)), stream_);
+  if (cudaError_t e = cudaEventRecordWithFlags(stop_.at(static_cast<std::size_t>(i)), stream_,
+                                               cudaEventRecordExternal);
       e != cudaSuccess)
     return std::string("cudaEventRecord: ") + cudaGetErrorString(e);
   return {};

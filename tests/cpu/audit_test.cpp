@@ -48,6 +48,8 @@ TEST(Audit, ALossWithinTheMarginIsNot) {
   rows.push_back(row("two_shot", 16, 2.0));
   rows.push_back(row("auto", 32, 2.21));
   rows.push_back(row("two_shot", 32, 2.0));
+  for (nlohmann::json& r : rows)
+    if (r["algo"] == "two_shot") r["served_by"] = "custom_ar:two_shot";
   const auto points = audit_points(rows);
   ASSERT_EQ(points.size(), 4u);
   EXPECT_FALSE(points[0].loss);
@@ -55,6 +57,16 @@ TEST(Audit, ALossWithinTheMarginIsNot) {
   EXPECT_FALSE(points[2].loss);
   EXPECT_TRUE(points[3].loss);
   ASSERT_EQ(audit_losses(rows).size(), 2u);
+}
+
+TEST(Audit, TheSamePathPinnedIsNoLoss) {
+  nlohmann::json rows = nlohmann::json::array();
+  rows.push_back(row("auto", 4096, 6.0, "custom_ar:lamport"));
+  rows.push_back(row("lamport", 4096, 5.0, "custom_ar:lamport"));  // the same kernel: noise
+  const auto points = audit_points(rows);
+  ASSERT_EQ(points.size(), 1u);
+  EXPECT_EQ(points[0].best_algo, "lamport");
+  EXPECT_FALSE(points[0].loss);
 }
 
 TEST(Audit, PeersFailuresAndOtherWorldsAreNotPaths) {
