@@ -87,8 +87,7 @@ Status Group::Impl::check_invariant(const Request& req, const Plan& plan) noexce
       not_batch_invariant(req, plan, nccl, custom != nullptr ? custom->impl().caps().max_bytes : 0);
   if (why.empty()) return Status::kOk;
   if (options.deterministic == Determinism::kStrict)
-    return fail(Status::kInvalidArgument,
-                detail::concat("TPCOMM_DETERMINISTIC=strict: ", std::move(why)));
+    return fail(Status::kInvalidArgument, detail::concat("TPCOMM_DETERMINISTIC=strict: ", why));
   if (!std::exchange(said_not_invariant, true) && boot.rank() == 0)
     TPCOMM_LOG_WARN("deterministic group: ", why, " (said once per group)");
   return Status::kOk;
