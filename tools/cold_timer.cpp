@@ -29,25 +29,26 @@ ColdTimer::~ColdTimer() {
   cudaFree(flush_);
 }
 
-std::string ColdTimer::before(int i) {
-  if (cudaError_t e = cudaMemsetAsync(flush_, i & 0xFF, flush_bytes_, stream_); e != cudaSuccess)
-    return std::string("evicting the cache: ") + cudaGetErrorString(e);
-  // External: in a capture, an event node of the graph (a plain record would only order the
-  // capture's streams and never be recorded).
-  if (cudaError_t e = cudaEventRecordWithFlags(start_.at(static_cast<std::size_t>(i)), stream_,
-                                               cudaEventRecordExternal);
+namespace {
+
+/// Records `event` on `stream`. External: in a capture, an event node of the graph (a plain
+/// record would only order the capture's streams and never be recorded). Empty, or what failed.
+std::string mark(cudaEvent_t event, cudaStream_t stream) {
+  if (cudaError_t e = cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal);
       e != cudaSuccess)
     return std::string("cudaEventRecord: ") + cudaGetErrorString(e);
   return {};
 }
 
-std::string ColdTimer::after(int i) {
-  if (cudaError_t e = cudaEventRecordWithFlags(stop_.at(static_cast<std::size_t>(i)), stream_,
-                                               cudaEventRecordExternal);
-      e != cudaSuccess)
-    return std::string("cudaEventRecord: ") + cudaGetErrorString(e);
-  return {};
+}  // namespace
+
+std::string ColdTimer::before(int i) {
+  if (cudaError_t e = cudaMemsetAsync(flush_, i & 0xFF, flush_bytes_, stream_); e != cudaSuccess)
+    return std::string("evicting the cache: ") + cudaGetErrorString(e);
+  return mark(start_.at(static_cast<std::size_t>(i)), stream_);
 }
+
+std::string ColdTimer::after(int i) { return mark(stop_.at(static_cast<std::size_t>(i)), stream_); }
 
 double ColdTimer::mean_us() const {
   double sum = 0;
