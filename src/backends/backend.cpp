@@ -111,16 +111,16 @@ bool runs_on(const Plan& plan, const Backend* backend) noexcept {
   return runs;
 }
 
-std::string not_batch_invariant(const Request& req, const Plan& plan, const Backend* nccl,
-                                std::int64_t custom_max_bytes) {
+std::string not_batch_invariant(const Request& req, const Plan& plan,
+                                std::int64_t invariant_max_bytes) {
   if (req.op != Op::kAllReduce && req.op != Op::kAllReduceAddRmsNorm && req.op != Op::kMoeFinalize)
     return {};
-  if (!runs_on(plan, nccl)) return {};
+  if (!any_step(plan, [](const Backend& b) { return !b.batch_invariant(); })) return {};
   return detail::concat(
       to_string(req.op), " of ", req.in.nbytes(), " bytes (", to_string(req.in.dtype),
       ") is not batch-invariant: ", BackendChain::describe(plan), " serves it; ",
-      custom_max_bytes > 0 ? detail::concat("the custom kernels hold up to ", custom_max_bytes,
-                                            " bytes (TPCOMM_CUSTOM_AR_MAX_BYTES)")
+      invariant_max_bytes > 0 ? detail::concat("the custom kernels hold up to ", invariant_max_bytes,
+                                               " bytes (TPCOMM_CUSTOM_AR_MAX_BYTES)")
                            : std::string("this group has no custom all-reduce"));
 }
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "tpcomm/tensor.hpp"
 #include "tpcomm/types.hpp"
 #include "tune/algorithms.hpp"
+#include "tune/table.hpp"
 
 namespace tpcomm {
 
@@ -157,18 +159,73 @@ class Backend {
   [[nodiscard]] virtual std::string describe(const Plan& plan) const;
   /// What went wrong in the last `run` that failed, where the backend knows more than a status.
   [[nodiscard]] virtual std::string last_error() const { return {}; }
+
+  // ---- NOTE [backend hooks] -----------------------------------------------------------------
+  // What the group asks of every backend of its chain besides its calls: its health, its part
+  // of an abort, warm-up, capture scopes, checks, preparation and tuning. The group holds no
+  // backend of a concrete type; each hook's default is a backend with nothing to do there.
+
+  /// The owning thread, before each call: kOk, or the failure this backend has seen (sticky),
+  /// with what happened in `*message`.
+  [[nodiscard]] virtual Status health(std::string* /*message*/) noexcept { return Status::kOk; }
+  /// What `health` reads, safe from any thread (the group's watchdog); does not log.
+  [[nodiscard]] virtual Status failure(std::string* /*message*/) noexcept { return Status::kOk; }
+  /// Makes the backend's work in flight, and to come, give up; `any_thread`: called from another
+  /// thread than the owner's (only what is safe there). Idempotent.
+  virtual void abort(bool /*any_thread*/) noexcept {}
+  /// The owning thread, once the group has failed and its backends are aborted: poisons what the
+  /// backend left unfinished, and the output of call `checked` where that is the call whose check
+  /// failed (0: none).
+  virtual void poison_after_failure(std::uint32_t /*checked*/) noexcept {}
+  /// Collective, before a stream's first collective (NOTE [first launch]).
+  [[nodiscard]] virtual Status warm_up(Stream /*stream*/) noexcept { return Status::kOk; }
+  /// A capture scope opened.
+  virtual void begin_capture() noexcept {}
+  /// The capture scope closed; `agreed`: every rank captured the same calls, and the hook may be
+  /// collective (every rank's is called with the same `agreed`).
+  [[nodiscard]] virtual Status end_capture(bool /*agreed*/) noexcept { return Status::kOk; }
+  /// Whether the backend's calls check their tag against the peers' themselves (NOTE
+  /// [fingerprints]); the group checks an eager call first where one that does not serves it.
+  [[nodiscard]] virtual bool checks_calls() const noexcept { return true; }
+  /// Collective: checks `tag` against every rank's (kMismatch naming both calls); kUnsupported
+  /// where the backend cannot.
+  [[nodiscard]] virtual Status check_call(const CallTag& /*tag*/, Stream /*stream*/) noexcept {
+    return Status::kUnsupported;
+  }
+  /// Whether its reductions sum in an order the call's shape alone fixes (NOTE [batch
+  /// invariance] in tune/selector.hpp).
+  [[nodiscard]] virtual bool batch_invariant() const noexcept { return true; }
+  /// The largest all-reduce it serves batch-invariantly, in bytes (0: none), for messages.
+  [[nodiscard]] virtual std::int64_t invariant_max_bytes() const noexcept { return 0; }
+  /// Collective, not graph-safe: readies the backend for exchanges of up to `bytes` bytes of all
+  /// ranks' inputs together (`Group::prepare_exchange`). Throws `Error` on failure.
+  virtual void prepare(std::int64_t /*bytes*/, Stream /*stream*/) {}
+  /// Collective: the backend's paths measured for `key`; nullopt where it has nothing to tune.
+  /// Throws `Error` when a measurement fails.
+  [[nodiscard]] virtual std::optional<TuneTable> tune(const TuneKey& /*key*/) {
+    return std::nullopt;
+  }
 };
 
 /// Whether `backend` runs a step of `plan`: its own, or one of a composite's inner calls.
 [[nodiscard]] bool runs_on(const Plan& plan, const Backend* backend) noexcept;
 
+/// Whether some step of `plan` runs on a backend for which `pred` is true.
+template <class Pred>
+[[nodiscard]] bool any_step(const Plan& plan, Pred pred) noexcept {
+  if (plan.step.backend != nullptr && pred(*plan.step.backend)) return true;
+  for (const Step& s : plan.inner)
+    if (s.backend != nullptr && pred(*s.backend)) return true;
+  return false;
+}
+
 /// For a deterministic group (NOTE [batch invariance] in tune/selector.hpp): empty when `req`,
 /// planned as `plan`, is batch-invariant — an operation other than the all-reduce, the fused norm
-/// and the MoE finalize, or one that `nccl` reduces in none of its steps —, else why not, naming
-/// the call's size, its path and `custom_max_bytes`, the largest all-reduce the group's custom
-/// kernels hold (0: the group has none). Pure.
+/// and the MoE finalize, or one whose every step runs on a `Backend::batch_invariant` backend —,
+/// else why not, naming the call's size, its path and `invariant_max_bytes`, the largest
+/// all-reduce the group serves batch-invariantly (0: none). Pure.
 [[nodiscard]] std::string not_batch_invariant(const Request& req, const Plan& plan,
-                                              const Backend* nccl, std::int64_t custom_max_bytes);
+                                              std::int64_t invariant_max_bytes);
 
 /// The ordered backends of a group. Not thread-safe for `add`; `plan`/`run` may be called
 /// concurrently with each other.
@@ -195,6 +252,12 @@ class BackendChain {
 
   /// The path `plan` takes, in words (`Backend::describe`), or "none".
   [[nodiscard]] static std::string describe(const Plan& plan);
+
+  /// Calls `f(Backend&)` on every backend, in order (NOTE [backend hooks]).
+  template <class F>
+  void each(F&& f) const {
+    for (const auto& b : backends_) f(*b);
+  }
 
  private:
   void note_fallback(std::size_t index, const char* reason) noexcept;

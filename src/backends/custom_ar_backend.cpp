@@ -65,6 +65,17 @@ Status CustomArBackend::run(const Request& r, const Plan& plan, Stream stream) n
   return ar_->run(r.in, r.out, choice, r.capturing, stream, r.tag, r.fusion);
 }
 
+Status CustomArBackend::health(std::string* message) noexcept {
+  const Status h = ar_->health();
+  if (h != Status::kOk && message != nullptr) {
+    try {
+      *message = ar_->error_message();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the status stands without its message
+    }
+  }
+  return h;
+}
+
 std::string CustomArBackend::describe(const Plan& plan) const {
   const Step& s = plan.step;
   return "custom_ar:" +

@@ -31,13 +31,33 @@ class CustomArBackend final : public Backend {
         lm_head_(lm_head),
         moe_prologue_(moe_prologue) {}
 
-  [[nodiscard]] CustomAllReduce& impl() noexcept { return *ar_; }
-
   std::string_view name() const noexcept override { return "custom_ar"; }
   Plan plan(const Request& request) const noexcept override;
   Status run(const Request& request, const Plan& plan, Stream stream) noexcept override;
   std::string describe(const Plan& plan) const override;
   std::string last_error() const override { return ar_->error_message(); }
+
+  // NOTE [backend hooks] in backends/backend.hpp.
+  Status health(std::string* message) noexcept override;
+  Status failure(std::string* message) noexcept override { return ar_->kernel_failure(message); }
+  void abort(bool any_thread) noexcept override {
+    if (any_thread) {
+      ar_->abort_kernels();
+    } else {
+      ar_->abort();
+    }
+  }
+  Status warm_up(Stream stream) noexcept override { return ar_->warm_up(stream); }
+  void begin_capture() noexcept override { ar_->begin_capture(); }
+  Status end_capture(bool agreed) noexcept override {
+    return agreed ? ar_->end_capture() : Status::kOk;
+  }
+  Status check_call(const CallTag& tag, Stream stream) noexcept override {
+    return ar_->check_call(tag, stream);
+  }
+  std::int64_t invariant_max_bytes() const noexcept override { return ar_->caps().max_bytes; }
+  void prepare(std::int64_t bytes, Stream) override { ar_->prepare_exchange(bytes); }
+  std::optional<TuneTable> tune(const TuneKey& key) override { return ar_->tune(key); }
 
  private:
   std::unique_ptr<CustomAllReduce> ar_;

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/check.hpp"
+#include "core/cuda_check.hpp"
 #include "kernels/kernels.hpp"
 
 namespace tpcomm {
@@ -46,6 +48,59 @@ void NcclBackend::poison_after_failure(std::uint32_t checked) noexcept {
     (void)cudaMemset2DAsync(static_cast<char*>(out.data) + elem - 1, elem, 0x80, 1, bytes / elem,
                             stream);
   }
+}
+
+Status NcclBackend::health(std::string* message) noexcept {
+  const Status h = comm_->health();
+  if (h != Status::kOk && message != nullptr) {
+    try {
+      *message = detail::concat("NCCL: ", comm_->last_error());
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the status stands without its message
+    }
+  }
+  return h;
+}
+
+Status NcclBackend::failure(std::string* message) noexcept {
+  std::string what;
+  const Status s = comm_->poll(&what);
+  if (s != Status::kOk && message != nullptr) {
+    try {
+      *message = detail::concat("NCCL: ", what);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the status stands without its message
+    }
+  }
+  return s;
+}
+
+void NcclBackend::begin_capture() noexcept {
+  enabled_before_capture_ = comm_->enabled();
+  comm_->set_enabled(true);
+}
+
+Status NcclBackend::end_capture(bool) noexcept {
+  comm_->set_enabled(enabled_before_capture_);
+  return Status::kOk;
+}
+
+void NcclBackend::prepare(std::int64_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  struct Buffers {
+    void* in = nullptr;
+    void* out = nullptr;
+    ~Buffers() {
+      cudaFree(in);
+      cudaFree(out);
+    }
+  } b;
+  TPCOMM_CUDA_CHECK(cudaMalloc(&b.in, static_cast<std::size_t>(bytes)));
+  TPCOMM_CUDA_CHECK(cudaMalloc(&b.out, static_cast<std::size_t>(bytes)));
+  const auto enabled = comm_->scope(true);
+  const auto per_peer = static_cast<std::size_t>(bytes / comm_->world_size());
+  Status s = comm_->all_to_all(b.in, b.out, per_peer, DType::kU8, stream);
+  if (s == Status::kOk) s = comm_->wait(stream);
+  TPCOMM_CHECK(s == Status::kOk, s,
+               "prepare_exchange: NCCL's warm-up all-to-all failed: ", comm_->last_error());
 }
 
 Status NcclBackend::enqueue(const Request& r, const Plan&, Stream s) noexcept {

@@ -23,7 +23,7 @@ Group::Impl::~Impl() {
   watchdog.reset();
   if (rank_watch) rank_watch->unsubscribe(watch_id);
   // A communicator waiting for a rank that is gone is aborted, not finalised at a deadline.
-  if (abort_requested.load() && nccl != nullptr) nccl->comm().abort();
+  if (abort_requested.load()) abort_backends(true);
   if (order_event != nullptr) cudaEventDestroy(order_event);
 }
 
@@ -49,7 +49,7 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
   TPCOMM_TRY(order(stream));
   if (req.capturing && collective) captured.push_back(req.tag);
   if (collective && checks_before_nccl(req, plan))
-    TPCOMM_TRY(fail_on(custom->impl().check_call(req.tag, stream), "checking a call before NCCL"));
+    TPCOMM_TRY(fail_on(custom->check_call(req.tag, stream), "checking a call before NCCL"));
   const Backend* served = nullptr;
   const Status s = chain.run(req, plan, stream, &served);
   if (s == Status::kOk) return s;
@@ -65,26 +65,26 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
   return fail(s, std::move(message));
 }
 
-/// Whether `req`, planned as `plan`, is an eager call that NCCL serves and `Options::nccl_check`
-/// wants checked first (the same answer on every rank: the plan, the size and the knob are).
+/// Whether `req`, planned as `plan`, is an eager call that a backend which does not check its
+/// calls (NCCL) serves, and `Options::nccl_check` wants checked first (the same answer on every
+/// rank: the plan, the size and the knob are).
 bool Group::Impl::checks_before_nccl(const Request& req, const Plan& plan) const noexcept {
-  if (custom == nullptr || nccl == nullptr || req.capturing || options.nccl_check == Switch::kOff)
-    return false;
-  if (!runs_on(plan, nccl)) return false;
+  if (custom == nullptr || req.capturing || options.nccl_check == Switch::kOff) return false;
+  if (!any_step(plan, [](const Backend& b) { return !b.checks_calls(); })) return false;
   return options.nccl_check == Switch::kOn ||
          std::max(req.in.nbytes(), req.out.nbytes()) >= Options::kNcclCheckMinBytes;
 }
 
 /// In a deterministic group (NOTE [batch invariance] in tune/selector.hpp), an all-reduce, fused
-/// norm or MoE finalize that NCCL reduces in a step of its plan (`not_batch_invariant`): logged
-/// once, or, strict, refused before anything is launched. The same on every rank: the plan and
-/// the knob are.
+/// norm or MoE finalize that a backend which is not batch-invariant (NCCL) reduces in a step of
+/// its plan (`not_batch_invariant`): logged once, or, strict, refused before anything is
+/// launched. The same on every rank: the plan and the knob are.
 Status Group::Impl::check_invariant(const Request& req, const Plan& plan) noexcept {
   // One rank has nothing to sum: NCCL's copy (TPCOMM_ALGO=nccl) is as invariant as any.
-  if (options.deterministic == Determinism::kOff || nccl == nullptr || boot.world_size() == 1)
-    return Status::kOk;
-  std::string why =
-      not_batch_invariant(req, plan, nccl, custom != nullptr ? custom->impl().caps().max_bytes : 0);
+  if (options.deterministic == Determinism::kOff || boot.world_size() == 1) return Status::kOk;
+  std::int64_t limit = 0;
+  chain.each([&](const Backend& b) { limit = std::max(limit, b.invariant_max_bytes()); });
+  std::string why = not_batch_invariant(req, plan, limit);
   if (why.empty()) return Status::kOk;
   if (options.deterministic == Determinism::kStrict)
     return fail(Status::kInvalidArgument, detail::concat("TPCOMM_DETERMINISTIC=strict: ", why));
@@ -96,7 +96,7 @@ Status Group::Impl::check_invariant(const Request& req, const Plan& plan) noexce
 /// `s` as a failure of the group, named `what` where the backend said nothing.
 Status Group::Impl::fail_on(Status s, const char* what) noexcept {
   if (s == Status::kOk) return s;
-  std::string message = custom != nullptr ? custom->impl().error_message() : std::string();
+  std::string message = custom != nullptr ? custom->last_error() : std::string();
   return fail(s, message.empty() ? detail::concat(what, ": ", to_string(s)) : std::move(message));
 }
 
@@ -108,8 +108,11 @@ Status Group::Impl::fail(Status s, std::string message) noexcept {
   return s;
 }
 
-/// The custom kernels report failures through host memory; notice them on every call, whatever
-/// backend that call goes to.
+/// The backends' failures (the custom kernels report theirs through host memory): noticed on
+/// every call, whatever backend that call goes to. A failure of one aborts the others (NCCL's
+/// kernels enqueued behind it return, a call whose check failed among them), and the outputs an
+/// eager call left unfinished are poisoned, here, on the thread that made the call, behind it on
+/// its stream.
 Status Group::Impl::poll_health() noexcept {
   if (health != Status::kOk) return health;
   if (abort_requested.load(std::memory_order_acquire)) {
@@ -120,35 +123,31 @@ Status Group::Impl::poll_health() noexcept {
       why = abort_reason;
       status = abort_status;
     }
-    if (custom != nullptr) custom->impl().abort();
-    if (nccl != nullptr) {
-      nccl->comm().abort();
-      nccl->poison_after_failure(status == Status::kMismatch ? calls : 0);
-    }
+    abort_backends(false);
+    const std::uint32_t checked = status == Status::kMismatch ? calls : 0;
+    chain.each([&](Backend& b) { b.poison_after_failure(checked); });
     TPCOMM_LOG_ERROR("group rank ", boot.rank(), ": ", why, "; the group is aborted");
     return fail(status, std::move(why));
   }
-  if (custom != nullptr) {
-    if (Status h = custom->impl().health(); h != Status::kOk) {
-      // NCCL's kernels enqueued behind the failure return (a call whose check failed among them).
-      if (nccl != nullptr) {
-        nccl->comm().abort();
-        nccl->poison_after_failure(h == Status::kMismatch ? calls : 0);
-      }
-      return fail(h, custom->impl().error_message());
-    }
-  }
-  if (nccl != nullptr) {
-    // Failed in a call, or by the watchdog (NOTE [nccl from two threads]): the custom kernels
-    // give up too, and the output of an eager call NCCL left unfinished is poisoned, here, on
-    // the thread that made the call, behind it on its stream.
-    if (Status h = nccl->comm().health(); h != Status::kOk) {
-      if (custom != nullptr) custom->impl().abort();
-      nccl->poison_after_failure();
-      return fail(h, detail::concat("NCCL: ", nccl->comm().last_error()));
-    }
-  }
-  return Status::kOk;
+  Status failed = Status::kOk;
+  std::string message;
+  const Backend* source = nullptr;
+  chain.each([&](Backend& b) {
+    if (failed != Status::kOk) return;
+    failed = b.health(&message);
+    source = &b;
+  });
+  if (failed == Status::kOk) return Status::kOk;
+  abort_backends(false, source);
+  const std::uint32_t checked = failed == Status::kMismatch ? calls : 0;
+  chain.each([&](Backend& b) { b.poison_after_failure(checked); });
+  return fail(failed, std::move(message));
+}
+
+void Group::Impl::abort_backends(bool any_thread, const Backend* except) noexcept {
+  chain.each([&](Backend& b) {
+    if (&b != except) b.abort(any_thread);
+  });
 }
 
 /// A group serves one operation at a time: a call on a new stream waits for the last one.
@@ -173,12 +172,16 @@ bool Group::Impl::capturing(Stream stream) const noexcept {
 
 /// NOTE [first launch] (backends/custom_ar.cpp): a stream's first collective warms it up.
 Status Group::Impl::warm_up(Stream stream) noexcept {
-  if (custom == nullptr) return Status::kOk;
-  if (Status s = custom->impl().warm_up(stream); s != Status::kOk)
-    return fail(s, custom->impl().error_message().empty()
-                       ? detail::concat("warming up a stream failed: ", to_string(s))
-                       : custom->impl().error_message());
-  return Status::kOk;
+  Status s = Status::kOk;
+  std::string message;
+  chain.each([&](Backend& b) {
+    if (s != Status::kOk) return;
+    s = b.warm_up(stream);
+    if (s != Status::kOk) message = b.last_error();
+  });
+  if (s == Status::kOk) return s;
+  return fail(s, message.empty() ? detail::concat("warming up a stream failed: ", to_string(s))
+                                 : std::move(message));
 }
 
 /// Collective, when a capture scope closes: the ranks' captured calls must be the same calls
@@ -214,7 +217,7 @@ Status Group::Impl::compare_captured() noexcept {
     };
     const bool out_of_step =
         i < first.size() && i < other.size() && first[i].fingerprint == other[i].fingerprint;
-    if (custom != nullptr) custom->impl().abort();
+    abort_backends(false);
     return fail(Status::kMismatch,
                 detail::concat(out_of_step ? "ranks captured calls out of step (one skipped or "
                                              "repeated a call before the capture; captured call "
@@ -236,31 +239,29 @@ void Group::Impl::request_abort(std::string reason, Status status) noexcept {
     }
   }
   abort_requested.store(true, std::memory_order_release);
-  if (custom != nullptr) custom->impl().abort_kernels();
-  // NCCL's kernels already enqueued, graph-replayed ones included, return now (NOTE [nccl from
-  // two threads] in backends/nccl_comm.cpp).
-  if (nccl != nullptr) nccl->comm().abort();
+  // The custom kernels give up; NCCL's already enqueued, graph-replayed ones included, return
+  // now (NOTE [nccl from two threads] in backends/nccl_comm.cpp).
+  abort_backends(true);
 }
 
-/// The failure the watchdog acts on, if any (NOTE [watchdog]); thread-safe.
+/// The failure the watchdog acts on, if any (NOTE [watchdog]); thread-safe. A backend's failure
+/// first, but a kAborted one while an abort was asked for: that abort (a lost rank, a failure
+/// elsewhere) is the news.
 std::optional<Watchdog::Failure> Group::Impl::watched_failure() noexcept {
   if (aborted_by_user.load(std::memory_order_acquire)) return std::nullopt;
-  if (custom != nullptr) {
+  std::optional<Watchdog::Failure> found;
+  chain.each([&](Backend& b) {
+    if (found) return;
     std::string message;
-    if (Status s = custom->impl().kernel_failure(&message); s != Status::kOk) {
-      // A kernel that gave up because of the rank watch's abort: the lost rank is the news.
-      if (s != Status::kAborted || !abort_requested.load(std::memory_order_acquire))
-        return std::pair{s, std::move(message)};
-    }
-  }
+    const Status s = b.failure(&message);
+    if (s != Status::kOk &&
+        (s != Status::kAborted || !abort_requested.load(std::memory_order_acquire)))
+      found = std::pair{s, std::move(message)};
+  });
+  if (found) return found;
   if (abort_requested.load(std::memory_order_acquire)) {
     std::lock_guard lock(abort_mu);
     return std::pair{abort_status, abort_reason};
-  }
-  if (nccl != nullptr) {
-    std::string message;
-    if (Status s = nccl->comm().poll(&message); s != Status::kOk)
-      return std::pair{s, detail::concat("NCCL: ", message)};
   }
   return std::nullopt;
 }
@@ -311,11 +312,7 @@ Group::CaptureScope Group::capture(Stream stream) {
   m.any_call = true;
   m.last_stream = stream;
   m.scope_open = true;
-  if (m.nccl != nullptr) {
-    m.nccl_was_enabled = m.nccl->comm().enabled();
-    m.nccl->comm().set_enabled(true);
-  }
-  if (m.custom != nullptr) m.custom->impl().begin_capture();
+  m.chain.each([](Backend& b) { b.begin_capture(); });
   m.captured.clear();
   return CaptureScope(this);
 }
@@ -334,21 +331,29 @@ Status Group::CaptureScope::close() noexcept {
   Impl& m = *group_->impl_;
   group_ = nullptr;
   m.scope_open = false;
-  if (m.nccl != nullptr) m.nccl->comm().set_enabled(m.nccl_was_enabled);
-  if (Status s = m.compare_captured(); s != Status::kOk) {
+  const Status agreed = m.compare_captured();
+  Status s = Status::kOk;
+  std::string message;
+  m.chain.each([&](Backend& b) {
+    const Status e = b.end_capture(agreed == Status::kOk);
+    if (e != Status::kOk && s == Status::kOk) {
+      s = e;
+      message = b.last_error();
+    }
+  });
+  if (agreed != Status::kOk) {
     TPCOMM_LOG_ERROR("group rank ", m.boot.rank(), ": ", m.last_error);
-    return s;
+    return agreed;
   }
-  if (m.custom == nullptr) return Status::kOk;
-  if (Status s = m.custom->impl().end_capture(); s != Status::kOk)
-    return m.fail(s, m.custom->impl().error_message());
-  return Status::kOk;
+  return s == Status::kOk ? s : m.fail(s, std::move(message));
 }
 
 void Group::tune() {
   Impl& m = *impl_;
   if (m.custom == nullptr) return;
-  TuneTable table = m.custom->impl().tune(m.tune_key);
+  std::optional<TuneTable> tuned = m.custom->tune(m.tune_key);
+  if (!tuned) return;
+  TuneTable& table = *tuned;
   if (m.boot.rank() == 0) {
     const std::string path = tune_path(m.options, m.tune_key);
     table.save(path);

@@ -14,8 +14,6 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/custom_ar_backend.hpp"
-#include "backends/nccl_backend.hpp"
 #include "bootstrap/rank_watch.hpp"
 #include "coordinator/watchdog.hpp"
 #include "ops/call.hpp"
@@ -32,9 +30,13 @@ struct Group::Impl {
   int device = 0;
   Options options;
   BackendChain chain;
-  CustomArBackend* custom = nullptr;
-  NcclBackend* nccl = nullptr;
-  GatherCopyBackend* gather_copy = nullptr;
+  // The backend that checks an eager call before one that does not check its calls serves it
+  // (the custom kernels' barrier; `Options::nccl_check`), and whose tuned table the group loads;
+  // null without the custom kernels. Every other use of a backend goes through the chain's
+  // hooks (NOTE [backend hooks]).
+  Backend* custom = nullptr;
+  // A backend that can fail on its own (the custom kernels, NCCL): the watchdog watches it.
+  bool watched = false;
   std::optional<TuneTable> table_storage;
   const TuneTable* table = nullptr;
   TuneKey tune_key;
@@ -44,7 +46,6 @@ struct Group::Impl {
   bool any_call = false;
   cudaEvent_t order_event = nullptr;
   bool scope_open = false;
-  bool nccl_was_enabled = true;  // NCCL's state before the capture scope enabled it
   // An abort asked for from any thread: `abort()`, or the store client's watching thread when
   // a member is gone (NOTE [rank watch]). The owning thread acts on it in `poll_health`.
   std::shared_ptr<RankWatch> rank_watch;
@@ -94,6 +95,8 @@ struct Group::Impl {
   Status check_invariant(const Request& req, const Plan& plan) noexcept;
   Status fail_on(Status s, const char* what) noexcept;
   Status poll_health() noexcept;
+  /// Every backend's `abort` hook (NOTE [backend hooks]) but `except`'s.
+  void abort_backends(bool any_thread, const Backend* except = nullptr) noexcept;
   Status order(Stream stream) noexcept;
   [[nodiscard]] bool capturing(Stream stream) const noexcept;
   Status warm_up(Stream stream) noexcept;

@@ -178,29 +178,7 @@ void Group::prepare_exchange(std::int64_t bytes_per_peer, Stream stream) {
                " bytes per peer");
   const std::int64_t bytes = bytes_per_peer * world_size();
   DeviceGuard guard(m.device);
-  if (m.custom != nullptr) m.custom->impl().prepare_exchange(bytes);
-  // The LM head's fallback keeps its temporary where the custom exchange will not serve it.
-  if (bytes > 0 && (m.custom == nullptr || m.options.lm_head_a2a == Switch::kOff))
-    m.gather_copy->prepare(bytes);
-  if (m.nccl == nullptr || bytes == 0) return;
-  // One all-to-all of that size, so that NCCL sets up its peer-to-peer buffers now.
-  struct Buffers {
-    void* in = nullptr;
-    void* out = nullptr;
-    ~Buffers() {
-      cudaFree(in);
-      cudaFree(out);
-    }
-  } b;
-  TPCOMM_CUDA_CHECK(cudaMalloc(&b.in, static_cast<std::size_t>(bytes)));
-  TPCOMM_CUDA_CHECK(cudaMalloc(&b.out, static_cast<std::size_t>(bytes)));
-  NcclComm& comm = m.nccl->comm();
-  const auto enabled = comm.scope(true);
-  Status s =
-      comm.all_to_all(b.in, b.out, static_cast<std::size_t>(bytes_per_peer), DType::kU8, stream);
-  if (s == Status::kOk) s = comm.wait(stream);
-  TPCOMM_CHECK(s == Status::kOk, s,
-               "prepare_exchange: NCCL's warm-up all-to-all failed: ", comm.last_error());
+  m.chain.each([&](Backend& b) { b.prepare(bytes, stream); });
 }
 
 }  // namespace tpcomm

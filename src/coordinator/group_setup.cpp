@@ -10,7 +10,9 @@
 #include <span>
 #include <string>
 
+#include "backends/custom_ar_backend.hpp"
 #include "backends/local.hpp"
+#include "backends/nccl_backend.hpp"
 #include "backends/nccl_lib.hpp"
 #include "bootstrap/agree.hpp"
 #include "coordinator/group_impl.hpp"
@@ -103,7 +105,7 @@ void Group::Impl::watch_members() {
 }
 
 void Group::Impl::start_watchdog() {
-  if (custom == nullptr && nccl == nullptr && !rank_watch) return;
+  if (!watched && !rank_watch) return;
   watchdog.emplace(
       detail::concat("group of ", boot.world_size(), " ranks, rank ", boot.rank(), " (device ",
                      device, ")"),
@@ -153,6 +155,7 @@ void Group::Impl::add_custom(Pinned pinned, const GroupConfig& config) {
                                                      options.lm_head_a2a != Switch::kOff,
                                                      options.moe_prologue == Switch::kOn);
     custom = backend.get();
+    watched = true;
     chain.add(std::move(backend));
   } else if (boot.rank() == 0) {
     TPCOMM_LOG_WARN("custom all-reduce not used: ", why);
@@ -173,9 +176,8 @@ void Group::Impl::add_nccl(const Peers& peers, const std::string& nccl_why) {
       TPCOMM_LOG_WARN("NCCL not used: ranks ", peers.shared.first, " and ", peers.shared.second,
                       " share one GPU, which NCCL refuses");
   } else {
-    auto backend = std::make_unique<NcclBackend>(std::make_unique<NcclComm>(boot, device, options));
-    nccl = backend.get();
-    chain.add(std::move(backend));
+    chain.add(std::make_unique<NcclBackend>(std::make_unique<NcclComm>(boot, device, options)));
+    watched = true;
   }
 }
 
@@ -214,9 +216,9 @@ void Group::Impl::load_tune_table(const Peers& peers) {
 
 void Group::Impl::add_composites() {
   chain.add(make_unfused_norm_backend(chain, shape()));
-  auto fallback = make_gather_copy_backend(chain, shape());
-  gather_copy = fallback.get();
-  chain.add(std::move(fallback));
+  // The LM head's fallback keeps its temporary where the custom exchange will not serve it.
+  chain.add(make_gather_copy_backend(chain, shape(),
+                                     custom == nullptr || options.lm_head_a2a == Switch::kOff));
   chain.add(make_reduce_slice_backend(chain, shape()));
   chain.add(make_moe_combine_backend(chain));
 }

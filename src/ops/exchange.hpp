@@ -12,7 +12,6 @@
 #include "backends/backend.hpp"
 #include "backends/exchange_plan.hpp"
 #include "ops/call.hpp"
-#include "ops/composite.hpp"
 #include "tpcomm/lm_head.hpp"
 
 namespace tpcomm {
@@ -42,18 +41,12 @@ Status make_lm_head_exchange(const GroupShape& g, const TensorView& shard_logits
 /// The LM-head exchange where the custom exchange does not serve it, as an entry of `chain`:
 /// the shards all-gathered through the chain into a temporary ([world, T, S]), then this rank's
 /// rows of each shard copied into its columns (SGLang's path). Every rank runs the same
-/// all-gather, so the ranks' paths agree.
-class GatherCopyBackend : public Composite {
- public:
-  using Composite::Composite;
-  /// Keeps a temporary for the gathered shards of inputs of up to `shard_bytes` bytes, so that
-  /// those calls allocate nothing; larger ones take a stream-ordered allocation of their own.
-  /// Not graph-safe (it allocates and frees); never shrinks. Throws `Error` when the allocation
-  /// fails.
-  virtual void prepare(std::int64_t shard_bytes) = 0;
-};
-
-[[nodiscard]] std::unique_ptr<GatherCopyBackend> make_gather_copy_backend(BackendChain& chain,
-                                                                          const GroupShape& g);
+/// all-gather, so the ranks' paths agree. `prepares`: its `Backend::prepare` keeps a temporary
+/// for the gathered shards of inputs of up to the prepared size, so that those calls allocate
+/// nothing (larger ones take a stream-ordered allocation of their own); not graph-safe, never
+/// shrinks, throws `Error` when the allocation fails.
+[[nodiscard]] std::unique_ptr<Backend> make_gather_copy_backend(BackendChain& chain,
+                                                                const GroupShape& g,
+                                                                bool prepares);
 
 }  // namespace tpcomm

@@ -9,22 +9,25 @@
 #include "core/check.hpp"
 #include "core/cuda_check.hpp"
 #include "kernels/kernels.hpp"
+#include "ops/composite.hpp"
 #include "ops/exchange.hpp"
 
 namespace tpcomm {
 namespace {
 
-class GatherCopy final : public GatherCopyBackend {
+class GatherCopy final : public Composite {
  public:
-  GatherCopy(BackendChain& chain, const GroupShape& g) noexcept
-      : GatherCopyBackend(chain, Op::kLmHeadExchange, "only the LM-head exchange",
-                          "lm_head_exchange", "all_gather:", "+copy"),
-        g_(g) {}
+  GatherCopy(BackendChain& chain, const GroupShape& g, bool prepares) noexcept
+      : Composite(chain, Op::kLmHeadExchange, "only the LM-head exchange", "lm_head_exchange",
+                  "all_gather:", "+copy"),
+        g_(g),
+        prepares_(prepares) {}
   ~GatherCopy() override { cudaFree(prepared_); }
   GatherCopy(const GatherCopy&) = delete;
   GatherCopy& operator=(const GatherCopy&) = delete;
 
-  void prepare(std::int64_t shard_bytes) override {
+  void prepare(std::int64_t shard_bytes, Stream) override {
+    if (!prepares_ || shard_bytes <= 0) return;
     const std::int64_t bytes = g_.world * shard_bytes;
     if (bytes <= prepared_bytes_) return;
     void* grown = nullptr;
@@ -98,15 +101,16 @@ class GatherCopy final : public GatherCopyBackend {
   }
 
   GroupShape g_;
+  bool prepares_;
   void* prepared_ = nullptr;
   std::int64_t prepared_bytes_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<GatherCopyBackend> make_gather_copy_backend(BackendChain& chain,
-                                                            const GroupShape& g) {
-  return std::make_unique<GatherCopy>(chain, g);
+std::unique_ptr<Backend> make_gather_copy_backend(BackendChain& chain, const GroupShape& g,
+                                                  bool prepares) {
+  return std::make_unique<GatherCopy>(chain, g, prepares);
 }
 
 }  // namespace tpcomm

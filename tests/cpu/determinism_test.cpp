@@ -187,23 +187,26 @@ TEST(DeterministicSelector, FusedLaunchShapeIsTheHiddenSizesAlone) {
       1);
 }
 
-/// A backend that serves everything, by its name.
+/// A backend that serves everything, by its name; `invariant` is its `batch_invariant` hook.
 class Named final : public Backend {
  public:
-  explicit Named(std::string name) : name_(std::move(name)) {}
+  explicit Named(std::string name, bool invariant = true)
+      : name_(std::move(name)), invariant_(invariant) {}
   std::string_view name() const noexcept override { return name_; }
   Plan plan(const Request&) const noexcept override { return Plan::yes({this}); }
   Status run(const Request&, const Plan&, Stream) noexcept override { return Status::kOk; }
+  bool batch_invariant() const noexcept override { return invariant_; }
 
  private:
   std::string name_;
+  bool invariant_;
 };
 
 // What a deterministic group logs once, or refuses under strict (before launching anything):
-// an all-reduce, fused norm or MoE finalize that NCCL reduces in any step of its plan; the
-// message names the size and the custom kernels' limit.
+// an all-reduce, fused norm or MoE finalize that a backend which is not batch-invariant (NCCL)
+// reduces in any step of its plan; the message names the size and the custom kernels' limit.
 TEST(DeterministicGroupCalls, NcclReducedCallsAreNotBatchInvariant) {
-  const Named nccl("nccl"), custom("custom_ar"), composite("all_reduce+add_rmsnorm");
+  const Named nccl("nccl", false), custom("custom_ar"), composite("all_reduce+add_rmsnorm");
   Request r;
   r.in = TensorView::flat(nullptr, DType::kBF16, 16 << 20, 0);  // 32 MiB
   const Plan on_nccl = Plan::yes({&nccl});
@@ -212,14 +215,14 @@ TEST(DeterministicGroupCalls, NcclReducedCallsAreNotBatchInvariant) {
   for (Op op : {Op::kAllReduce, Op::kAllReduceAddRmsNorm, Op::kMoeFinalize}) {
     SCOPED_TRACE(std::string(to_string(op)));
     r.op = op;
-    EXPECT_EQ(not_batch_invariant(r, on_custom, &nccl, 8 * kMiB), "");
-    const std::string why = not_batch_invariant(r, on_nccl, &nccl, 8 * kMiB);
+    EXPECT_EQ(not_batch_invariant(r, on_custom, 8 * kMiB), "");
+    const std::string why = not_batch_invariant(r, on_nccl, 8 * kMiB);
     EXPECT_NE(why.find("33554432 bytes"), std::string::npos) << why;
     EXPECT_NE(why.find("up to 8388608 bytes (TPCOMM_CUSTOM_AR_MAX_BYTES)"), std::string::npos)
         << why;
     EXPECT_NE(why.find("not batch-invariant"), std::string::npos) << why;
-    EXPECT_NE(not_batch_invariant(r, nested, &nccl, 8 * kMiB), "");
-    EXPECT_NE(not_batch_invariant(r, on_nccl, &nccl, 0).find("no custom all-reduce"),
+    EXPECT_NE(not_batch_invariant(r, nested, 8 * kMiB), "");
+    EXPECT_NE(not_batch_invariant(r, on_nccl, 0).find("no custom all-reduce"),
               std::string::npos);
     EXPECT_TRUE(runs_on(nested, &nccl));
     EXPECT_FALSE(runs_on(on_custom, &nccl));
@@ -227,7 +230,7 @@ TEST(DeterministicGroupCalls, NcclReducedCallsAreNotBatchInvariant) {
   // Other operations have no reduction order to keep.
   for (Op op : {Op::kAllGather, Op::kAllToAll, Op::kBroadcast}) {
     r.op = op;
-    EXPECT_EQ(not_batch_invariant(r, on_nccl, &nccl, 8 * kMiB), "");
+    EXPECT_EQ(not_batch_invariant(r, on_nccl, 8 * kMiB), "");
   }
 }
 
