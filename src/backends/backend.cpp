@@ -116,12 +116,13 @@ std::string not_batch_invariant(const Request& req, const Plan& plan,
   if (req.op != Op::kAllReduce && req.op != Op::kAllReduceAddRmsNorm && req.op != Op::kMoeFinalize)
     return {};
   if (!any_step(plan, [](const Backend& b) { return !b.batch_invariant(); })) return {};
-  return detail::concat(
-      to_string(req.op), " of ", req.in.nbytes(), " bytes (", to_string(req.in.dtype),
-      ") is not batch-invariant: ", BackendChain::describe(plan), " serves it; ",
-      invariant_max_bytes > 0 ? detail::concat("the custom kernels hold up to ", invariant_max_bytes,
-                                               " bytes (TPCOMM_CUSTOM_AR_MAX_BYTES)")
-                           : std::string("this group has no custom all-reduce"));
+  return detail::concat(to_string(req.op), " of ", req.in.nbytes(), " bytes (",
+                        to_string(req.in.dtype),
+                        ") is not batch-invariant: ", BackendChain::describe(plan), " serves it; ",
+                        invariant_max_bytes > 0
+                            ? detail::concat("the custom kernels hold up to ", invariant_max_bytes,
+                                             " bytes (TPCOMM_CUSTOM_AR_MAX_BYTES)")
+                            : std::string("this group has no custom all-reduce"));
 }
 
 }  // namespace tpcomm

@@ -46,7 +46,6 @@ Status make_lm_head_exchange(const GroupShape& g, const TensorView& shard_logits
 /// nothing (larger ones take a stream-ordered allocation of their own); not graph-safe, never
 /// shrinks, throws `Error` when the allocation fails.
 [[nodiscard]] std::unique_ptr<Backend> make_gather_copy_backend(BackendChain& chain,
-                                                                const GroupShape& g,
-                                                                bool prepares);
+                                                                const GroupShape& g, bool prepares);
 
 }  // namespace tpcomm

@@ -222,8 +222,7 @@ TEST(DeterministicGroupCalls, NcclReducedCallsAreNotBatchInvariant) {
         << why;
     EXPECT_NE(why.find("not batch-invariant"), std::string::npos) << why;
     EXPECT_NE(not_batch_invariant(r, nested, 8 * kMiB), "");
-    EXPECT_NE(not_batch_invariant(r, on_nccl, 0).find("no custom all-reduce"),
-              std::string::npos);
+    EXPECT_NE(not_batch_invariant(r, on_nccl, 0).find("no custom all-reduce"), std::string::npos);
     EXPECT_TRUE(runs_on(nested, &nccl));
     EXPECT_FALSE(runs_on(on_custom, &nccl));
   }
