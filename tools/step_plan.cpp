@@ -190,6 +190,19 @@ std::string_view to_string(StepOpKind k) noexcept {
   return "unknown";
 }
 
+Op operation(StepOpKind k) noexcept {
+  switch (k) {
+    case StepOpKind::kAttnReduce:
+    case StepOpKind::kMlpReduce:
+      return Op::kAllReduceAddRmsNorm;
+    case StepOpKind::kMoeReduce:
+      return Op::kMoeFinalize;
+    case StepOpKind::kLmHead:
+      return Op::kLmHeadExchange;
+  }
+  return Op::kAllReduce;
+}
+
 std::int64_t StepPlan::in_bytes() const noexcept {
   std::int64_t sum = 0;
   for (const StepOp& op : ops) sum += op.in_bytes;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/op.hpp"
 #include "tpcomm/types.hpp"
 
 namespace tpcomm::tools {
@@ -98,6 +99,9 @@ enum class StepOpKind : std::uint8_t {
 
 /// "attn_reduce", "mlp_reduce", "moe_reduce", "lm_head".
 std::string_view to_string(StepOpKind k) noexcept;
+
+/// The group's operation a call of kind `k` makes (NOTE [the operation table]).
+Op operation(StepOpKind k) noexcept;
 
 /// One operation of the plan, with its shapes (elements) and the bytes of one rank's input and
 /// output of its collective. Reductions: `[rows, cols]` = `[tokens, hidden]` in and out; a MoE

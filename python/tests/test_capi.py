@@ -30,6 +30,19 @@ def test_version_matches_the_project():
         assert 'dynamic = ["version"]' in f.read()
 
 
+def test_backend_for_knows_the_c_operations():
+    # NOTE [the operation table] (src/backends/op.hpp): Python's names and values are C's
+    # `tpcomm_op`, which a cpu test checks against the library's table.
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "include", "tpcomm", "tpcomm.h")) as f:
+        header = f.read()
+    body = header[header.index("typedef enum tpcomm_op {"):header.index("} tpcomm_op;")]
+    in_c = {m.group(1).lower(): int(m.group(2))
+            for m in re.finditer(r"TPCOMM_OP_([A-Z0-9_]+) = ([0-9]+)", body)}
+    assert in_c and tpcomm._OPS == in_c
+
+
 def test_info_text_and_json():
     text = tpcomm.info()
     assert text.startswith("tpcomm " + tpcomm.version() + "\n")

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "api/capi_support.hpp"
+#include "backends/op.hpp"
 #include "kernels/launch_error.hpp"
 #include "ops/fused_norm.hpp"
 #include "ops/moe.hpp"
@@ -128,6 +129,14 @@ const char* tpcomm_group_last_error(tpcomm_group group) {
              ? ""
              : group->last_error.c_str();
 }
+
+// NOTE [the operation table] (backends/op.hpp): the C values are the table's.
+static_assert(tpcomm::row(tpcomm::Op::kAllReduce).c_code == TPCOMM_OP_ALL_REDUCE);
+static_assert(tpcomm::row(tpcomm::Op::kAllReduceAddRmsNorm).c_code ==
+              TPCOMM_OP_ALL_REDUCE_ADD_RMSNORM);
+static_assert(tpcomm::row(tpcomm::Op::kAllGather).c_code == TPCOMM_OP_ALL_GATHER);
+static_assert(tpcomm::row(tpcomm::Op::kAllToAll).c_code == TPCOMM_OP_ALL_TO_ALL);
+static_assert(tpcomm::row(tpcomm::Op::kMoeFinalize).c_code == TPCOMM_OP_MOE_FINALIZE);
 
 tpcomm_status tpcomm_group_backend_for(tpcomm_group group, int op, const tpcomm_tensor* in,
                                        const tpcomm_tensor* out, int capturing, char* buf,

@@ -5,34 +5,6 @@
 
 namespace tpcomm {
 
-std::string_view to_string(Op op) noexcept {
-  switch (op) {
-    case Op::kAllReduce:
-      return "all_reduce";
-    case Op::kAllGather:
-      return "all_gather";
-    case Op::kReduceScatter:
-      return "reduce_scatter";
-    case Op::kAllToAll:
-      return "all_to_all";
-    case Op::kBroadcast:
-      return "broadcast";
-    case Op::kSend:
-      return "send";
-    case Op::kRecv:
-      return "recv";
-    case Op::kAllReduceAddRmsNorm:
-      return "all_reduce_add_rmsnorm";
-    case Op::kLmHeadExchange:
-      return "lm_head_exchange";
-    case Op::kGather:
-      return "gather";
-    case Op::kMoeFinalize:
-      return "moe_finalize_all_reduce_add_rmsnorm";
-  }
-  return "unknown";
-}
-
 void BackendChain::add(std::unique_ptr<Backend> backend) {
   backends_.push_back(std::move(backend));
   auto slots = std::make_unique<std::atomic<const char*>[]>(kReasonSlots);

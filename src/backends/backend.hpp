@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/op.hpp"
 #include "kernels/kernels.hpp"
 #include "tpcomm/lm_head.hpp"
 #include "tpcomm/status.hpp"
@@ -26,31 +27,6 @@ namespace tpcomm {
 class Backend;
 
 struct ExchangePlan;  // backends/exchange_plan.hpp
-
-/// The collective a request asks for.
-enum class Op : std::uint8_t {
-  kAllReduce,
-  kAllGather,
-  kReduceScatter,
-  kAllToAll,
-  kBroadcast,
-  kSend,
-  kRecv,
-  /// All-reduce, residual add and RMSNorm in one kernel (`Request::fusion`); only the custom
-  /// backend serves it (the group falls back to all-reduce + the local kernel otherwise).
-  kAllReduceAddRmsNorm,
-  /// The vocabulary-sharded LM head's exchange (`Request::plan`); only the custom backend serves
-  /// it (the group falls back to an all-gather and a local copy otherwise).
-  kLmHeadExchange,
-  /// Every rank's input concatenated on rank `Request::peer` (`out` there; empty elsewhere).
-  kGather,
-  /// The MoE combine (`Request::moe`), then kAllReduceAddRmsNorm of it: served by the custom
-  /// backend with the combine as the Lamport kernels' prologue, else by the composite that runs
-  /// the combine into `in` first (ops/moe.hpp).
-  kMoeFinalize,
-};
-
-std::string_view to_string(Op op) noexcept;
 
 /// A call's identity as its kernels carry it (NOTE [fingerprints] in kernels/common/sync.cuh):
 /// the fingerprint of what was asked (backends/fingerprint.hpp), and the group's count of

@@ -42,7 +42,7 @@ std::uint32_t shape_hash(std::span<const std::int64_t> values) noexcept {
 
 std::string describe_fingerprint(std::uint64_t fp) {
   const auto op_code = static_cast<int>(fp >> kOpShift);
-  if (fp == 0 || op_code > static_cast<int>(Op::kMoeFinalize) + 1) {
+  if (fp == 0 || op_code > static_cast<int>(kOpCount)) {
     char hex[32];
     std::snprintf(hex, sizeof(hex), "0x%016llx", static_cast<unsigned long long>(fp));
     return detail::concat("an operation of unknown fingerprint ", hex);
