@@ -51,8 +51,8 @@ def main(paths):
     if not paths:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
-    header = (f"{'report':<36} {'operation':<44} {'ranks':>5} {'cache':<5} {'size':>10} {'tokens':>6} "
-              f"{'auto (us)':>9} {'auto path':<28} {'best (us)':>9} {'best':<16} "
+    header = (f"{'report':<36} {'operation':<44} {'ranks':>5} {'cache':<5} {'size':>10} "
+              f"{'tokens':>6} {'auto (us)':>9} {'auto path':<28} {'best (us)':>9} {'best':<16} "
               f"{'best path':<28} {'ratio':>6}")
     lines, counts, without = [], [], []
     for path in paths:
@@ -72,9 +72,9 @@ def main(paths):
         counts.append(f"{name}: {len(losses)} of {len(audit)} points")
         for p in losses:
             lines.append(f"{name:<36} {shape(doc, p['op']):<44} {p['world_size']:>5} {cache:<5} "
-                         f"{p['size']:>10} {tokens(doc, p['size']):>6} {p['builtin_us']:>9.2f} {p['builtin_path']:<28} "
-                         f"{p['best_us']:>9.2f} {p['best_algo']:<16} {p['best_path']:<28} "
-                         f"{p['builtin_us'] / p['best_us']:>6.3f}")
+                         f"{p['size']:>10} {tokens(doc, p['size']):>6} {p['builtin_us']:>9.2f} "
+                         f"{p['builtin_path']:<28} {p['best_us']:>9.2f} {p['best_algo']:<16} "
+                         f"{p['best_path']:<28} {p['builtin_us'] / p['best_us']:>6.3f}")
     print(f"# tpcomm bench --audit: {len(lines)} loss(es) in {len(counts)} report(s), auto "
           "slower than the fastest other path by more than max(3%, 0.2 us)")
     if lines:

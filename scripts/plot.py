@@ -38,10 +38,10 @@ ELEMENT_BYTES = {"double": 8, "float": 4, "int32": 4, "uint32": 4, "int64": 8, "
                  "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "f8e4m3": 1, "f8e5m2": 1}
 
 
-def human_bytes(n):
+def human_bytes(n, digits=None):
     for unit in ("B", "K", "M", "G"):
         if abs(n) < 1024 or unit == "G":
-            return f"{n:g}{unit}"
+            return f"{n:.{digits}g}{unit}" if digits else f"{n:g}{unit}"
         n /= 1024
     return f"{n:g}G"
 
@@ -157,10 +157,10 @@ def size_label(size, facts, dtype):
     """The size, with the tokens it holds where the row length is known."""
     row = facts.get("vocab") or facts.get("hidden")
     es = ELEMENT_BYTES.get(dtype)
+    short = human_bytes(size, digits=3)  # 5760 B: 5.62K, not 5.625K
     if row and es and size % (row * es) == 0:
-        tokens = size // (row * es)
-        return f"{human_bytes(size)}\n{tokens} tok"
-    return human_bytes(size)
+        return f"{short}\n{size // (row * es)} tok"
+    return short
 
 
 def plot_audit(docs, plt, matplotlib):
