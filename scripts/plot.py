@@ -221,6 +221,9 @@ def plot_audit(docs, plt, matplotlib):
             plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
             ax.yaxis.set_major_formatter(plain)
             ax.yaxis.set_minor_formatter(plain)
+        else:  # the margin's band no taller than a few percent of the panel
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(min(lo, 0.9), max(hi, 1.1))
         sizes = sorted(sizes)
         step = max(1, len(sizes) // 8)
         ax.set_xticks(sizes[::step])
