@@ -163,11 +163,13 @@ def size_label(size, facts, dtype):
     return short
 
 
-def plot_audit(docs, plt, matplotlib):
-    """Panels per operation and shape; a line per (world size, hot or cold)."""
-    panels = {}  # (op, facts) -> {(world, cold): [(size, ratio, loss, best_algo)]}
+def plot_audit(docs, names, plt, matplotlib):
+    """Panels per operation and shape; a line per (world size, hot or cold). Reports that do not
+    record their shape (`hidden`, ...) and would share a line keep their own, named by file."""
+    panels = {}  # (op, facts) -> {(world, cold, file or ""): [(size, ratio, loss, best_algo)]}
+    owners = {}  # (op, facts, world, cold) -> the report that drew that line first
     dtypes = {}
-    for doc in docs:
+    for doc, name in zip(docs, names):
         audit = doc.get("audit")
         if not isinstance(audit, list):
             raise ValueError("a report without an audit section among audit reports")
@@ -184,15 +186,22 @@ def plot_audit(docs, plt, matplotlib):
                 ratio, best = p["builtin_us"] / p["best_us"], p["best_algo"]
             else:
                 continue  # no other path timed at this size
-            line = panels.setdefault(key, {}).setdefault((p["world_size"], cold), [])
+            owner = owners.setdefault(key + (p["world_size"], cold), name)
+            tag = "" if owner == name else os.path.basename(name)
+            line = panels.setdefault(key, {}).setdefault((p["world_size"], cold, tag), [])
             line.append((p["size"], ratio, bool(p.get("loss")), best))
     if not panels:
         raise ValueError("the audit reports have no point with another path to compare")
+    for key, lines in panels.items():  # the first of reports sharing a line named too
+        for world, cold, tag in list(lines):
+            if tag and (world, cold, "") in lines:
+                first = os.path.basename(owners[key + (world, cold)])
+                lines[(world, cold, first)] = lines.pop((world, cold, ""))
     n = len(panels)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
-    worlds = sorted({w for lines in panels.values() for w, _ in lines})
+    worlds = sorted({line[0] for lines in panels.values() for line in lines})
     colors = {w: f"C{i}" for i, w in enumerate(worlds)}
     for ax, (key, lines) in zip(axes.flat, sorted(panels.items(), key=str)):
         op, facts, dtype = key[0], dict(key[1]), dtypes[key]
@@ -200,12 +209,12 @@ def plot_audit(docs, plt, matplotlib):
                    label="margin: max(3%, 0.2 µs)")
         ax.axhline(1.0, color="black", linewidth=0.8)
         sizes = set()
-        for (world, cold), pts in sorted(lines.items()):
+        for (world, cold, tag), pts in sorted(lines.items()):
             pts.sort()
             sizes.update(s for s, *_ in pts)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "--" if cold else "-", marker="o",
                     markersize=3, color=colors[world],
-                    label=f"{world} ranks" + (", cold" if cold else ""))
+                    label=", ".join([f"{world} ranks"] + ["cold"] * cold + [tag] * bool(tag)))
             for size, ratio, loss, best in pts:
                 if loss:
                     ax.plot(size, ratio, "x", color="red", markersize=9, markeredgewidth=2)
@@ -336,7 +345,7 @@ def main():
             return 1
     doc = docs[0]
     if "audit" in doc:
-        fig = plot_audit(docs, plt, matplotlib)
+        fig = plot_audit(docs, a.report, plt, matplotlib)
     elif doc.get("tool") == "tpcomm bench":
         fig = plot_bench(doc, plt, matplotlib)
     else:
