@@ -4,7 +4,7 @@
 # the folder given as the first argument. Uses the build in ./build (configure and build it
 # first, or carry it from a machine with the same CUDA toolkit).
 #
-#   scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python]
+#   scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python|audit]
 #
 # `gpu` runs the gpu tier, its first-launch repeats and the mgpu tier alone (`tests` is those, the
 # fault matrix and the launcher and C API checks).
@@ -15,10 +15,16 @@
 # its tests: the C API from C and Python, the PyTorch ops (opcheck, torch.compile, CUDA graphs),
 # the engine adapters, the tensor-parallel MLP under torchrun, and scripts/bench-torch.py.
 #
+# `audit` runs `tpcomm bench --audit` over every operation and the presets' decode shapes at 2, 4
+# and 8 virtual ranks, hot and --cold, most important first (about 8 minutes: the runs left once
+# AUDIT_BUDGET_S seconds, default 480, are spent are skipped; each run is stopped after
+# STEP_TIMEOUT, here 120 by default), then plots each operation's audit (OUTDIR/audit-*.png) and
+# lists every loss in OUTDIR/audit-summary.txt.
+#
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
-out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python]}
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python|audit]}
 what=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -344,6 +350,109 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = step ]; then
   step step "$bin/tpcomm" step --model deepseek-v3 --tp 8 --virtual-ranks 8 --tokens 1,128 \
     --compute-us 20 --json "$out/step-deepseek-v3-w8-compute20.json" \
     ${plot:+--plot "$out/step-deepseek-v3-w8-compute20.png"}
+fi
+
+if [ "$what" = audit ]; then
+  # The built-in choice audited over the decode shapes (tpcomm bench --audit: every path the group
+  # can take, in alternating rounds; a loss is auto slower than the fastest other path by more
+  # than max(3%, 0.2 us)): every operation at 8, 4 and 2 virtual ranks, hot and --cold, each run's
+  # JSON audit-<run>.json, most important first; once AUDIT_BUDGET_S seconds (default 480) are
+  # spent the remaining runs are skipped. Then the plots (audit-<operation>.png) and
+  # audit-summary.txt: every loss, and the runs skipped. Sizes: the all-reduce 4 KiB..4 MiB; the
+  # fused norm and the MoE finalize 1, 4, 16, 64 and 256 tokens of the presets' hidden sizes; the
+  # LM head 1..64 tokens; the exchanges 4 KiB..1 MiB per rank. The fused norm's FP8 forms are not
+  # audited: the bench has no flag for them.
+  audit_budget=${AUDIT_BUDGET_S:-480}
+  audit_start=$SECONDS
+  audit_skipped=()
+  # The bench's JSON does not record --cold or the shape's flags: each report gets them as
+  # top-level keys (`cold`, `hidden`, `top_k`, `shared_expert`, `vocab`), which scripts/plot.py
+  # and scripts/audit-summary.py read.
+  note_run() {  # note_run JSON "KEY=JSON-VALUE ..."
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+with open(sys.argv[1], encoding="utf-8") as f:
+    doc = json.load(f)
+for fact in sys.argv[2].split():
+    key, value = fact.split("=", 1)
+    doc[key] = json.loads(value)
+with open(sys.argv[1], "w", encoding="utf-8") as f:
+    json.dump(doc, f, indent=2)
+PY
+  }
+  audit_run() {  # audit_run NAME "FACTS" BENCH-ARGS...: hot, then cold, while the budget lasts
+    local name=$1 facts=$2 cold is_cold run json
+    shift 2
+    for cold in "" --cold; do
+      is_cold=false
+      [ -n "$cold" ] && is_cold=true
+      run="audit-$name${cold:+-cold}"
+      json="$out/$run.json"
+      if [ $((SECONDS - audit_start)) -ge "$audit_budget" ]; then
+        audit_skipped+=("$run")
+        continue
+      fi
+      rm -f "$json"
+      STEP_TIMEOUT=${STEP_TIMEOUT:-120} step "$run" "$bin/tpcomm" bench "$@" ${cold:+"$cold"} \
+        -d bfloat16 --graph -n 10 -w 3 --graph-replays 5 --audit --audit-repeats 2 --json "$json"
+      [ -f "$json" ] && note_run "$json" "cold=$is_cold $facts"
+    done
+  }
+  audit_core() {  # the all-reduce and the fused norm at R ranks
+    local r=$1 h
+    audit_run "allreduce-w$r" "" --virtual-ranks "$r" -b 4K -e 4M -f 2
+    for h in 7168 4096 8192 5120 2880; do
+      audit_run "fused-h$h-w$r" "hidden=$h" --virtual-ranks "$r" --op allreduce_add_rmsnorm \
+        --hidden "$h" -b $((h * 2)) -e $((h * 2 * 256)) -f 4
+    done
+  }
+  audit_rest() {  # the MoE finalize of the MoE presets, the LM head and the exchanges at R ranks
+    local r=$1 moe h k shared flags vocab op
+    # DeepSeek-V3 (top-8 and a shared expert), Qwen3-235B-A22B (top-8), gpt-oss-120b (top-4).
+    for moe in 7168:8:true 4096:8:false 2880:4:false; do
+      IFS=: read -r h k shared <<<"$moe"
+      flags=(--op moe_finalize --hidden "$h" --top-k "$k")
+      [ "$shared" = true ] && flags+=(--shared-expert)
+      audit_run "moe-h$h-k$k-w$r" "hidden=$h top_k=$k shared_expert=$shared" \
+        --virtual-ranks "$r" "${flags[@]}" -b $((h * 2)) -e $((h * 2 * 256)) -f 4
+    done
+    for vocab in 129280 201088; do
+      audit_run "lm-head-v$vocab-w$r" "vocab=$vocab" --virtual-ranks "$r" --op lm_head_exchange \
+        --vocab "$vocab" --tokens 1,4,16,64
+    done
+    for op in allgather gather; do  # sizes are the output's: world x the input
+      audit_run "$op-w$r" "" --virtual-ranks "$r" --op "$op" -b $((r * 4096)) -e $((r << 20)) -f 4
+    done
+    audit_run "alltoall-w$r" "" --virtual-ranks "$r" --op alltoall -b 4K -e 1M -f 4
+  }
+  audit_core 8
+  audit_rest 8
+  audit_core 4
+  audit_core 2
+  audit_rest 4
+  audit_rest 2
+  plot_py=""
+  for py in python3 /usr/bin/python3; do
+    "$py" -c 'import matplotlib' 2>/dev/null && { plot_py=$py; break; }
+  done
+  if [ -n "$plot_py" ]; then
+    shopt -s nullglob
+    for group in allreduce fused moe lm-head exchange; do
+      files=("$out/audit-$group"-*.json)
+      [ "$group" = exchange ] && files=("$out"/audit-*gather-*.json "$out"/audit-alltoall-*.json)
+      [ "${#files[@]}" -gt 0 ] &&
+        step audit-plot "$plot_py" scripts/plot.py "${files[@]}" -o "$out/audit-$group.png"
+    done
+    shopt -u nullglob
+  else
+    echo "note: no matplotlib for python3: no audit plots (apt-get install python3-matplotlib)"
+  fi
+  python3 scripts/audit-summary.py "$out"/audit-*.json >"$out/audit-summary.txt" 2>&1
+  if [ "${#audit_skipped[@]}" -gt 0 ]; then
+    echo "# skipped, the budget of $audit_budget s spent (AUDIT_BUDGET_S):" \
+      "${audit_skipped[*]}" >>"$out/audit-summary.txt"
+  fi
+  cat "$out/audit-summary.txt"
 fi
 
 echo "== failures"

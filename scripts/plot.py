@@ -2,10 +2,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Draws tpcomm's JSON reports as PNG charts.
 
-    scripts/plot.py REPORT.json [-o OUT.png] [--check]
+    scripts/plot.py REPORT.json [REPORT.json ...] [-o OUT.png] [--check]
 
 - `tpcomm bench --json` reports: latency against message size, one line per algorithm (NCCL's
   dashed), log axes; with an NCCL row, a second panel shows each algorithm's speed-up over it.
+- `tpcomm bench --audit --json` reports (those with an `audit` section), one or several (a
+  world size each, hot and `--cold`): per operation and shape, the built-in choice's time over
+  the fastest other path's against size, one line per world size (cold ones dashed), the margin
+  a loss must exceed shaded (max(3%, 0.2 µs): 1.03 shown), and the audit's losses marked.
 - `tpcomm step --json` reports: for each token count, one bar per variant, stacked by component
   (each component's reductions timed alone, and the compute gaps), with the whole step measured
   as one graph marked on top and the share of it that tpcomm's chosen paths save.
@@ -24,12 +28,20 @@ COMPONENTS = (("attn_reduce", "attention reductions", "#4C72B0"),
               ("mlp_reduce", "MLP / MoE reductions", "#55A868"),
               ("lm_head", "LM head", "#C44E52"))
 COMPUTE_COLOR = "#BBBBBB"
+# tools/audit.hpp: the rows that are not paths a group can take, and the margin a loss exceeds.
+AUDIT_NOT_PATHS = ("nccl_direct", "memcpy", "allreduce")
+AUDIT_MARGIN_RATIO = 1.03
+# What a run's shape is made of, read from its rows or its report's top level where recorded
+# (scripts/gpu-run.sh's audit mode adds them to each report it writes).
+SHAPE_FACTS = ("hidden", "top_k", "shared_expert", "vocab")
+ELEMENT_BYTES = {"double": 8, "float": 4, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+                 "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "f8e4m3": 1, "f8e5m2": 1}
 
 
-def human_bytes(n):
+def human_bytes(n, digits=None):
     for unit in ("B", "K", "M", "G"):
         if abs(n) < 1024 or unit == "G":
-            return f"{n:g}{unit}"
+            return f"{n:.{digits}g}{unit}" if digits else f"{n:g}{unit}"
         n /= 1024
     return f"{n:g}G"
 
@@ -94,6 +106,152 @@ def plot_bench(doc, plt, matplotlib):
     return fig
 
 
+def run_fact(doc, key):
+    """A fact of the run (`cold`, `hidden`, ...): its first row's, else the report's, else None."""
+    rows = doc.get("rows") or [{}]
+    return rows[0].get(key, doc.get(key))
+
+
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def fastest_other(doc):
+    """(op, size) -> (time, algo) of the fastest path other than the one auto took, each path's
+    median over the audit's rounds, as tools/audit.cpp reduces them."""
+    times = {}  # (op, size) -> algo -> [time_us]
+    paths = {}  # (op, size, algo) -> served_by
+    for r in doc.get("rows", []):
+        col = r.get("out_of_place")
+        if r.get("algo") in AUDIT_NOT_PATHS or not isinstance(col, dict) or "time_us" not in col:
+            continue
+        key = (r.get("op"), r.get("size"))
+        times.setdefault(key, {}).setdefault(r["algo"], []).append(col["time_us"])
+        paths.setdefault(key + (r["algo"],), r.get("served_by", ""))
+    out = {}
+    for key, algos in times.items():
+        if "auto" not in algos:
+            continue
+        auto_path = paths[key + ("auto",)]
+        others = [(median(us), algo) for algo, us in algos.items()
+                  if algo != "auto" and paths[key + (algo,)] != auto_path]
+        if others:
+            out[key] = min(others)
+    return out
+
+
+def shape_label(op, facts):
+    parts = [op]
+    if facts.get("hidden"):
+        parts.append(f"hidden {facts['hidden']}")
+    if facts.get("top_k"):
+        parts.append(f"top-{facts['top_k']}" + (" + shared" if facts.get("shared_expert") else ""))
+    if facts.get("vocab"):
+        parts.append(f"vocab {facts['vocab']}")
+    return ", ".join(parts)
+
+
+def size_label(size, facts, dtype):
+    """The size, with the tokens it holds where the row length is known."""
+    row = facts.get("vocab") or facts.get("hidden")
+    es = ELEMENT_BYTES.get(dtype)
+    short = human_bytes(size, digits=3)  # 5760 B: 5.62K, not 5.625K
+    if row and es and size % (row * es) == 0:
+        return f"{short}\n{size // (row * es)} tok"
+    return short
+
+
+def plot_audit(docs, names, plt, matplotlib):
+    """Panels per operation and shape; a line per (world size, hot or cold). Reports that do not
+    record their shape (`hidden`, ...) and would share a line keep their own, named by file."""
+    panels = {}  # (op, facts) -> {(world, cold, file or ""): [(size, ratio, loss, best_algo)]}
+    owners = {}  # (op, facts, world, cold) -> the report that drew that line first
+    dtypes = {}
+    for doc, name in zip(docs, names):
+        audit = doc.get("audit")
+        if not isinstance(audit, list):
+            raise ValueError("a report without an audit section among audit reports")
+        facts = tuple((k, run_fact(doc, k)) for k in SHAPE_FACTS if run_fact(doc, k))
+        cold = bool(run_fact(doc, "cold"))
+        others = fastest_other(doc)
+        for p in audit:
+            key = (p["op"], facts)
+            dtypes.setdefault(key, run_fact(doc, "type"))
+            other = others.get((p["op"], p["size"]))
+            if other:
+                ratio, best = p["builtin_us"] / other[0], other[1]
+            elif p["best_algo"] != "auto":
+                ratio, best = p["builtin_us"] / p["best_us"], p["best_algo"]
+            else:
+                continue  # no other path timed at this size
+            owner = owners.setdefault(key + (p["world_size"], cold), name)
+            tag = "" if owner == name else os.path.basename(name)
+            line = panels.setdefault(key, {}).setdefault((p["world_size"], cold, tag), [])
+            line.append((p["size"], ratio, bool(p.get("loss")), best))
+    if not panels:
+        raise ValueError("the audit reports have no point with another path to compare")
+    for key, lines in panels.items():  # the first of reports sharing a line named too
+        for world, cold, tag in list(lines):
+            if tag and (world, cold, "") in lines:
+                first = os.path.basename(owners[key + (world, cold)])
+                lines[(world, cold, first)] = lines.pop((world, cold, ""))
+    n = len(panels)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
+    worlds = sorted({line[0] for lines in panels.values() for line in lines})
+    colors = {w: f"C{i}" for i, w in enumerate(worlds)}
+    for ax, (key, lines) in zip(axes.flat, sorted(panels.items(), key=str)):
+        op, facts, dtype = key[0], dict(key[1]), dtypes[key]
+        ax.axhspan(1.0, AUDIT_MARGIN_RATIO, color="#DDDDDD", zorder=0,
+                   label="margin: max(3%, 0.2 µs)")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        sizes = set()
+        for (world, cold, tag), pts in sorted(lines.items()):
+            pts.sort()
+            sizes.update(s for s, *_ in pts)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "--" if cold else "-", marker="o",
+                    markersize=3, color=colors[world],
+                    label=", ".join([f"{world} ranks"] + ["cold"] * cold + [tag] * bool(tag)))
+            for size, ratio, loss, best in pts:
+                if loss:
+                    ax.plot(size, ratio, "x", color="red", markersize=9, markeredgewidth=2)
+                    ax.annotate(best, (size, ratio), textcoords="offset points", xytext=(4, 4),
+                                fontsize=7, color="red")
+        if any(loss for pts in lines.values() for *_, loss, _ in pts):
+            ax.plot([], [], "x", color="red", markersize=9, markeredgewidth=2,
+                    label="loss (the audit's; beside it, the faster path)")
+        ax.set_xscale("log", base=2)
+        ratios = [p[1] for pts in lines.values() for p in pts]
+        if max(ratios) / min(ratios) > 4:  # a path far behind would flatten the rest
+            ax.set_yscale("log")
+            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+        else:  # the margin's band no taller than a few percent of the panel
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(min(lo, 0.9), max(hi, 1.1))
+        sizes = sorted(sizes)
+        step = max(1, len(sizes) // 8)
+        ax.set_xticks(sizes[::step])
+        ax.set_xticklabels([size_label(s, facts, dtype) for s in sizes[::step]], fontsize=8)
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_title(shape_label(op, facts), fontsize=10)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("auto / fastest other path")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    version = docs[0].get("version", "")
+    fig.suptitle(f"tpcomm bench {version} --audit: the built-in choice's time over the fastest "
+                 "other path's (above 1: another path is faster)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    return fig
+
+
 def plot_step(doc, plt, matplotlib):
     configs = doc.get("configs", [])
     if not configs:
@@ -154,12 +312,15 @@ def plot_step(doc, plt, matplotlib):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("report", help="a tpcomm bench --json or tpcomm step --json file")
-    p.add_argument("-o", "--output", help="the PNG to write (default: REPORT with .png)")
+    p.add_argument("report", nargs="+",
+                   help="a tpcomm bench --json or tpcomm step --json file; several: tpcomm bench "
+                        "--audit reports, drawn together")
+    p.add_argument("-o", "--output",
+                   help="the PNG to write (default: the first REPORT with .png)")
     p.add_argument("--check", action="store_true",
                    help="exit 77 without matplotlib, and verify the PNG (for the tests)")
     a = p.parse_args()
-    out = a.output or os.path.splitext(a.report)[0] + ".png"
+    out = a.output or os.path.splitext(a.report[0])[0] + ".png"
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -169,17 +330,26 @@ def main():
         print("plot.py needs matplotlib: apt-get install python3-matplotlib (Debian/Ubuntu) or "
               "python3 -m pip install matplotlib", file=sys.stderr)
         return 77 if a.check else 1
-    with open(a.report, encoding="utf-8") as f:
-        doc = json.load(f)
-    tool = doc.get("tool")
-    if tool == "tpcomm bench":
+    docs = []
+    for path in a.report:
+        with open(path, encoding="utf-8") as f:
+            docs.append(json.load(f))
+        tool = docs[-1].get("tool")
+        if tool not in ("tpcomm bench", "tpcomm step"):
+            print(f"{path}: not a tpcomm bench or tpcomm step report (tool: {tool!r})",
+                  file=sys.stderr)
+            return 1
+        if len(a.report) > 1 and "audit" not in docs[-1]:
+            print(f"{path}: several reports are drawn together only as audits, and this one has "
+                  "no audit section (tpcomm bench --audit --json)", file=sys.stderr)
+            return 1
+    doc = docs[0]
+    if "audit" in doc:
+        fig = plot_audit(docs, a.report, plt, matplotlib)
+    elif doc.get("tool") == "tpcomm bench":
         fig = plot_bench(doc, plt, matplotlib)
-    elif tool == "tpcomm step":
-        fig = plot_step(doc, plt, matplotlib)
     else:
-        print(f"{a.report}: not a tpcomm bench or tpcomm step report (tool: {tool!r})",
-              file=sys.stderr)
-        return 1
+        fig = plot_step(doc, plt, matplotlib)
     fig.savefig(out, dpi=120)
     if a.check:
         with open(out, "rb") as f:
