@@ -15,8 +15,8 @@ import json
 import os
 import sys
 
-# Facts of a run read from its rows or its report's top level where recorded (scripts/gpu-run.sh's
-# audit mode adds them to each report it writes; scripts/plot.py reads the same).
+# Facts of a run: `tpcomm bench` writes them in each row (with `cold`); reports written before it
+# did may carry them at their top level (scripts/plot.py reads the same).
 SHAPE_FACTS = ("hidden", "top_k", "shared_expert", "vocab")
 ELEMENT_BYTES = {"double": 8, "float": 4, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
                  "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "f8e4m3": 1, "f8e5m2": 1}

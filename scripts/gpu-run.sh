@@ -365,27 +365,10 @@ if [ "$what" = audit ]; then
   audit_budget=${AUDIT_BUDGET_S:-480}
   audit_start=$SECONDS
   audit_skipped=()
-  # The bench's JSON does not record --cold or the shape's flags: each report gets them as
-  # top-level keys (`cold`, `hidden`, `top_k`, `shared_expert`, `vocab`), which scripts/plot.py
-  # and scripts/audit-summary.py read.
-  note_run() {  # note_run JSON "KEY=JSON-VALUE ..."
-    python3 - "$1" "$2" <<'PY'
-import json, sys
-with open(sys.argv[1], encoding="utf-8") as f:
-    doc = json.load(f)
-for fact in sys.argv[2].split():
-    key, value = fact.split("=", 1)
-    doc[key] = json.loads(value)
-with open(sys.argv[1], "w", encoding="utf-8") as f:
-    json.dump(doc, f, indent=2)
-PY
-  }
-  audit_run() {  # audit_run NAME "FACTS" BENCH-ARGS...: hot, then cold, while the budget lasts
-    local name=$1 facts=$2 cold is_cold run json
-    shift 2
+  audit_run() {  # audit_run NAME BENCH-ARGS...: hot, then cold, while the budget lasts
+    local name=$1 cold run json
+    shift
     for cold in "" --cold; do
-      is_cold=false
-      [ -n "$cold" ] && is_cold=true
       run="audit-$name${cold:+-cold}"
       json="$out/$run.json"
       if [ $((SECONDS - audit_start)) -ge "$audit_budget" ]; then
@@ -395,14 +378,13 @@ PY
       rm -f "$json"
       STEP_TIMEOUT=${STEP_TIMEOUT:-120} step "$run" "$bin/tpcomm" bench "$@" ${cold:+"$cold"} \
         -d bfloat16 --graph -n 10 -w 3 --graph-replays 5 --audit --audit-repeats 2 --json "$json"
-      [ -f "$json" ] && note_run "$json" "cold=$is_cold $facts"
     done
   }
   audit_core() {  # the all-reduce and the fused norm at R ranks
     local r=$1 h
-    audit_run "allreduce-w$r" "" --virtual-ranks "$r" -b 4K -e 4M -f 2
+    audit_run "allreduce-w$r" --virtual-ranks "$r" -b 4K -e 4M -f 2
     for h in 7168 4096 8192 5120 2880; do
-      audit_run "fused-h$h-w$r" "hidden=$h" --virtual-ranks "$r" --op allreduce_add_rmsnorm \
+      audit_run "fused-h$h-w$r" --virtual-ranks "$r" --op allreduce_add_rmsnorm \
         --hidden "$h" -b $((h * 2)) -e $((h * 2 * 256)) -f 4
     done
   }
@@ -413,17 +395,17 @@ PY
       IFS=: read -r h k shared <<<"$moe"
       flags=(--op moe_finalize --hidden "$h" --top-k "$k")
       [ "$shared" = true ] && flags+=(--shared-expert)
-      audit_run "moe-h$h-k$k-w$r" "hidden=$h top_k=$k shared_expert=$shared" \
-        --virtual-ranks "$r" "${flags[@]}" -b $((h * 2)) -e $((h * 2 * 256)) -f 4
+      audit_run "moe-h$h-k$k-w$r" --virtual-ranks "$r" "${flags[@]}" \
+        -b $((h * 2)) -e $((h * 2 * 256)) -f 4
     done
     for vocab in 129280 201088; do
-      audit_run "lm-head-v$vocab-w$r" "vocab=$vocab" --virtual-ranks "$r" --op lm_head_exchange \
+      audit_run "lm-head-v$vocab-w$r" --virtual-ranks "$r" --op lm_head_exchange \
         --vocab "$vocab" --tokens 1,4,16,64
     done
     for op in allgather gather; do  # sizes are the output's: world x the input
-      audit_run "$op-w$r" "" --virtual-ranks "$r" --op "$op" -b $((r * 4096)) -e $((r << 20)) -f 4
+      audit_run "$op-w$r" --virtual-ranks "$r" --op "$op" -b $((r * 4096)) -e $((r << 20)) -f 4
     done
-    audit_run "alltoall-w$r" "" --virtual-ranks "$r" --op alltoall -b 4K -e 1M -f 4
+    audit_run "alltoall-w$r" --virtual-ranks "$r" --op alltoall -b 4K -e 1M -f 4
   }
   audit_core 8
   audit_rest 8

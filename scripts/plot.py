@@ -31,8 +31,8 @@ COMPUTE_COLOR = "#BBBBBB"
 # tools/audit.hpp: the rows that are not paths a group can take, and the margin a loss exceeds.
 AUDIT_NOT_PATHS = ("nccl_direct", "memcpy", "allreduce")
 AUDIT_MARGIN_RATIO = 1.03
-# What a run's shape is made of, read from its rows or its report's top level where recorded
-# (scripts/gpu-run.sh's audit mode adds them to each report it writes).
+# What a run's shape is made of: `tpcomm bench` writes it in each row (with `cold`); reports
+# written before it did may carry it at their top level.
 SHAPE_FACTS = ("hidden", "top_k", "shared_expert", "vocab")
 ELEMENT_BYTES = {"double": 8, "float": 4, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
                  "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "f8e4m3": 1, "f8e5m2": 1}

@@ -513,17 +513,22 @@ class Bench {
               {"busbw_gbps", algbw * bus_factor(o_.op, boot_.world_size())},
               {"wrong", m.wrong}};
     };
-    return {{"algo", algo.name},
-            {"op", op_name()},
-            {"size", bytes},
-            {"count", count},
-            {"type", to_string(o_.dtype)},
-            {"redop", to_string(o_.redop)},
-            {"graph", o_.graph},
-            {"world_size", boot_.world_size()},
-            {"served_by", served},
-            {"out_of_place", col(oop)},
-            {"in_place", col(ip)}};
+    nlohmann::json row = {{"algo", algo.name},
+                          {"op", op_name()},
+                          {"size", bytes},
+                          {"count", count},
+                          {"type", to_string(o_.dtype)},
+                          {"redop", to_string(o_.redop)},
+                          {"graph", o_.graph},
+                          {"world_size", boot_.world_size()},
+                          {"served_by", served},
+                          {"cold", o_.cold},
+                          {"out_of_place", col(oop)},
+                          {"in_place", col(ip)}};
+    if (o_.add_rmsnorm) row["hidden"] = o_.hidden;  // the shape the size counts rows of
+    if (o_.moe) row.update({{"top_k", o_.top_k}, {"shared_expert", o_.shared_expert}});
+    if (o_.lm_head) row["vocab"] = o_.vocab;
+    return row;
   }
 
   Bootstrap& boot_;
