@@ -85,8 +85,9 @@ bool runs_on(const Plan& plan, const Backend* backend) noexcept {
 
 std::string not_batch_invariant(const Request& req, const Plan& plan,
                                 std::int64_t invariant_max_bytes) {
-  if (req.op != Op::kAllReduce && req.op != Op::kAllReduceAddRmsNorm && req.op != Op::kMoeFinalize)
-    return {};
+  // The plain reduce-scatter is outside what deterministic groups keep (docs/DETERMINISM.md).
+  const Reduce* r = req.reduce();
+  if (r == nullptr || (r->scattered && r->fusion == nullptr)) return {};
   if (!any_step(plan, [](const Backend& b) { return !b.batch_invariant(); })) return {};
   return detail::concat(to_string(req.op), " of ", req.in.nbytes(), " bytes (",
                         to_string(req.in.dtype),

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "backends/op.hpp"
@@ -37,36 +38,78 @@ struct CallTag {
   std::uint32_t call = 0;
 };
 
-/// One collective call, already validated by the group. Every field is identical on every rank
-/// for the same call (except the pointers), which is what makes backend decisions rank-invariant.
+// NOTE [three primitives]
+// Every operation lowers its call to one of three primitives, which is all a backend looks at
+// to plan and run it: `Reduce` (a sum over the ranks, with the fused norm's epilogue, the MoE
+// combine's prologue, or scattered), `Exchange` (data moved between ranks without arithmetic:
+// the all-gather, the gather, the all-to-all and the LM head's regions) and `Native` (what only
+// NCCL does: broadcast, send, recv). Each backend serves the primitives it can (NCCL all three,
+// the custom kernels `Reduce` and `Exchange`), so a new operation is new `ops/` files that lower
+// to them, and touches no backend; an operation's own fallback is a composite of its `ops/`
+// files, which serves its `Op` by running other operations through the chain.
+
+/// A reduction over the ranks.
+struct Reduce {
+  ReduceOp op = ReduceOp::kSum;
+  /// Each rank's `out` is its slice of the sum: `in` splits into world slices, rank r's r-th.
+  bool scattered = false;
+  /// The fused norm's epilogue (null: the sum alone): `in` is x, `out` residual_out; with the
+  /// residual (an empty view without one) and norm_out, which the unfused path needs.
+  const kernels::FusionParams* fusion = nullptr;
+  const TensorView* residual = nullptr;
+  const TensorView* norm_out = nullptr;
+  /// The MoE combine as the prologue (null: none): each rank's x is its combine, which it writes
+  /// into `in` (null where the call makes a temporary for it) or computes as it sends.
+  const kernels::MoeCombineParams* moe = nullptr;
+};
+
+/// Data copied between ranks.
+struct Exchange {
+  enum class Kind : std::uint8_t {
+    kAllGather,  ///< every rank's input, in rank order, on every rank
+    kGather,     ///< every rank's input, in rank order, on rank `root` only
+    kAllToAll,   ///< chunk d of rank s's input to rank d, at chunk s of its output
+    kRegions,    ///< the regions `plan` names only (the LM head's rows): the custom exchange
+  };
+  Kind kind = Kind::kAllGather;
+  /// What this rank copies from each rank, when the group may serve it with the custom kernels
+  /// (world size 2..8); nullptr otherwise.
+  const ExchangePlan* plan = nullptr;
+  /// kAllToAll with per-peer counts: `counts[s * world + d]` elements go from rank s to rank d
+  /// (the same matrix on every rank); nullptr for the equal split.
+  const std::int64_t* counts = nullptr;
+  /// kGather: the rank that receives.
+  int root = -1;
+  /// kRegions of the LM head: the rows each rank holds (its fallback copies by them).
+  const LmHeadLayout* layout = nullptr;
+};
+
+/// What only NCCL does.
+struct Native {
+  enum class Kind : std::uint8_t { kBroadcast, kSend, kRecv };
+  Kind kind = Kind::kBroadcast;
+  /// The root of a broadcast, the peer of a send or recv.
+  int peer = -1;
+};
+
+/// One collective call, already validated by the group: its operation, its tensors and its
+/// primitive. Every field is identical on every rank for the same call (except the pointers),
+/// which is what makes backend decisions rank-invariant.
 struct Request {
   Op op = Op::kAllReduce;
   TensorView in;
   TensorView out;
-  ReduceOp reduce = ReduceOp::kSum;
-  /// Root of a broadcast or a gather, peer of a send/recv; -1 otherwise.
-  int peer = -1;
+  std::variant<Reduce, Exchange, Native> args;
   /// The stream is being captured into a CUDA graph.
   bool capturing = false;
-  /// kAllReduceAddRmsNorm: the epilogue's arguments (`in` is x, `out` is residual_out), and the
-  /// residual (an empty view without one) and the norm's output, which the unfused path needs.
-  const kernels::FusionParams* fusion = nullptr;
-  const TensorView* residual = nullptr;
-  const TensorView* norm_out = nullptr;
-  /// kAllToAll with per-peer counts: `counts[s * world + d]` elements go from rank s to rank d
-  /// (the same matrix on every rank); nullptr for the equal split.
-  const std::int64_t* counts = nullptr;
-  /// kAllGather, kAllToAll, kLmHeadExchange, kGather: what this rank copies from each rank, when
-  /// the group may serve it with the custom kernels (world size 2..8); nullptr otherwise.
-  const ExchangePlan* plan = nullptr;
-  /// kLmHeadExchange: the rows each rank holds.
-  const LmHeadLayout* layout = nullptr;
-  /// kMoeFinalize: the combine's arguments (with the fused norm's above); `in` is where the
-  /// combine writes x, null where the call makes a temporary for it.
-  const kernels::MoeCombineParams* moe = nullptr;
   /// What the call was, for the kernels to check against their peers'. A fallback's inner calls
   /// carry the outer call's tag.
   CallTag tag{};
+
+  /// The primitive, where it is that one; null otherwise.
+  [[nodiscard]] const Reduce* reduce() const noexcept { return std::get_if<Reduce>(&args); }
+  [[nodiscard]] const Exchange* exchange() const noexcept { return std::get_if<Exchange>(&args); }
+  [[nodiscard]] const Native* native() const noexcept { return std::get_if<Native>(&args); }
 };
 
 /// One step of a plan: the backend that runs it and, for the custom backend, the kernel and its
@@ -196,8 +239,8 @@ template <class Pred>
 }
 
 /// For a deterministic group (NOTE [batch invariance] in tune/selector.hpp): empty when `req`,
-/// planned as `plan`, is batch-invariant — an operation other than the all-reduce, the fused norm
-/// and the MoE finalize, or one whose every step runs on a `Backend::batch_invariant` backend —,
+/// planned as `plan`, is batch-invariant — no `Reduce` but a plain reduce-scatter's, or one whose
+/// every step runs on a `Backend::batch_invariant` backend —,
 /// else why not, naming the call's size, its path and `invariant_max_bytes`, the largest
 /// all-reduce the group serves batch-invariantly (0: none). Pure.
 [[nodiscard]] std::string not_batch_invariant(const Request& req, const Plan& plan,

@@ -7,62 +7,56 @@
 namespace tpcomm {
 
 Plan CustomArBackend::plan(const Request& r) const noexcept {
-  switch (r.op) {
-    case Op::kLmHeadExchange:
-      if (!lm_head_) return Plan::no("TPCOMM_LM_HEAD_A2A=0");
-      [[fallthrough]];
-    case Op::kAllGather:
-    case Op::kAllToAll:
-    case Op::kGather: {
-      if (r.plan == nullptr) return Plan::no("the exchange has no plan");
-      const ExchangePlan& e = *r.plan;
-      const ExchangeChoice c =
-          select_exchange({e.largest_input, e.largest_output, e.largest_region, e.push_slot_bytes},
-                          ar_->caps(), pinned_, pinned_exchange_, *table_);
-      if (c.algo == ExchangeAlgo::kNone)
-        return Plan::no("input larger than the exchange's staging (Group::prepare_exchange)");
-      return Plan::yes({this, Algo::kNone, c.algo, c.shape()});
-    }
-    case Op::kMoeFinalize:
-      // NOTE [the combine's launch]
-      if (!moe_prologue_) return Plan::no("TPCOMM_MOE_PROLOGUE is not 1");
-      // The combine is a prologue of the kernels that carry kAddRmsNorm (16-bit, no FP8).
-      if (r.fusion->kind != kernels::Fusion::kAddRmsNorm)
-        return Plan::no("the combine rides on the fused norm without FP8 only");
-      [[fallthrough]];
-    case Op::kAllReduceAddRmsNorm: {
-      const char* why = nullptr;
-      const Choice c = select_add_rmsnorm(r.in.numel() / r.fusion->hidden, r.fusion->hidden,
-                                          r.in.dtype, ar_->caps(), pinned_, *table_, &why);
-      if (c.algo == Algo::kNone) return Plan::no(why);
-      return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
-    }
-    case Op::kAllReduce: {
-      const Choice c =
-          select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, ar_->caps(), pinned_, *table_);
-      if (c.algo == Algo::kNone) return Plan::no("size, dtype or op outside the custom kernels");
-      return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
-    }
-    default:
-      return Plan::no("only the all-reduce, the fused norm, the MoE finalize and the exchanges");
+  if (const Exchange* x = r.exchange()) {
+    if (x->kind == Exchange::Kind::kRegions && !lm_head_) return Plan::no("TPCOMM_LM_HEAD_A2A=0");
+    if (x->plan == nullptr) return Plan::no("the exchange has no plan");
+    const ExchangePlan& e = *x->plan;
+    const ExchangeChoice c =
+        select_exchange({e.largest_input, e.largest_output, e.largest_region, e.push_slot_bytes},
+                        ar_->caps(), pinned_, pinned_exchange_, *table_);
+    if (c.algo == ExchangeAlgo::kNone)
+      return Plan::no("input larger than the exchange's staging (Group::prepare_exchange)");
+    return Plan::yes({this, Algo::kNone, c.algo, c.shape()});
   }
+  const Reduce* sum = r.reduce();
+  if (sum == nullptr) return Plan::no("broadcast, send and recv are NCCL's");
+  if (sum->scattered) return Plan::no("the custom kernels keep every rank's sum");
+  if (sum->moe != nullptr) {
+    // NOTE [the combine's launch]
+    if (!moe_prologue_) return Plan::no("TPCOMM_MOE_PROLOGUE is not 1");
+    // The combine is a prologue of the kernels that carry kAddRmsNorm (16-bit, no FP8).
+    if (sum->fusion->kind != kernels::Fusion::kAddRmsNorm)
+      return Plan::no("the combine rides on the fused norm without FP8 only");
+  }
+  if (sum->fusion != nullptr) {
+    const char* why = nullptr;
+    const Choice c = select_add_rmsnorm(r.in.numel() / sum->fusion->hidden, sum->fusion->hidden,
+                                        r.in.dtype, ar_->caps(), pinned_, *table_, &why);
+    if (c.algo == Algo::kNone) return Plan::no(why);
+    return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
+  }
+  const Choice c =
+      select_all_reduce(r.in.nbytes(), r.in.dtype, sum->op, ar_->caps(), pinned_, *table_);
+  if (c.algo == Algo::kNone) return Plan::no("size, dtype or op outside the custom kernels");
+  return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
 }
 
 Status CustomArBackend::run(const Request& r, const Plan& plan, Stream stream) noexcept {
   const Step& s = plan.step;
   if (s.exchange != ExchangeAlgo::kNone)
-    return ar_->exchange(*r.plan, r.in, r.out,
+    return ar_->exchange(*r.exchange()->plan, r.in, r.out,
                          ExchangeChoice{s.exchange, s.shape.blocks, s.shape.threads}, r.capturing,
                          stream, r.tag);
   const Choice choice{s.algo, s.shape.blocks, s.shape.threads, s.shape.group};
-  if (r.op == Op::kMoeFinalize) {
+  const Reduce& sum = *r.reduce();
+  if (sum.moe != nullptr) {
     // Each rank's input is its combine, computed as it is pushed: `r.in` is never read or written.
-    kernels::FusionParams fusion = *r.fusion;
+    kernels::FusionParams fusion = *sum.fusion;
     fusion.kind = kernels::Fusion::kMoeAddRmsNorm;
-    fusion.moe = *r.moe;
+    fusion.moe = *sum.moe;
     return ar_->run(r.in, r.out, choice, r.capturing, stream, r.tag, &fusion);
   }
-  return ar_->run(r.in, r.out, choice, r.capturing, stream, r.tag, r.fusion);
+  return ar_->run(r.in, r.out, choice, r.capturing, stream, r.tag, sum.fusion);
 }
 
 Status CustomArBackend::health(std::string* message) noexcept {

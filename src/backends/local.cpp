@@ -12,10 +12,12 @@ class LocalBackend final : public Backend {
  public:
   std::string_view name() const noexcept override { return "local"; }
   Plan plan(const Request& r) const noexcept override {
-    if (r.op == Op::kAllReduceAddRmsNorm || r.op == Op::kMoeFinalize)
+    if (const Reduce* sum = r.reduce(); sum != nullptr && sum->fusion != nullptr)
       return Plan::no("world size 1");
-    if (r.op == Op::kLmHeadExchange) return Plan::no("world size 1");
-    if (r.op == Op::kSend || r.op == Op::kRecv) return Plan::no("no peer at world size 1");
+    if (const Exchange* x = r.exchange(); x != nullptr && x->kind == Exchange::Kind::kRegions)
+      return Plan::no("world size 1");
+    if (const Native* n = r.native(); n != nullptr && n->kind != Native::Kind::kBroadcast)
+      return Plan::no("no peer at world size 1");
     return Plan::yes({this});
   }
   Status run(const Request& r, const Plan&, Stream stream) noexcept override {

@@ -37,7 +37,8 @@ Status Group::Impl::call(Status checked, Call& c, Stream stream) noexcept {
 Status Group::Impl::run(Request& req, Stream stream) noexcept {
   // Point-to-point calls involve two ranks: the others would never meet the barrier, and they
   // are not numbered (NOTE [fingerprints]).
-  const bool collective = req.op != Op::kSend && req.op != Op::kRecv;
+  const Native* native = req.native();
+  const bool collective = native == nullptr || native->kind == Native::Kind::kBroadcast;
   // Planned first, so that a call refused here launches nothing and counts as no call.
   req.capturing = capturing(stream);
   const Plan plan = chain.plan(req);
@@ -54,9 +55,11 @@ Status Group::Impl::run(Request& req, Stream stream) noexcept {
   const Status s = chain.run(req, plan, stream, &served);
   if (s == Status::kOk) return s;
   if (s == Status::kUnsupported && served == nullptr)
-    return fail(s,
-                detail::concat(to_string(req.op), ": no backend can serve ", req.in.numel(), " ",
-                               to_string(req.in.dtype), " elements (", to_string(req.reduce), ")"));
+    return fail(s, detail::concat(to_string(req.op), ": no backend can serve ", req.in.numel(), " ",
+                                  to_string(req.in.dtype), " elements",
+                                  req.reduce() != nullptr
+                                      ? detail::concat(" (", to_string(req.reduce()->op), ")")
+                                      : std::string()));
   std::string message = served != nullptr ? served->last_error() : std::string();
   if (message.empty())
     message = detail::concat(to_string(req.op), " on ", served ? served->name() : "?",

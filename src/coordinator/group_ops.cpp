@@ -96,9 +96,7 @@ Status Group::moe_finalize_all_reduce_add_rmsnorm(const MoeCombine& moe, const T
 
 std::string Group::backend_for_all_reduce(const TensorView& in, const TensorView& out,
                                           bool capturing) const noexcept {
-  Request req{Op::kAllReduce, in, out};
-  req.capturing = capturing;
-  return impl_->describe(req);
+  return impl_->describe(Request{Op::kAllReduce, in, out, Reduce{}, capturing});
 }
 
 namespace {
@@ -112,11 +110,13 @@ std::optional<Request> fused_request(Op op, const TensorView& x, const TensorVie
   f.kind = norm_out.dtype == DType::kF8E4M3 ? kernels::Fusion::kAddRmsNormFp8
                                             : kernels::Fusion::kAddRmsNorm;
   f.hidden = x.shape[x.ndim - 1];
-  Request req{op, x, x};
-  req.capturing = capturing;
-  req.fusion = &f;
-  req.norm_out = &norm_out;
-  return req;
+  // The MoE finalize's prologue as plans see it: there, not what it points at.
+  static constexpr kernels::MoeCombineParams kCombine{};
+  Reduce sum;
+  sum.fusion = &f;
+  sum.norm_out = &norm_out;
+  if (op == Op::kMoeFinalize) sum.moe = &kCombine;
+  return Request{op, x, x, sum, capturing};
 }
 
 }  // namespace

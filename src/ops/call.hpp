@@ -28,12 +28,13 @@ struct Call {
   Call& operator=(const Call&) = delete;
 
   Request request;
-  /// The exchanges' regions (`request.plan` points here where the custom kernels may serve).
+  /// The exchanges' regions (the request's `Exchange::plan` points here where the custom kernels
+  /// may serve).
   /// Made only by the operations that need them: a call is made on every collective.
   std::optional<ExchangePlan> exchange;
-  /// The fused norm's arguments (`request.fusion` points at `norm->fusion`).
+  /// The fused norm's arguments (the request's `Reduce::fusion` points at `norm->fusion`).
   std::optional<AddRmsNormCall> norm;
-  /// The MoE combine's arguments (`request.moe` points here).
+  /// The MoE combine's arguments (the request's `Reduce::moe` points here).
   std::optional<kernels::MoeCombineParams> moe;
   /// Why the checks refused the call.
   std::string message;

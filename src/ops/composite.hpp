@@ -42,14 +42,12 @@ class Composite : public Backend {
   /// at pointers); `scratch` holds its exchange plan where it needs one.
   [[nodiscard]] virtual Request planned(const Request& r, ExchangePlan* scratch) const noexcept = 0;
 
-  /// An inner call of `outer`: `op` from `in` to `out`, in the outer call's capture and with its
-  /// tag.
+  /// An inner call of `outer`: `op` from `in` to `out` as the primitive `args`, in the outer
+  /// call's capture and with its tag.
   [[nodiscard]] static Request inner(const Request& outer, Op op, const TensorView& in,
-                                     const TensorView& out) noexcept {
-    Request req{op, in, out};
-    req.capturing = outer.capturing;
-    req.tag = outer.tag;
-    return req;
+                                     const TensorView& out,
+                                     std::variant<Reduce, Exchange, Native> args) noexcept {
+    return Request{op, in, out, args, outer.capturing, outer.tag};
   }
 
   /// Runs `req` through the chain as `plan` planned it; the error of the backend that ran it

@@ -54,12 +54,11 @@ Status make_all_gather(const GroupShape& g, const TensorView& in, const TensorVi
   TPCOMM_TRY(check_pair(g, in, out, 1, g.world, "all_gather", call));
   call->empty = in.numel() == 0;  // the same on every rank
   Request& req = call->request;
-  req = Request{Op::kAllGather, in, out};
+  Exchange all{Exchange::Kind::kAllGather};
+  if (plannable(g))
+    all.plan = &call->exchange.emplace(plan_all_gather(in.nbytes(), g.world, g.rank));
+  req = Request{Op::kAllGather, in, out, all};
   req.tag.fingerprint = fingerprint(Op::kAllGather, in.dtype, in.numel());
-  if (plannable(g)) {
-    call->exchange = plan_all_gather(in.nbytes(), g.world, g.rank);
-    req.plan = &*call->exchange;
-  }
   return Status::kOk;
 }
 
@@ -75,13 +74,13 @@ Status make_gather(const GroupShape& g, const TensorView& in, const TensorView& 
   }
   call->empty = in.numel() == 0;  // the same on every rank
   Request& req = call->request;
-  req = Request{Op::kGather, in, g.rank == root ? out : TensorView{}, ReduceOp::kSum, root};
+  Exchange gather{Exchange::Kind::kGather};
+  gather.root = root;
+  if (plannable(g))
+    gather.plan = &call->exchange.emplace(plan_gather(in.nbytes(), g.world, g.rank, root));
+  req = Request{Op::kGather, in, g.rank == root ? out : TensorView{}, gather};
   req.tag.fingerprint =
       fingerprint(Op::kGather, in.dtype, in.numel(), static_cast<std::uint32_t>(root));
-  if (plannable(g)) {
-    call->exchange = plan_gather(in.nbytes(), g.world, g.rank, root);
-    req.plan = &*call->exchange;
-  }
   return Status::kOk;
 }
 
@@ -94,12 +93,11 @@ Status make_all_to_all(const GroupShape& g, const TensorView& in, const TensorVi
   if (overlaps(in, out)) return refuse(call, "all_to_all: input and output overlap");
   call->empty = in.numel() == 0;  // the same on every rank
   Request& req = call->request;
-  req = Request{Op::kAllToAll, in, out};
+  Exchange all{Exchange::Kind::kAllToAll};
+  if (plannable(g))
+    all.plan = &call->exchange.emplace(plan_all_to_all(in.nbytes(), g.world, g.rank));
+  req = Request{Op::kAllToAll, in, out, all};
   req.tag.fingerprint = fingerprint(Op::kAllToAll, in.dtype, in.numel());
-  if (plannable(g)) {
-    call->exchange = plan_all_to_all(in.nbytes(), g.world, g.rank);
-    req.plan = &*call->exchange;
-  }
   return Status::kOk;
 }
 
@@ -135,13 +133,13 @@ Status make_all_to_all(const GroupShape& g, const TensorView& in, const TensorVi
   if (overlaps(in, out)) return refuse(call, "all_to_all: input and output overlap");
   call->empty = moved == 0;
   Request& req = call->request;
-  req = Request{Op::kAllToAll, in, out};
-  req.counts = counts.data();
+  Exchange all{Exchange::Kind::kAllToAll};
+  all.counts = counts.data();
+  if (plannable(g))
+    all.plan =
+        &call->exchange.emplace(plan_all_to_all(counts, dtype_size(in.dtype), world, g.rank));
+  req = Request{Op::kAllToAll, in, out, all};
   req.tag.fingerprint = fingerprint(Op::kAllToAll, in.dtype, moved, shape_hash(counts));
-  if (plannable(g)) {
-    call->exchange = plan_all_to_all(counts, dtype_size(in.dtype), world, g.rank);
-    req.plan = &*call->exchange;
-  }
   return Status::kOk;
 }
 
@@ -153,17 +151,17 @@ Status make_lm_head_exchange(const GroupShape& g, const TensorView& shard_logits
   TPCOMM_TRY(check_lm_head(g, shard_logits, out, layout, call));
   call->empty = shard_logits.numel() == 0;  // no rank has rows: the same everywhere
   Request& req = call->request;
-  req = Request{Op::kLmHeadExchange, shard_logits, out};
-  req.layout = &layout;
+  Exchange regions{Exchange::Kind::kRegions};
+  regions.layout = &layout;
+  if (plannable(g))
+    regions.plan =
+        &call->exchange.emplace(plan_lm_head(layout, shard_logits.shape[1], out.shape[1],
+                                             dtype_size(shard_logits.dtype), g.world, g.rank));
+  req = Request{Op::kLmHeadExchange, shard_logits, out, regions};
   std::vector<std::int64_t> shape{shard_logits.shape[1], out.shape[1]};
   for (int r = 0; r < g.world; ++r) shape.push_back(layout.rows_of(r));
   req.tag.fingerprint =
       fingerprint(Op::kLmHeadExchange, shard_logits.dtype, shard_logits.numel(), shape_hash(shape));
-  if (plannable(g)) {
-    call->exchange = plan_lm_head(layout, shard_logits.shape[1], out.shape[1],
-                                  dtype_size(shard_logits.dtype), g.world, g.rank);
-    req.plan = &*call->exchange;
-  }
   return Status::kOk;
 }
 

@@ -65,13 +65,13 @@ class GatherCopy final : public Composite {
   /// The all-gather of the shards into `gathered` ([world, T, S]).
   Request gather(const Request& r, void* gathered, ExchangePlan* exchange) const noexcept {
     const TensorView flat = r.in.flattened();
-    Request req = inner(r, Op::kAllGather, flat,
-                        TensorView::flat(gathered, flat.dtype, g_.world * flat.numel(), g_.device));
+    Exchange all{Exchange::Kind::kAllGather};
     if (g_.world >= 2 && g_.world <= kMaxRanks) {
       *exchange = plan_all_gather(flat.nbytes(), g_.world, g_.rank);
-      req.plan = exchange;
+      all.plan = exchange;
     }
-    return req;
+    return inner(r, Op::kAllGather, flat,
+                 TensorView::flat(gathered, flat.dtype, g_.world * flat.numel(), g_.device), all);
   }
 
   /// This rank's rows of every shard into their columns: one launch per `kMaxRanks` shards.
@@ -82,7 +82,8 @@ class GatherCopy final : public Composite {
     const std::int64_t rows = r.out.shape[0];
     const auto elem = static_cast<std::int64_t>(dtype_size(shards.dtype));
     std::int64_t first = 0;
-    for (int q = 0; q < g_.rank; ++q) first += r.layout->rows_of(q);
+    const LmHeadLayout& layout = *r.exchange()->layout;
+    for (int q = 0; q < g_.rank; ++q) first += layout.rows_of(q);
     for (int base = 0; base < g_.world && rows > 0; base += kMaxRanks) {
       kernels::RegionCopyParams copy{};
       copy.output = r.out.data;

@@ -148,10 +148,11 @@ Status make_all_reduce_add_rmsnorm(const GroupShape& g, const TensorView& x,
       TPCOMM_TRY(check_view(g, *v, "a tensor", kOp, call));
   call->empty = c.rows == 0;
   Request& req = call->request;
-  req = Request{Op::kAllReduceAddRmsNorm, x, residual_out};
-  req.fusion = &c.fusion;
-  req.residual = &c.residual;
-  req.norm_out = &c.norm_out;
+  Reduce sum;
+  sum.fusion = &c.fusion;
+  sum.residual = &c.residual;
+  sum.norm_out = &c.norm_out;
+  req = Request{Op::kAllReduceAddRmsNorm, x, residual_out, sum};
   req.tag.fingerprint = fingerprint(
       Op::kAllReduceAddRmsNorm, x.dtype, x.numel(),
       fused_shape(static_cast<int>(c.fusion.kind), norm_form(c.fusion), c.fusion.hidden));

@@ -47,9 +47,10 @@ class UnfusedNorm final : public Composite {
     const TensorView& x = r.in;
     const TensorView& residual_out = r.out;
     const std::int64_t count = x.numel();
-    kernels::FusionParams f = *r.fusion;
+    const Reduce& fused = *r.reduce();
+    kernels::FusionParams f = *fused.fusion;
     auto all_reduce = [&](const TensorView& in, const TensorView& out) {
-      return run_inner(inner(r, Op::kAllReduce, in, out), plan, stream);
+      return run_inner(inner(r, Op::kAllReduce, in, out, Reduce{}), plan, stream);
     };
     auto local = [&](const void* sum) {
       const Status s =
@@ -57,8 +58,8 @@ class UnfusedNorm final : public Composite {
       return s == Status::kOk ? s : failed(s, "the local add + RMSNorm failed");
     };
     // The sum goes where it destroys nothing the local kernel still needs.
-    const TensorView& norm_out = *r.norm_out;
-    const TensorView& residual = *r.residual;
+    const TensorView& norm_out = *fused.norm_out;
+    const TensorView& residual = *fused.residual;
     if (norm_out.dtype == x.dtype && !overlaps(norm_out, residual)) {
       TPCOMM_TRY(all_reduce(x, norm_out));
       return local(norm_out.data);
@@ -89,7 +90,7 @@ class UnfusedNorm final : public Composite {
  private:
   /// The all-reduce of the fused call's `in`.
   Request planned(const Request& r, ExchangePlan* /*scratch*/) const noexcept override {
-    return inner(r, Op::kAllReduce, r.in, r.in);
+    return inner(r, Op::kAllReduce, r.in, r.in, Reduce{});
   }
 
   GroupShape g_;

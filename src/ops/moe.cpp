@@ -89,8 +89,9 @@ Status make_moe_finalize(const GroupShape& g, const MoeCombine& moe, const Tenso
   if (call->empty) return Status::kOk;
   Request& req = call->request;
   req.op = Op::kMoeFinalize;
-  req.moe = &combine;
-  const kernels::FusionParams& f = *req.fusion;
+  Reduce& sum = std::get<Reduce>(req.args);
+  sum.moe = &combine;
+  const kernels::FusionParams& f = *sum.fusion;
   req.tag.fingerprint = fingerprint(Op::kMoeFinalize, x.dtype, x.numel(),
                                     fused_shape(static_cast<int>(f.kind), norm_form(f), f.hidden));
   return Status::kOk;

@@ -55,7 +55,7 @@ class MoeCombineFirst final : public Composite {
     const bool own = x.data == nullptr;
     if (own && cudaMallocAsync(&x.data, static_cast<std::size_t>(x.nbytes()), s) != cudaSuccess)
       return failed(Status::kCudaError, "allocating the combined output failed");
-    kernels::MoeCombineParams combine = *r.moe;
+    kernels::MoeCombineParams combine = *r.reduce()->moe;
     combine.out = x.data;
     Status status = kernels::launch_moe_combine(combine, x.dtype, stream);
     if (status != Status::kOk)
@@ -74,11 +74,9 @@ class MoeCombineFirst final : public Composite {
 
   /// The fused all-reduce + norm of `x`, with the call's arguments.
   static Request fused(const Request& r, const TensorView& x) noexcept {
-    Request req = inner(r, Op::kAllReduceAddRmsNorm, x, r.out);
-    req.fusion = r.fusion;
-    req.residual = r.residual;
-    req.norm_out = r.norm_out;
-    return req;
+    Reduce sum = *r.reduce();
+    sum.moe = nullptr;
+    return inner(r, Op::kAllReduceAddRmsNorm, x, r.out, sum);
   }
 };
 

@@ -46,10 +46,9 @@ class ReduceSlice final : public Composite {
   /// The all-reduce of the call's whole input into `sum`, with the call's op.
   static Request reduce(const Request& r, void* sum) noexcept {
     const TensorView flat = r.in.flattened();
-    Request req = inner(r, Op::kAllReduce, flat,
-                        TensorView::flat(sum, flat.dtype, flat.numel(), flat.device));
-    req.reduce = r.reduce;
-    return req;
+    return inner(r, Op::kAllReduce, flat,
+                 TensorView::flat(sum, flat.dtype, flat.numel(), flat.device),
+                 Reduce{r.reduce()->op});
   }
 
   GroupShape g_;

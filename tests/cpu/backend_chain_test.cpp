@@ -139,7 +139,7 @@ class FakeComposite final : public Composite {
 
  private:
   Request planned(const Request& r, ExchangePlan* /*scratch*/) const noexcept override {
-    return inner(r, inner_op_, r.in, r.out);
+    return inner(r, inner_op_, r.in, r.out, r.args);
   }
 
   Op inner_op_;

@@ -226,11 +226,16 @@ TEST(DeterministicGroupCalls, NcclReducedCallsAreNotBatchInvariant) {
     EXPECT_TRUE(runs_on(nested, &nccl));
     EXPECT_FALSE(runs_on(on_custom, &nccl));
   }
-  // Other operations have no reduction order to keep.
-  for (Op op : {Op::kAllGather, Op::kAllToAll, Op::kBroadcast}) {
-    r.op = op;
-    EXPECT_EQ(not_batch_invariant(r, on_nccl, 8 * kMiB), "");
-  }
+  // Other primitives have no reduction order to keep; the plain reduce-scatter is not kept.
+  r.op = Op::kAllGather;
+  r.args = Exchange{};
+  EXPECT_EQ(not_batch_invariant(r, on_nccl, 8 * kMiB), "");
+  r.op = Op::kBroadcast;
+  r.args = Native{};
+  EXPECT_EQ(not_batch_invariant(r, on_nccl, 8 * kMiB), "");
+  r.op = Op::kReduceScatter;
+  r.args = Reduce{ReduceOp::kSum, /*scattered=*/true};
+  EXPECT_EQ(not_batch_invariant(r, on_nccl, 8 * kMiB), "");
 }
 
 // The policy's other conditions still decide when the group is deterministic.

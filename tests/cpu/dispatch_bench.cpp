@@ -19,7 +19,7 @@ class SelectingBackend final : public Backend {
   Plan plan(const Request& r) const noexcept override {
     if (r.op != Op::kAllReduce) return Plan::no("only all-reduce");
     const Choice c =
-        select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce, caps_, Pinned{}, table_);
+        select_all_reduce(r.in.nbytes(), r.in.dtype, r.reduce()->op, caps_, Pinned{}, table_);
     return c.algo == Algo::kNone ? Plan::no("outside the custom kernels")
                                  : Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
   }

@@ -54,21 +54,21 @@ TEST(MoeFinalize, TheCombineWritesIntoNormOutWhereItCan) {
   const Request& r = c.request;
   EXPECT_EQ(r.op, Op::kMoeFinalize);
   EXPECT_EQ(r.in.data, norm_out.data);  // x is norm_out: the fused call then runs in place
-  ASSERT_NE(r.moe, nullptr);
-  EXPECT_EQ(r.moe->tokens, kTokens);
-  EXPECT_EQ(r.moe->rows, kRows);
-  EXPECT_EQ(r.moe->hidden, kHidden);
-  EXPECT_EQ(r.moe->top_k, kTopK);
-  EXPECT_FALSE(r.moe->weights_f32);
-  EXPECT_EQ(r.moe->shared, nullptr);
-  ASSERT_NE(r.fusion, nullptr);
-  EXPECT_EQ(r.fusion->norm_out, norm_out.data);
+  ASSERT_NE(r.reduce()->moe, nullptr);
+  EXPECT_EQ(r.reduce()->moe->tokens, kTokens);
+  EXPECT_EQ(r.reduce()->moe->rows, kRows);
+  EXPECT_EQ(r.reduce()->moe->hidden, kHidden);
+  EXPECT_EQ(r.reduce()->moe->top_k, kTopK);
+  EXPECT_FALSE(r.reduce()->moe->weights_f32);
+  EXPECT_EQ(r.reduce()->moe->shared, nullptr);
+  ASSERT_NE(r.reduce()->fusion, nullptr);
+  EXPECT_EQ(r.reduce()->fusion->norm_out, norm_out.data);
   EXPECT_EQ(describe_fingerprint(r.tag.fingerprint),
             "moe_finalize_all_reduce_add_rmsnorm 1024 bfloat16 (hidden 256)");
   // f32 weights with bf16 experts.
   Call f;
   ASSERT_EQ(make(t, t.moe(DType::kF32), norm_out, &f), Status::kOk) << f.message;
-  EXPECT_TRUE(f.request.moe->weights_f32);
+  EXPECT_TRUE(f.request.reduce()->moe->weights_f32);
 }
 
 TEST(MoeFinalize, ATemporaryWhereNormOutCannotHoldX) {
