@@ -14,6 +14,8 @@ constexpr int kShapeShift = 33;
 constexpr std::uint64_t kShapeMask = (std::uint64_t{1} << 23) - 1;
 constexpr std::uint64_t kCountMask = (std::uint64_t{1} << kShapeShift) - 1;
 constexpr int kHiddenBits = 17;
+// The operation's 4 bits hold `Op` + 1.
+static_assert(kOpCount < 16, "the fingerprint has 4 bits for the operation");
 
 }  // namespace
 
@@ -51,7 +53,7 @@ std::string describe_fingerprint(std::uint64_t fp) {
   const auto dtype = static_cast<DType>(fp >> kDTypeShift & 0xF);
   const auto shape = static_cast<std::uint32_t>(fp >> kShapeShift & kShapeMask);
   std::string text = detail::concat(to_string(op), " ", fp & kCountMask, " ", to_string(dtype));
-  if (op == Op::kAllReduceAddRmsNorm || op == Op::kMoeFinalize) {
+  if (row(op).word == OpWord::kFused) {
     const auto hidden = shape & ((1u << kHiddenBits) - 1);
     const auto form = shape >> kHiddenBits & 0x7;
     const kernels::Quant quant =
@@ -63,7 +65,7 @@ std::string describe_fingerprint(std::uint64_t fp) {
     text += detail::concat(" (hidden ", hidden, out, (form & 1) != 0 ? ", no residual" : "",
                            (form & 2) != 0 ? ", f32 gamma" : "",
                            (form & 4) != 0 ? ", 1 + gamma" : "", ")");
-  } else if (op == Op::kGather) {
+  } else if (row(op).word == OpWord::kRoot) {
     text += detail::concat(" (to rank ", shape, ")");
   } else if (shape != 0) {
     char hex[16];
