@@ -15,7 +15,7 @@ namespace tpcomm {
 
 class Composite : public Backend {
  public:
-  /// `op` is what it serves (`only` says so to the others); `call` names it in messages;
+  /// `op` is what it serves (`serves`; `only` says so to the others); `call` names it in messages;
   /// `before` and `after` surround the inner path in `describe` ("moe_combine+", "+copy").
   Composite(BackendChain& chain, Op op, const char* only, const char* call, std::string_view before,
             std::string_view after) noexcept
@@ -23,7 +23,7 @@ class Composite : public Backend {
 
   /// Yes where the chain serves the inner call, with its plan (its steps) inside this one.
   [[nodiscard]] Plan plan(const Request& r) const noexcept final {
-    if (r.op != op_) return Plan::no(only_);
+    if (!serves(r)) return Plan::no(only_);
     ExchangePlan scratch;
     const Plan inner = chain_.plan(planned(r, &scratch));
     if (!inner.ok()) return Plan::no(inner.refusal);
@@ -38,6 +38,9 @@ class Composite : public Backend {
   [[nodiscard]] std::string last_error() const final { return error_; }
 
  protected:
+  /// Whether it serves `r`: the calls of its operation, unless it says otherwise.
+  [[nodiscard]] virtual bool serves(const Request& r) const noexcept { return r.op == op_; }
+
   /// The inner call of `r` as it is planned (what it runs on may be stand-ins: plans never look
   /// at pointers); `scratch` holds its exchange plan where it needs one.
   [[nodiscard]] virtual Request planned(const Request& r, ExchangePlan* scratch) const noexcept = 0;

@@ -34,10 +34,12 @@ Status add_rmsnorm(const TensorView& x, const TensorView& residual, const Tensor
 
 namespace {
 
+/// A fused sum (`Reduce::fusion`, no prologue): the sum alone through the chain, scattered or
+/// not as the call is, then the local add + RMSNorm of the rows this rank holds.
 class UnfusedNorm final : public Composite {
  public:
   UnfusedNorm(BackendChain& chain, const GroupShape& g) noexcept
-      : Composite(chain, Op::kAllReduceAddRmsNorm, "only the fused norm", "all_reduce_add_rmsnorm",
+      : Composite(chain, Op::kAllReduceAddRmsNorm, "only the fused norms", "all_reduce_add_rmsnorm",
                   "", "+add_rmsnorm"),
         g_(g) {}
 
@@ -46,30 +48,32 @@ class UnfusedNorm final : public Composite {
   Status run(const Request& r, const Plan& plan, Stream stream) noexcept override {
     const TensorView& x = r.in;
     const TensorView& residual_out = r.out;
-    const std::int64_t count = x.numel();
+    const std::int64_t count = residual_out.numel();  // the rows this rank holds
     const Reduce& fused = *r.reduce();
     kernels::FusionParams f = *fused.fusion;
-    auto all_reduce = [&](const TensorView& in, const TensorView& out) {
-      return run_inner(inner(r, Op::kAllReduce, in, out, Reduce{}), plan, stream);
+    auto sum = [&](const TensorView& in, const TensorView& out) {
+      return run_inner(reduce(r, in, out), plan, stream);
     };
-    auto local = [&](const void* sum) {
+    auto local = [&](const void* summed) {
       const Status s =
-          kernels::launch_add_rmsnorm(sum, residual_out.data, f, count, x.dtype, stream);
+          kernels::launch_add_rmsnorm(summed, residual_out.data, f, count, x.dtype, stream);
       return s == Status::kOk ? s : failed(s, "the local add + RMSNorm failed");
     };
     // The sum goes where it destroys nothing the local kernel still needs.
     const TensorView& norm_out = *fused.norm_out;
     const TensorView& residual = *fused.residual;
     if (norm_out.dtype == x.dtype && !overlaps(norm_out, residual)) {
-      TPCOMM_TRY(all_reduce(x, norm_out));
+      TPCOMM_TRY(sum(x, norm_out));
       return local(norm_out.data);
     }
     if (!overlaps(residual_out, residual)) {
-      TPCOMM_TRY(all_reduce(x, residual_out));
+      TPCOMM_TRY(sum(x, residual_out));
       return local(residual_out.data);
     }
-    // f8e4m3 norm_out and residual_out == residual: rank 0 adds the residual (the same on every
-    // rank) into residual_out, the others put x there, and the all-reduce sums that in place.
+    // f8e4m3 norm_out and residual_out == residual.
+    if (fused.scattered) return scattered_in_place(r, plan, stream, f, count);
+    // Rank 0 adds the residual (the same on every rank) into residual_out, the others put x
+    // there, and the all-reduce sums that in place.
     if (g_.rank == 0) {
       kernels::FusionParams add = f;
       add.kind = kernels::Fusion::kAdd;
@@ -82,15 +86,48 @@ class UnfusedNorm final : public Composite {
                                reinterpret_cast<cudaStream_t>(stream)) != cudaSuccess) {
       return failed(Status::kCudaError, "copying x failed");
     }
-    TPCOMM_TRY(all_reduce(residual_out, residual_out));
+    TPCOMM_TRY(sum(residual_out, residual_out));
     f.residual = nullptr;  // added already
     return local(residual_out.data);
   }
 
  private:
-  /// The all-reduce of the fused call's `in`.
+  [[nodiscard]] bool serves(const Request& r) const noexcept override {
+    const Reduce* s = r.reduce();
+    return s != nullptr && s->fusion != nullptr && s->moe == nullptr;
+  }
+
+  /// The sum of the fused call's `in`.
   Request planned(const Request& r, ExchangePlan* /*scratch*/) const noexcept override {
-    return inner(r, Op::kAllReduce, r.in, r.in, Reduce{});
+    return reduce(r, r.in, r.out);
+  }
+
+  /// The sum alone of `in` into `out`: the all-reduce, or the reduce-scatter of a scattered call.
+  static Request reduce(const Request& r, const TensorView& in, const TensorView& out) noexcept {
+    const bool scattered = r.reduce()->scattered;
+    return inner(r, scattered ? Op::kReduceScatter : Op::kAllReduce, in, out,
+                 Reduce{ReduceOp::kSum, scattered});
+  }
+
+  /// A scattered call whose every output is taken (f8e4m3 norm_out, residual_out the residual,
+  /// each rank's own): the slice of the sum into a temporary of the call's own (stream-ordered,
+  /// which graphs capture), then the local add + RMSNorm from it.
+  Status scattered_in_place(const Request& r, const Plan& plan, Stream stream,
+                            const kernels::FusionParams& f, std::int64_t count) noexcept {
+    const auto s = reinterpret_cast<cudaStream_t>(stream);
+    const TensorView& residual_out = r.out;
+    TensorView slice = residual_out;
+    if (cudaMallocAsync(&slice.data, static_cast<std::size_t>(slice.nbytes()), s) != cudaSuccess)
+      return failed(Status::kCudaError, "allocating the sum's slice failed");
+    Status status = run_inner(reduce(r, r.in, slice), plan, stream);
+    if (status == Status::kOk) {
+      status =
+          kernels::launch_add_rmsnorm(slice.data, residual_out.data, f, count, r.in.dtype, stream);
+      if (status != Status::kOk) status = failed(status, "the local add + RMSNorm failed");
+    }
+    if (cudaFreeAsync(slice.data, s) != cudaSuccess && status == Status::kOk)
+      status = failed(Status::kCudaError, "freeing the sum's slice failed");
+    return status;
   }
 
   GroupShape g_;
