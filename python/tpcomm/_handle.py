@@ -5,6 +5,7 @@ import threading
 
 from . import _capi
 from ._errors import InvalidArgumentError, _check
+from ._threads import _OnThread
 
 
 def _interruptible(call, owner=None):
@@ -24,29 +25,15 @@ def _interruptible(call, owner=None):
 
     if threading.current_thread() is not threading.main_thread():
         return attempt()
-    done = threading.Event()
-    outcome = []
-
-    def run():
-        try:
-            outcome.append((True, attempt()))
-        except BaseException as e:  # noqa: BLE001 - handed to the caller below
-            outcome.append((False, e))
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="tpcomm-blocking-call", daemon=True).start()
+    worker = _OnThread(attempt, "tpcomm-blocking-call")
     try:
-        while not done.wait(0.05):
+        while not worker.wait(0.05):
             pass
     except BaseException:
-        if owner is not None and not done.is_set():
+        if owner is not None and not worker.done():
             owner._abandoned = True
         raise
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+    return worker.result()
 
 
 class _Handle:
