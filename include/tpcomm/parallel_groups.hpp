@@ -7,19 +7,9 @@
 #include "tpcomm/bootstrap.hpp"
 #include "tpcomm/group.hpp"
 #include "tpcomm/options.hpp"
+#include "tpcomm/parallel_config.hpp"
 
 namespace tpcomm {
-
-/// SGLang's parallelism flags that shape the groups (`--tp-size`, `--dp-size`,
-/// `--enable-dp-attention`, `--attn-cp-size`, `--ep-size`, `--moe-dp-size`).
-struct ParallelConfig {
-  int tp_size = 1;
-  int dp_size = 1;
-  bool enable_dp_attention = false;
-  int attn_cp_size = 1;
-  int moe_ep_size = 1;
-  int moe_dp_size = 1;
-};
 
 /// The groups of one rank, with SGLang's rank layouts (see src/parallel_layout.hpp for the
 /// rules): TP (contiguous ranks; NCCL and the custom all-reduce), attention TP, MoE EP (strided)

@@ -8,6 +8,7 @@
 #include "tpcomm/moe.hpp"
 #include "tpcomm/norm.hpp"
 #include "tpcomm/options.hpp"
+#include "tpcomm/parallel_config.hpp"
 #include "tpcomm/parallel_groups.hpp"
 #include "tpcomm/policy.hpp"
 #include "tpcomm/status.hpp"

@@ -10,13 +10,14 @@ import atexit
 import contextlib
 import ctypes
 import json as _json
-import threading
 import weakref
 
 from . import _capi, _store
+from ._args import _int, _key, _pointer, _ref, _stream, _text, _value
 from ._errors import (_ERRORS, AbortedError, CudaError, InvalidArgumentError,  # noqa: F401
                       MismatchError, NcclError, TimeoutError, TpcommError, UnavailableError,
                       UnsupportedError, _check)
+from ._handle import _Handle, _interruptible
 
 __all__ = [
     "AbortedError",
@@ -110,145 +111,6 @@ def tensor(data_ptr, dtype, shape, device=-1):
     for i, d in enumerate(shape):
         t.shape[i] = d
     return t
-
-
-def _ref(t):
-    return None if t is None else ctypes.byref(t)
-
-
-def _key(key):
-    if not isinstance(key, str):
-        raise TypeError(f"store keys are str, not {type(key).__name__}")
-    return _text("key", key)
-
-
-def _value(value):
-    """A store value as bytes: a bytes-like object or a str (UTF-8). Anything else is a TypeError:
-    bytes(5) would make five zero bytes (and bytes(10**10) ten gigabytes) of an int."""
-    if isinstance(value, str):
-        return value.encode()
-    try:
-        return memoryview(value).tobytes()
-    except TypeError:
-        raise TypeError(f"store values are bytes-like or str, not {type(value).__name__}") from None
-
-
-def _text(name, s):
-    """`s` (a str) as the C string it becomes; a NUL would cut it short there."""
-    if not isinstance(s, str):
-        raise TypeError(f"{name} must be a str, not {type(s).__name__}")
-    if "\0" in s:
-        raise ValueError(f"{name} {s!r} holds a NUL character")
-    return s.encode()
-
-
-def _interruptible(call, owner=None):
-    """The status of `call()`, a C call that may block for a long time (waiting for peers or a
-    key), and the C API's thread-local message when it failed, made so that Ctrl-C interrupts it
-    within about 50 ms: Python runs its signal handlers only between bytecodes, never while a C
-    call is blocked. So from the main thread the call runs on a worker thread while the main
-    thread waits in slices, where KeyboardInterrupt can land; the abandoned call then ends by
-    itself at its own deadline, and `owner`, the handle it uses, is never destroyed (that would
-    free what the call still uses): it is left to the process's exit. Other threads call it
-    directly."""
-
-    def attempt():
-        status = call()
-        message = None if status == 0 else _capi.lib().tpcomm_last_error().decode(errors="replace")
-        return status, message
-
-    if threading.current_thread() is not threading.main_thread():
-        return attempt()
-    done = threading.Event()
-    outcome = []
-
-    def run():
-        try:
-            outcome.append((True, attempt()))
-        except BaseException as e:  # noqa: BLE001 - handed to the caller below
-            outcome.append((False, e))
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="tpcomm-blocking-call", daemon=True).start()
-    try:
-        while not done.wait(0.05):
-            pass
-    except BaseException:
-        if owner is not None and not done.is_set():
-            owner._abandoned = True
-        raise
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
-
-
-def _int(name, v, bits=32):
-    """`v` as a C integer of `bits` bits, checked: ctypes would wrap `2**32 + 1` to 1."""
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} {v} is outside {lo}..{hi}")
-    return v
-
-
-def _pointer(name, v):
-    """`v` as a C pointer: an int in 0..2**64 - 1 (ctypes would wrap 2**64 + 5 to 5)."""
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int (an address), not {type(v).__name__}")
-    if not 0 <= v < (1 << 64):
-        raise ValueError(f"{name} {v} is not an address (0..2**64 - 1)")
-    return v
-
-
-def _stream(v):
-    """A `cudaStream_t` given as an int (0: the legacy default stream)."""
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"stream must be an int (a cudaStream_t), not {type(v).__name__}")
-    if not 0 <= v < (1 << 64):
-        raise ValueError(f"stream {v} is not a pointer")
-    return v
-
-
-class _Handle:
-    """An object of the C API behind an opaque handle: `_kind` names it ("bootstrap", "group"),
-    and `tpcomm_<kind>_last_error` / `tpcomm_<kind>_destroy` are its error text and destructor."""
-
-    _kind = ""
-    _handle = None
-
-    @property
-    def handle(self):
-        if self._handle is None:
-            raise InvalidArgumentError(2, f"the {self._kind} is closed")
-        return self._handle
-
-    def _call(self, status):
-        if status != 0:
-            last_error = getattr(_capi.lib(), f"tpcomm_{self._kind}_last_error")
-            _check(status, last_error(self._handle).decode(errors="replace"))
-
-    def close(self):
-        """Releases the handle (not one a call interrupted by Ctrl-C still uses: `_interruptible`)."""
-        if getattr(self, "_abandoned", False):
-            self._handle = None
-        if self._handle is not None:
-            getattr(_capi.lib(), f"tpcomm_{self._kind}_destroy")(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
-            pass
 
 
 # Handles over an application's store (`Bootstrap.from_store`, its splits, groups built on them):

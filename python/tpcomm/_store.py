@@ -2,10 +2,10 @@
 """`tpcomm_store_ops` over an application's store (`Bootstrap.from_store`)."""
 import builtins
 import ctypes
-import threading
 import time
 
 from . import _capi
+from ._threads import _OnThread
 
 # Every `StoreCallbacks` made, kept for the life of the process: the C side holds their function
 # pointers in every bootstrap, sub-bootstrap and group made from them.
@@ -28,24 +28,10 @@ def _bounded(fn, timeout_ms, what):
     key, a server that stopped answering) would otherwise hold the C call past every deadline;
     abandoned, the call ends by itself or with the process (the thread is a daemon), and what it
     does after that is the store's."""
-    done = threading.Event()
-    outcome = []
-
-    def run():
-        try:
-            outcome.append((True, fn()))
-        except BaseException as e:  # noqa: BLE001 - handed to the caller below
-            outcome.append((False, e))
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="tpcomm-store-call", daemon=True).start()
-    if not done.wait(max(timeout_ms, 1) / 1000):
+    call = _OnThread(fn, "tpcomm-store-call")
+    if not call.wait(max(timeout_ms, 1) / 1000):
         raise _Abandoned(f"the store's {what} did not return within {timeout_ms} ms")
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+    return call.result()
 
 
 class StoreCallbacks:

@@ -6,8 +6,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from tpcomm.torch import (_FP8_GROUP, _check, _desc, _fused_checks, _fused_outputs, _stream,
-                    get_group)
+from tpcomm._torch_common import (_FP8_GROUP, _check, _desc, _fused_checks, _fused_outputs,
+                                  _stream, get_group)
 
 
 def _moe_checks(experts, map, weights, shared, residual, gamma, group, fp8_scale,

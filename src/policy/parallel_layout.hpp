@@ -56,7 +56,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tpcomm/parallel_groups.hpp"
+#include "tpcomm/parallel_config.hpp"
 
 namespace tpcomm {
 
