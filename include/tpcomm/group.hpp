@@ -192,6 +192,20 @@ class Group {
       const MoeCombine& moe, const TensorView& residual, const TensorView& gamma, float eps,
       const TensorView& norm_out, const TensorView& residual_out, Stream stream,
       const Fp8Scales& fp8 = {}, NormWeight weight = NormWeight::kGamma) noexcept;
+  /// The sequence-parallel form of `all_reduce_add_rmsnorm` (what vLLM's sequence parallelism
+  /// makes of an all-reduce followed by RMSNorm): `x` [tokens, hidden] is summed over the ranks
+  /// and each rank keeps its share of the rows, rank r rows [r * tokens / world, (r + 1) * tokens
+  /// / world); then on those rows `residual_out = sum + residual` and `norm_out =
+  /// RMSNorm(residual_out) * gamma`, with `all_reduce_add_rmsnorm`'s arguments and rules
+  /// (`residual`, `norm_out` and `residual_out` are [tokens / world, hidden]: this rank's rows).
+  /// `tokens` must be a multiple of the world size, and no output may overlap `x`. Served as the
+  /// group's reduce-scatter followed by the local `add_rmsnorm`.
+  [[nodiscard]] Status reduce_scatter_add_rmsnorm(const TensorView& x, const TensorView& residual,
+                                                  const TensorView& gamma, float eps,
+                                                  const TensorView& norm_out,
+                                                  const TensorView& residual_out, Stream stream,
+                                                  const Fp8Scales& fp8 = {},
+                                                  NormWeight weight = NormWeight::kGamma) noexcept;
   /// Point to point: pairs with `recv` on `peer`.
   [[nodiscard]] Status send(const TensorView& buf, int peer, Stream stream) noexcept;
   [[nodiscard]] Status recv(const TensorView& buf, int peer, Stream stream) noexcept;

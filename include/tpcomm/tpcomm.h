@@ -346,6 +346,16 @@ tpcomm_status tpcomm_all_reduce_add_rmsnorm(
     const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
     const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales, int weight,
     void* stream);
+/* The sequence-parallel form (`tpcomm::Group::reduce_scatter_add_rmsnorm`): `x` [tokens, hidden]
+ * summed over the ranks, each rank keeping its tokens / world rows (rank r the r-th share); then
+ * tpcomm_all_reduce_add_rmsnorm's epilogue on them, with its arguments and rules (`residual`,
+ * `norm_out`, `residual_out` [tokens / world, hidden]). */
+tpcomm_status tpcomm_reduce_scatter_add_rmsnorm(
+    tpcomm_group group, const tpcomm_tensor* x, const tpcomm_tensor* residual,
+    const tpcomm_tensor* gamma, float eps, const tpcomm_tensor* norm_out,
+    const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
+    const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales, int weight,
+    void* stream);
 /* The local residual add + RMSNorm alone (`tpcomm::add_rmsnorm`), on `stream`. */
 tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* residual,
                                  const tpcomm_tensor* gamma, float eps,

@@ -417,6 +417,18 @@ class Group(_Handle):
             _ref(residual_out), _ref(fp8_scale), _ref(fp8_row_scales), _ref(fp8_group_scales),
             1 if gamma_plus_one else 0, _stream(stream)))
 
+    def reduce_scatter_add_rmsnorm(self, x, residual, gamma, eps, norm_out, residual_out,
+                                   fp8_scale=None, fp8_row_scales=None, stream=0,
+                                   fp8_group_scales=None, gamma_plus_one=False):
+        """The sequence-parallel form of `all_reduce_add_rmsnorm`: `x` [tokens, hidden] summed
+        over the ranks, this rank keeping its tokens / world rows (rank r the r-th share), then
+        the residual add and RMSNorm on them; `residual`, `norm_out` and `residual_out` are
+        [tokens / world, hidden]. The other arguments as `all_reduce_add_rmsnorm`'s."""
+        self._call(_capi.lib().tpcomm_reduce_scatter_add_rmsnorm(
+            self.handle, _ref(x), _ref(residual), _ref(gamma), eps, _ref(norm_out),
+            _ref(residual_out), _ref(fp8_scale), _ref(fp8_row_scales), _ref(fp8_group_scales),
+            1 if gamma_plus_one else 0, _stream(stream)))
+
     def moe_finalize_all_reduce_add_rmsnorm(self, experts, map, weights, shared, residual,
                                             gamma, eps, norm_out, residual_out, fp8_scale=None,
                                             fp8_row_scales=None, stream=0, fp8_group_scales=None,

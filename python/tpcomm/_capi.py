@@ -144,6 +144,8 @@ _SIGNATURES = {
     "tpcomm_recv": [_h, _t, _i, _p],
     "tpcomm_all_reduce_add_rmsnorm": [_h, _t, _t, _t, ctypes.c_float, _t, _t, _t, _t, _t, _i,
                                       _p],
+    "tpcomm_reduce_scatter_add_rmsnorm": [_h, _t, _t, _t, ctypes.c_float, _t, _t, _t, _t, _t,
+                                          _i, _p],
     "tpcomm_add_rmsnorm": [_t, _t, _t, ctypes.c_float, _t, _t, _t, _t, _t, _i, _p],
     "tpcomm_moe_finalize_all_reduce_add_rmsnorm": [_h, _t, _t, _t, _t, _t, _t, ctypes.c_float, _t,
                                                    _t, _t, _t, _t, _i, _p],

@@ -223,6 +223,43 @@ def _(x, residual, gamma, eps, group, fp8_scale=None, fp8_row_scales=False,
     return _fused_outputs(x, fp8_scale, fp8_row_scales, fp8_group_scales)
 
 
+def _scattered_rows(x, g):
+    if x.dim() != 2 or x.shape[0] % g.world_size != 0:
+        raise ValueError(f"tpcomm::reduce_scatter_add_rmsnorm: x must be [tokens, hidden] with "
+                         f"tokens a multiple of {g.world_size}, not {tuple(x.shape)}")
+    return (x.shape[0] // g.world_size, x.shape[1])
+
+
+@torch.library.custom_op("tpcomm::reduce_scatter_add_rmsnorm", mutates_args=())
+def reduce_scatter_add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor],
+                               gamma: torch.Tensor, eps: float, group: int,
+                               fp8_scale: Optional[torch.Tensor] = None,
+                               fp8_row_scales: bool = False, fp8_group_scales: bool = False,
+                               gamma_plus_one: bool = False
+                               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sequence-parallel `all_reduce_add_rmsnorm`: `x` [tokens, hidden] summed over the
+    ranks, this rank keeping its tokens / world rows, then the residual add (`residual` those
+    rows) and RMSNorm of them; returns (norm_out, residual_out, scales) of those rows."""
+    g = _fused_checks(x, residual, gamma, group, fp8_scale, fp8_row_scales, fp8_group_scales)
+    norm_out, residual_out, scales = _fused_outputs(x, fp8_scale, fp8_row_scales,
+                                                    fp8_group_scales, _scattered_rows(x, g))
+    g.reduce_scatter_add_rmsnorm(
+        _desc(x), None if residual is None else _desc(residual), _desc(gamma), eps,
+        _desc(norm_out), _desc(residual_out),
+        fp8_scale=None if fp8_scale is None else _desc(fp8_scale),
+        fp8_row_scales=_desc(scales) if fp8_row_scales else None,
+        fp8_group_scales=_desc(scales) if fp8_group_scales else None,
+        gamma_plus_one=gamma_plus_one, stream=_stream(x.device))
+    return norm_out, residual_out, scales
+
+
+@reduce_scatter_add_rmsnorm.register_fake
+def _(x, residual, gamma, eps, group, fp8_scale=None, fp8_row_scales=False,
+      fp8_group_scales=False, gamma_plus_one=False):
+    g = _fused_checks(x, residual, gamma, group, fp8_scale, fp8_row_scales, fp8_group_scales)
+    return _fused_outputs(x, fp8_scale, fp8_row_scales, fp8_group_scales, _scattered_rows(x, g))
+
+
 def _lm_head_shape(shard_logits, g, vocab, rows, rows_per_rank):
     if rows_per_rank is not None:
         if len(rows_per_rank) != g.world_size:
@@ -377,6 +414,13 @@ class TpcommGroup:
         return torch.ops.tpcomm.all_reduce_add_rmsnorm(x, residual, gamma, eps, self.handle,
                                                        fp8_scale, fp8_row_scales,
                                                        fp8_group_scales, gamma_plus_one)
+
+    def fused_reduce_scatter_add_rmsnorm(self, x, residual, gamma, eps, fp8_scale=None,
+                                         fp8_row_scales=False, fp8_group_scales=False,
+                                         gamma_plus_one=False):
+        return torch.ops.tpcomm.reduce_scatter_add_rmsnorm(x, residual, gamma, eps, self.handle,
+                                                           fp8_scale, fp8_row_scales,
+                                                           fp8_group_scales, gamma_plus_one)
 
     def moe_finalize_all_reduce_add_rmsnorm(self, experts, map, weights, shared, residual, gamma,
                                             eps, fp8_scale=None, fp8_row_scales=False,

@@ -82,6 +82,17 @@ Status Group::all_reduce_add_rmsnorm(const TensorView& x, const TensorView& resi
                      c, stream);
 }
 
+Status Group::reduce_scatter_add_rmsnorm(const TensorView& x, const TensorView& residual,
+                                         const TensorView& gamma, float eps,
+                                         const TensorView& norm_out, const TensorView& residual_out,
+                                         Stream stream, const Fp8Scales& fp8,
+                                         NormWeight weight) noexcept {
+  Call c;
+  return impl_->call(make_reduce_scatter_add_rmsnorm(impl_->shape(), x, residual, gamma, eps,
+                                                     norm_out, residual_out, fp8, weight, &c),
+                     c, stream);
+}
+
 Status Group::moe_finalize_all_reduce_add_rmsnorm(const MoeCombine& moe, const TensorView& residual,
                                                   const TensorView& gamma, float eps,
                                                   const TensorView& norm_out,

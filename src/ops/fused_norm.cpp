@@ -159,4 +159,46 @@ Status make_all_reduce_add_rmsnorm(const GroupShape& g, const TensorView& x,
   return Status::kOk;
 }
 
+Status make_reduce_scatter_add_rmsnorm(const GroupShape& g, const TensorView& x,
+                                       const TensorView& residual, const TensorView& gamma,
+                                       float eps, const TensorView& norm_out,
+                                       const TensorView& residual_out, const Fp8Scales& fp8,
+                                       NormWeight weight, Call* call) noexcept {
+  constexpr const char* kOp = "reduce_scatter_add_rmsnorm";
+  TPCOMM_TRY(check_view(g, x, "x", kOp, call));
+  if (x.ndim != 2 || x.shape[1] < 1)
+    return refuse(call, detail::concat(kOp, ": x must be [tokens, hidden], not ", x.ndim, "-d"));
+  const std::int64_t tokens = x.shape[0];
+  const std::int64_t hidden = x.shape[1];
+  if (tokens % g.world != 0)
+    return refuse(call, detail::concat(kOp, ": ", tokens, " tokens do not split evenly over ",
+                                       g.world, " ranks (pad them to a multiple)"));
+  for (const TensorView* v : {&residual, &norm_out, &residual_out})
+    if (overlaps(*v, x))
+      return refuse(call, detail::concat(kOp, ": an output or the residual overlaps x"));
+  // This rank's rows of x: what the epilogue's checks see (its outputs hold these rows).
+  const std::int64_t rows = tokens / g.world;
+  const TensorView mine = TensorView::contiguous(
+      static_cast<char*>(x.data) +
+          g.rank * rows * hidden * static_cast<std::int64_t>(dtype_size(x.dtype)),
+      x.dtype, {rows, hidden}, x.device);
+  AddRmsNormCall& c = call->norm.emplace();
+  if (Status s = check_add_rmsnorm(mine, residual, gamma, eps, norm_out, residual_out, fp8, weight,
+                                   kOp, &c, &call->message);
+      s != Status::kOk)
+    return s;
+  for (const TensorView* v : {&residual, &gamma, &norm_out, &residual_out})
+    if (v->data != nullptr || v != &residual) TPCOMM_TRY(check_view(g, *v, "a tensor", kOp, call));
+  call->empty = tokens == 0;
+  Reduce sum{ReduceOp::kSum, /*scattered=*/true};
+  sum.fusion = &c.fusion;
+  sum.residual = &c.residual;
+  sum.norm_out = &c.norm_out;
+  call->request = Request{Op::kReduceScatterAddRmsNorm, x, residual_out, sum};
+  call->request.tag.fingerprint = fingerprint(
+      Op::kReduceScatterAddRmsNorm, x.dtype, x.numel(),
+      fused_shape(static_cast<int>(c.fusion.kind), norm_form(c.fusion), c.fusion.hidden));
+  return Status::kOk;
+}
+
 }  // namespace tpcomm

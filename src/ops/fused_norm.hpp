@@ -45,6 +45,15 @@ Status make_all_reduce_add_rmsnorm(const GroupShape& g, const TensorView& x,
                                    const Fp8Scales& fp8, NormWeight weight, Call* call,
                                    bool x_made_later = false) noexcept;
 
+/// `Group::reduce_scatter_add_rmsnorm` (tpcomm/group.hpp says the rules): x [tokens, hidden]
+/// reduce-scattered by rows, then the add + RMSNorm of this rank's rows, as a scattered `Reduce`
+/// with the fused norm's epilogue.
+Status make_reduce_scatter_add_rmsnorm(const GroupShape& g, const TensorView& x,
+                                       const TensorView& residual, const TensorView& gamma,
+                                       float eps, const TensorView& norm_out,
+                                       const TensorView& residual_out, const Fp8Scales& fp8,
+                                       NormWeight weight, Call* call) noexcept;
+
 /// The fused operation where no fused kernel serves it, as an entry of `chain`: the all-reduce
 /// through the chain into an output that can hold the sum, then the local add + RMSNorm. Which
 /// output holds the sum is a local choice, but every rank runs the same all-reduce (same size,
