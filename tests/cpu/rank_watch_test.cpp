@@ -118,9 +118,12 @@ TEST(RankWatch, AKilledRankFailsEveryWaitAndIsReportedWithinMilliseconds) {
 
 TEST(RankWatch, ARankThatDiesDuringSetupFailsTheOthersSetupAtOnce) {
   const int port = net::free_port();
-  // Rank 2 connects as `from_launch_info` does, then dies before the host-name all-gather.
+  // Rank 2 connects as `from_launch_info` does, then dies before the host-name all-gather; a
+  // moment after connecting, so that ranks 0 and 1 are in the store by then even on a loaded
+  // machine (a rank that comes after rank 0 has failed and closed the store meets no server).
   const pid_t child = fork_child([port] {
     net::Socket w = raw_watch(port, 2);
+    std::this_thread::sleep_for(1s);
     ::_exit(3);  // no goodbye
   });
   std::vector<std::optional<Error>> errors(2);
