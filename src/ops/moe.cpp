@@ -89,9 +89,10 @@ Status make_moe_finalize(const GroupShape& g, const MoeCombine& moe, const Tenso
   if (call->empty) return Status::kOk;
   Request& req = call->request;
   req.op = Op::kMoeFinalize;
-  Reduce& sum = std::get<Reduce>(req.args);
-  sum.moe = &combine;
-  const kernels::FusionParams& f = *sum.fusion;
+  auto* sum = std::get_if<Reduce>(&req.args);  // the fused norm's, made above
+  if (sum == nullptr) return Status::kInternal;
+  sum->moe = &combine;
+  const kernels::FusionParams& f = *sum->fusion;
   req.tag.fingerprint = fingerprint(Op::kMoeFinalize, x.dtype, x.numel(),
                                     fused_shape(static_cast<int>(f.kind), norm_form(f), f.hidden));
   return Status::kOk;
