@@ -4,7 +4,7 @@
 # the folder given as the first argument. Uses the build in ./build (configure and build it
 # first, or carry it from a machine with the same CUDA toolkit).
 #
-#   scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python|audit]
+#   scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python|audit|fastest]
 #
 # `gpu` runs the gpu tier, its first-launch repeats and the mgpu tier alone (`tests` is those, the
 # fault matrix and the launcher and C API checks).
@@ -21,10 +21,14 @@
 # STEP_TIMEOUT, here 120 by default), then plots each operation's audit (OUTDIR/audit-*.png) and
 # lists every loss in OUTDIR/audit-summary.txt.
 #
+# `fastest` runs every preset's decode step on 8 virtual ranks at 1 and 128 tokens with
+# `tpcomm step --fastest`: each part of the step alone on every path the group can take, then the
+# step with each part on its fastest, against the built-in choice (OUTDIR/fastest-<model>.json).
+#
 # Every step is stopped after STEP_TIMEOUT seconds (default 600); rc=124 in the summary says so.
 # The summary is printed last; each step's log is OUTDIR/<step>.txt.
 set -u -o pipefail
-out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python|audit]}
+out=${1:?usage: scripts/gpu-run.sh OUTDIR [all|tests|gpu|faults|bench|overhead|fused|moe|exchange|step|python|audit|fastest]}
 what=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -350,6 +354,14 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = step ]; then
   step step "$bin/tpcomm" step --model deepseek-v3 --tp 8 --virtual-ranks 8 --tokens 1,128 \
     --compute-us 20 --json "$out/step-deepseek-v3-w8-compute20.json" \
     ${plot:+--plot "$out/step-deepseek-v3-w8-compute20.png"}
+fi
+
+if [ "$what" = fastest ]; then
+  # The built-in step against the step with each part on the fastest path found for it alone.
+  for model in deepseek-v3 qwen3-235b-a22b llama-3.1-70b gpt-oss-120b; do
+    step fastest "$bin/tpcomm" step --model "$model" --tp 8 --virtual-ranks 8 --tokens 1,128 \
+      --fastest --json "$out/fastest-$model.json"
+  done
 fi
 
 if [ "$what" = audit ]; then

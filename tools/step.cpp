@@ -24,6 +24,7 @@
 #include "tools/json_file.hpp"
 #include "tools/ranks.hpp"
 #include "tools/step_args.hpp"
+#include "tools/step_paths.hpp"
 #include "tools/step_plan.hpp"
 #include "tools/step_report.hpp"
 #include "tpcomm/group.hpp"
@@ -39,6 +40,22 @@ Options variant_options(Variant v) {
   if (v != Variant::kTpcomm) opt.lm_head_a2a = Switch::kOff;
   if (v == Variant::kNccl) opt.disable_custom_ar = true;
   return opt;
+}
+
+PartGroups all_parts(Group* g) { return {g, g, g}; }
+
+/// The index in `kComponents` of the part a call of kind `k` belongs to.
+std::size_t component_of(StepOpKind k) {
+  switch (k) {
+    case StepOpKind::kAttnReduce:
+      return 0;
+    case StepOpKind::kMlpReduce:
+    case StepOpKind::kMoeReduce:
+      return 1;
+    case StepOpKind::kLmHead:
+      return 2;
+  }
+  return 0;
 }
 
 bool in_part(StepOpKind k, Part p) {
@@ -69,7 +86,7 @@ bool in_part(StepOpKind k, Part p) {
 // itself), then +1/2, -1/2, +1/4, -1/4, ... (a last one without its pair 0), so the weighted sum
 // is the row, exact in f32 for these small integers, and a weight or a row left out changes it.
 
-class StepRunner {
+class StepRunner final : public StepParts {
  public:
   StepRunner(Bootstrap& boot, int device, const StepOptions& o, const ModelSpec& model,
              std::uint64_t seed)
@@ -98,16 +115,13 @@ class StepRunner {
     std::size_t done = 0;
     for (std::size_t vi = 0; vi < kVariants.size(); ++vi) {
       const Variant v = kVariants[vi];
-      std::optional<Group> group;
+      std::unique_ptr<Group> group;
       std::string why;
       if (v == Variant::kNccl && share) {
         why = "NCCL refuses two ranks on one GPU (virtual ranks); run one process per GPU (-g N)";
       } else {
         try {
-          group.emplace(boot_, device_, variant_options(v));
-          group->prepare_exchange(exchange_bytes_per_peer(), stream());
-          if (Status st = group->warm_up(stream()); st != Status::kOk)
-            throw Error(st, group->last_error());
+          group = make_group(variant_options(v));
         } catch (const Error& e) {
           if (v != Variant::kNccl) {
             if (boot_.rank() == 0)
@@ -131,7 +145,7 @@ class StepRunner {
         } else {
           const StepPlan plan = plan_step(model_, o_.tp, o_.tokens[ti]);
           if (o_.compute_us > 0 && *compute_us == 0) *compute_us = measure_compute(plan);
-          measure(*group, v, plan, r);
+          measure(all_parts(group.get()), v, plan, r);
           if (!r.failure.empty()) {
             if (boot_.rank() == 0)
               std::printf("# %s, %lld tokens: failed: %s\n", variant_name(v),
@@ -148,6 +162,22 @@ class StepRunner {
     }
     return true;
   }
+
+  // StepParts (tools/step_paths.hpp), for `find_fastest`.
+  std::unique_ptr<Group> make_group(const Options& options) override {
+    auto g = std::make_unique<Group>(boot_, device_, options);
+    g->prepare_exchange(exchange_bytes_per_peer(), stream());
+    if (Status st = g->warm_up(stream()); st != Status::kOk) throw Error(st, g->last_error());
+    return g;
+  }
+  double time_part(Group& g, std::int64_t tokens, Part part, std::string& failure) override {
+    return time_part(all_parts(&g), Variant::kTpcomm, plan_step(model_, o_.tp, tokens), part, false,
+                     failure);
+  }
+  void measure(const PartGroups& groups, std::int64_t tokens, Result& r) override {
+    measure(groups, Variant::kTpcomm, plan_step(model_, o_.tp, tokens), r);
+  }
+  bool lead() const override { return boot_.rank() == 0; }
 
  private:
   std::int64_t max_tokens() const {
@@ -250,9 +280,11 @@ class StepRunner {
     return TensorView::contiguous(logits_, model_.dtype, {plan.tokens, model_.vocab}, device_);
   }
 
-  /// Enqueues the operations of `part` of `plan` as variant `v` serves them, each after a compute
-  /// gap when `gaps`; only the gaps for Part::kCompute. Empty, or what failed.
-  std::string enqueue(Group* g, Variant v, const StepPlan& plan, Part part, bool gaps) {
+  /// Enqueues the operations of `part` of `plan` as variant `v` serves them, each on its part's
+  /// group and after a compute gap when `gaps`; only the gaps for Part::kCompute. Empty, or what
+  /// failed.
+  std::string enqueue(const PartGroups& groups, Variant v, const StepPlan& plan, Part part,
+                      bool gaps) {
     constexpr float kEps = 1e-6f;
     const auto gap_ns = static_cast<std::uint64_t>(o_.compute_us * 1000.0);
     const auto reductions = static_cast<std::int64_t>(plan.ops.size()) - 1;
@@ -263,6 +295,7 @@ class StepRunner {
       if (gaps && (part == Part::kCompute || in_part(op.kind, part)))
         if (kernels::busy_wait(gap_ns, stream()) != Status::kOk) return "the compute gap's launch";
       if (part == Part::kCompute || !in_part(op.kind, part)) continue;
+      Group* g = groups[component_of(op.kind)];
       Status st = Status::kOk;
       if (is_reduction) {
         // NOTE [step data]
@@ -296,28 +329,40 @@ class StepRunner {
     return {};
   }
 
-  /// Captures `part` into the graph (inside a capture scope of `g` when given). Empty, or what
+  /// Captures `part` into the graph (inside a capture scope of each group). Empty, or what
   /// failed.
-  std::string capture(Group* g, Variant v, const StepPlan& plan, Part part, bool gaps) {
+  std::string capture(const PartGroups& groups, Variant v, const StepPlan& plan, Part part,
+                      bool gaps) {
     cudaStreamSynchronize(stream_);  // no rank captures while its kernels are in flight
     boot_.barrier();
-    std::optional<Group::CaptureScope> scope;
-    if (g != nullptr) scope.emplace(g->capture(stream()));
-    std::string failure = graph_->capture([&] { return enqueue(g, v, plan, part, gaps); });
-    if (scope) {
-      if (Status st = scope->close(); st != Status::kOk && failure.empty())
-        failure = "capture registration: " + g->last_error();
+    std::array<std::optional<Group::CaptureScope>, kComponents.size()> scopes;
+    for (std::size_t i = 0; i < groups.size(); ++i)
+      if (groups[i] != nullptr && std::find(groups.begin(), groups.begin() + i, groups[i]) ==
+                                      groups.begin() + static_cast<std::ptrdiff_t>(i))
+        scopes[i].emplace(groups[i]->capture(stream()));
+    std::string failure = graph_->capture([&] { return enqueue(groups, v, plan, part, gaps); });
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (!scopes[i]) continue;
+      if (Status st = scopes[i]->close(); st != Status::kOk && failure.empty())
+        failure = "capture registration: " + groups[i]->last_error();
     }
     return failure;
   }
 
+  /// The first failure of the groups' health, or empty.
+  static std::string health(const PartGroups& groups) {
+    for (Group* g : groups)
+      if (g != nullptr && g->health() != Status::kOk) return g->last_error();
+    return {};
+  }
+
   /// The median replay of `part`'s graph, averaged over ranks; the graph is destroyed after.
-  double time_part(Group* g, Variant v, const StepPlan& plan, Part part, bool gaps,
+  double time_part(const PartGroups& groups, Variant v, const StepPlan& plan, Part part, bool gaps,
                    std::string& failure) {
     double us = 0;
-    failure = capture(g, v, plan, part, gaps);
+    failure = capture(groups, v, plan, part, gaps);
     if (failure.empty()) failure = graph_->time(boot_, o_.replays, &us, o_.warmup);
-    if (failure.empty() && g != nullptr && g->health() != Status::kOk) failure = g->last_error();
+    if (failure.empty()) failure = health(groups);
     graph_->reset();  // NOTE [graphs of virtual ranks]: before the next collective
     return agree(us, failure);
   }
@@ -339,7 +384,8 @@ class StepRunner {
 
   double measure_compute(const StepPlan& plan) {
     std::string failure;
-    const double us = time_part(nullptr, Variant::kTpcomm, plan, Part::kCompute, true, failure);
+    const double us =
+        time_part(PartGroups{}, Variant::kTpcomm, plan, Part::kCompute, true, failure);
     if (!failure.empty()) throw Error(Status::kCudaError, "timing the compute gaps: " + failure);
     return us;
   }
@@ -384,22 +430,24 @@ class StepRunner {
     return *static_cast<volatile unsigned long long*>(wrong_host_);
   }
 
-  /// One variant at one token count: the step checked and timed (with gaps), then each
-  /// component alone.
-  void measure(Group& g, Variant v, const StepPlan& plan, Result& r) {
+  /// One variant at one token count, each part on its group: the step checked and timed (with
+  /// gaps), then each component alone.
+  void measure(const PartGroups& groups, Variant v, const StepPlan& plan, Result& r) {
     r.available = true;
     const TensorView x = act(xa_, plan);
-    const std::string reduce = g.backend_for_all_reduce(x, act(normed_, plan), true);
-    r.fused_by = v == Variant::kTpcomm ? g.backend_for_add_rmsnorm(x, act(normed_, plan), true)
-                                       : reduce + "+add_rmsnorm";
-    r.lm_head_by = g.backend_for_lm_head_exchange(shards(plan), logits(plan),
-                                                  LmHeadLayout::equal(plan.tokens));
+    Group& reductions = *groups[0];
+    const std::string reduce = reductions.backend_for_all_reduce(x, act(normed_, plan), true);
+    r.fused_by = v == Variant::kTpcomm
+                     ? reductions.backend_for_add_rmsnorm(x, act(normed_, plan), true)
+                     : reduce + "+add_rmsnorm";
+    r.lm_head_by = groups[2]->backend_for_lm_head_exchange(shards(plan), logits(plan),
+                                                           LmHeadLayout::equal(plan.tokens));
     const bool gaps = o_.compute_us > 0;
-    r.failure = capture(&g, v, plan, Part::kAll, gaps);
+    r.failure = capture(groups, v, plan, Part::kAll, gaps);
     std::uint64_t wrong = 0;
     if (r.failure.empty()) wrong = check(plan, r.failure);
     if (r.failure.empty()) r.failure = graph_->time(boot_, o_.replays, &r.step_us, o_.warmup);
-    if (r.failure.empty() && g.health() != Status::kOk) r.failure = g.last_error();
+    if (r.failure.empty()) r.failure = health(groups);
     graph_->reset();  // NOTE [graphs of virtual ranks]
     struct Mine {
       double us;
@@ -415,7 +463,7 @@ class StepRunner {
     }
     r.step_us = sum / static_cast<double>(all.size());
     for (std::size_t c = 0; c < kComponents.size() && r.failure.empty(); ++c)
-      r.part_us[c] = time_part(&g, v, plan, kComponents[c], false, r.failure);
+      r.part_us[c] = time_part(groups, v, plan, kComponents[c], false, r.failure);
   }
 
   Bootstrap& boot_;
@@ -478,19 +526,28 @@ int run_step(const StepOptions& o) {
           model.moe ? ", MoE" : "", o.tp, mode.c_str(),
           static_cast<unsigned long long>(shared_seed));
     std::vector<std::array<Result, kVariants.size()>> results;
+    std::vector<Fastest> fastest;
     double compute_us = 0;
     bool ok = false;
     {
       StepRunner runner(boot, device, o, model, shared_seed);
-      ok = runner.run(results, &compute_us);
+      ok = runner.run(results, &compute_us) &&
+           (!o.fastest ||
+            find_fastest(runner, path_candidates(variant_options(Variant::kTpcomm), model.moe), o,
+                         model.name, fastest));
     }
     if (boot.rank() != 0) return ok ? 0 : 1;
     if (!ok) {
       std::printf("# a step failed: see the failure lines above\n");
       return 1;
     }
-    const nlohmann::json doc =
+    nlohmann::json doc =
         report(o, model, results, compute_us, boot.world_size(), mode, shared_seed);
+    if (o.fastest) {
+      doc["fastest"] = report_fastest(o.tokens, results, fastest);
+      for (const Fastest& f : fastest)
+        doc["wrong"] = doc["wrong"].get<std::uint64_t>() + f.step.wrong;
+    }
     const int code = doc["wrong"].get<std::uint64_t>() == 0 ? 0 : 2;
     const std::string json = o.plot.empty() ? o.json : step_plot_json(o);
     if (!json.empty()) {

@@ -32,6 +32,11 @@ void add_step_options(CLI::App& cmd, StepOptions& o, std::function<void()> on_va
          "separately")
       ->default_str("fused")
       ->check(CLI::IsMember({"fused", "separate"}));
+  cmd.add_flag("--fastest", o.fastest,
+               "also time each part of the step (attention, MLP/MoE, LM head) alone on every path "
+               "the group can take (each custom algorithm pinned, the MoE prologue, the exchange's "
+               "forms, the LM head by all-gather), then the step with each part on its fastest, "
+               "against the built-in choice");
   cmd.add_option("-n,--replays", o.replays, "timed replays of each graph (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));

@@ -25,6 +25,9 @@ struct StepOptions {
   /// call (`moe_finalize_all_reduce_add_rmsnorm`; true, "fused") or launches `moe_combine` before
   /// `all_reduce_add_rmsnorm` ("separate").
   bool moe_fused = true;
+  /// --fastest: also each part timed on every path the group can take, and the step with each
+  /// part on its fastest (tools/step_paths.hpp).
+  bool fastest = false;
   int replays = 20;        // -n: timed replays of each graph (median reported)
   int warmup = 3;          // -w: replays before the timed ones
   std::string json;        // --json FILE
