@@ -381,6 +381,106 @@ TEST(MultiProcess, NcclCollectivesThroughTheGroup) {
       [&](auto i, auto o) { return g.broadcast(i, o, world - 1, stream.stream()); }, world - 1);
 }
 
+// A deterministic group where NCCL can run (one GPU per rank): `strict` refuses, on every rank
+// and before launching anything, an all-reduce or a fused call that NCCL would reduce (past the
+// custom kernels' workspace), naming its size and the limit, and the group stays usable; `on`
+// serves the same calls (NCCL's sum, exact on integer data). The plain reduce-scatter is not
+// refused. The sequence-parallel fused norm, which NCCL's reduce-scatter serves, is refused under
+// `strict` and exact under `on`.
+TEST(MultiProcess, DeterministicGroupsWhereNcclReduces) {
+  if (!g_gpu_per_rank) GTEST_SKIP() << "ranks share a GPU: NCCL refuses that";
+  const int rank = g_boot->rank();
+  const int world = g_boot->world_size();
+  StreamHolder stream;
+  const Stream s = stream.stream();
+  const std::int64_t big = std::int64_t{4} << 20;  // bf16 elements: 8 MiB, past 4 MiB
+  const std::int64_t hidden = 4096;
+  DeviceBuffer in(big * 2 + 64), out(big * 2 + 64), residual(big * 2 + 64), gamma(hidden * 2);
+  ASSERT_EQ(cudaMemset(gamma.get(), 0, hidden * 2), cudaSuccess);
+  for (const Determinism mode : {Determinism::kStrict, Determinism::kOn}) {
+    const bool strict = mode == Determinism::kStrict;
+    SCOPED_TRACE(strict ? "strict" : "on");
+    Options o = mgpu_options("auto");
+    o.deterministic = mode;
+    Group g(*g_boot, g_device, o);
+    const auto x = TensorView::flat(in.get(), DType::kBF16, big, g_device);
+    const auto y = TensorView::flat(out.get(), DType::kBF16, big, g_device);
+    ASSERT_EQ(g.backend_for_all_reduce(x, y), "nccl");
+    const std::uint64_t seed = 900 + static_cast<std::uint64_t>(mode);
+    ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, big, seed, rank, ReduceOp::kSum, 0, s),
+              Status::kOk);
+    ASSERT_EQ(kernels::poison(out.get(), big * 2, s), Status::kOk);
+    const Status st = g.all_reduce(x, y, s);
+    if (strict) {
+      EXPECT_EQ(st, Status::kInvalidArgument);
+      EXPECT_NE(g.last_error().find("TPCOMM_DETERMINISTIC=strict"), std::string::npos)
+          << g.last_error();
+      EXPECT_NE(g.last_error().find(std::to_string(big * 2) + " bytes"), std::string::npos)
+          << g.last_error();
+      EXPECT_EQ(g.health(), Status::kOk) << "a refused call does not fail the group";
+      // Nothing was written: the output is still the poison on every rank.
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      DeviceBuffer poisoned(big * 2);
+      ASSERT_EQ(kernels::poison(poisoned.get(), big * 2, s), Status::kOk);
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      EXPECT_EQ(digest(out.get(), big * 2), digest(poisoned.get(), big * 2));
+    } else {
+      ASSERT_EQ(st, Status::kOk) << g.last_error();
+      EXPECT_EQ(
+          count_wrong(out.get(), DType::kBF16, big, seed, kernels::Collective::kAllReduce, 0, s),
+          0u);
+    }
+    // What the custom kernels hold is served alike in both modes.
+    const auto small_x = TensorView::flat(in.get(), DType::kBF16, 4096, g_device);
+    const auto small_y = TensorView::flat(out.get(), DType::kBF16, 4096, g_device);
+    ASSERT_EQ(g.all_reduce(small_x, small_y, s), Status::kOk) << g.last_error();
+    EXPECT_EQ(
+        count_wrong(out.get(), DType::kBF16, 4096, seed, kernels::Collective::kAllReduce, 0, s),
+        0u);
+    // The plain reduce-scatter keeps no order either way: never refused.
+    const std::int64_t per = 4096;
+    ASSERT_EQ(
+        kernels::fill_data(in.get(), DType::kBF16, per * world, seed, rank, ReduceOp::kSum, 0, s),
+        Status::kOk);
+    ASSERT_EQ(g.reduce_scatter(TensorView::flat(in.get(), DType::kBF16, per * world, g_device),
+                               TensorView::flat(out.get(), DType::kBF16, per, g_device), s),
+              Status::kOk)
+        << g.last_error();
+    EXPECT_EQ(
+        count_wrong(out.get(), DType::kBF16, per, seed, kernels::Collective::kReduceScatter, 0, s),
+        0u);
+    // The sequence-parallel fused norm: x [world * 4, hidden], each rank its 4 rows. gamma is
+    // zero, so norm_out is a signed zero; residual_out (residual zero) is this rank's rows of the
+    // all-reduce, which the reduce-scatter's check reads.
+    const std::int64_t rows = 4;
+    ASSERT_EQ(kernels::fill_data(in.get(), DType::kBF16, rows * world * hidden, seed, rank,
+                                 ReduceOp::kSum, 0, s),
+              Status::kOk);
+    ASSERT_EQ(
+        cudaMemsetAsync(residual.get(), 0, rows * hidden * 2, reinterpret_cast<cudaStream_t>(s)),
+        cudaSuccess);
+    DeviceBuffer norm_out(rows * hidden * 2), residual_out(rows * hidden * 2);
+    const auto mine = [&](const DeviceBuffer& b) {
+      return TensorView::contiguous(b.get(), DType::kBF16, {rows, hidden}, g_device);
+    };
+    const Status fused = g.reduce_scatter_add_rmsnorm(
+        TensorView::contiguous(in.get(), DType::kBF16, {rows * world, hidden}, g_device),
+        mine(residual), TensorView::flat(gamma.get(), DType::kBF16, hidden, g_device), 1e-6f,
+        mine(norm_out), mine(residual_out), s);
+    if (strict) {
+      EXPECT_EQ(fused, Status::kInvalidArgument) << g.last_error();
+    } else {
+      ASSERT_EQ(fused, Status::kOk) << g.last_error();
+      EXPECT_EQ(count_wrong(residual_out.get(), DType::kBF16, rows * hidden, seed,
+                            kernels::Collective::kReduceScatter, 0, s),
+                0u);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
+    g_boot->barrier();
+  }
+}
+
 // A peer that dies without any cleanup: the survivors' kernels give up within the deadline,
 // the group names the rank that did not arrive, and tearing the group down stays bounded. A
 // second group, whose stream the dead peer never warmed up, fails its first collective at the
