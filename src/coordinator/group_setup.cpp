@@ -215,7 +215,7 @@ void Group::Impl::load_tune_table(const Peers& peers) {
 }
 
 void Group::Impl::add_composites() {
-  chain.add(make_unfused_norm_backend(chain, shape()));
+  chain.add(make_unfused_norm_backend(chain, shape(), options.deterministic != Determinism::kOff));
   // The LM head's fallback keeps its temporary where the custom exchange will not serve it.
   chain.add(make_gather_copy_backend(chain, shape(),
                                      custom == nullptr || options.lm_head_a2a == Switch::kOff));

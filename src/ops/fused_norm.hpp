@@ -54,11 +54,16 @@ Status make_reduce_scatter_add_rmsnorm(const GroupShape& g, const TensorView& x,
                                        const TensorView& residual_out, const Fp8Scales& fp8,
                                        NormWeight weight, Call* call) noexcept;
 
-/// The fused operation where no fused kernel serves it, as an entry of `chain`: the all-reduce
-/// through the chain into an output that can hold the sum, then the local add + RMSNorm. Which
-/// output holds the sum is a local choice, but every rank runs the same all-reduce (same size,
-/// dtype and op), so the ranks' paths agree.
+/// The fused norms where no fused kernel serves them (every `Reduce` with an epilogue and no
+/// prologue), as an entry of `chain`: the sum through the chain — the all-reduce, or the
+/// reduce-scatter of a scattered call — into an output that can hold it (else a temporary of the
+/// call's own), then the local add + RMSNorm of this rank's rows. `whole_sum` (a deterministic
+/// group): a scattered call sums every row by the all-reduce, which the custom kernels serve
+/// batch-invariantly, where NCCL's reduce-scatter would not. Which output holds the sum is a
+/// local choice, but every rank runs the same sum (same size, dtype and op), so the ranks' paths
+/// agree.
 [[nodiscard]] std::unique_ptr<Backend> make_unfused_norm_backend(BackendChain& chain,
-                                                                 const GroupShape& g);
+                                                                 const GroupShape& g,
+                                                                 bool whole_sum);
 
 }  // namespace tpcomm

@@ -35,13 +35,16 @@ Status add_rmsnorm(const TensorView& x, const TensorView& residual, const Tensor
 namespace {
 
 /// A fused sum (`Reduce::fusion`, no prologue): the sum alone through the chain, scattered or
-/// not as the call is, then the local add + RMSNorm of the rows this rank holds.
+/// not as the call is (`whole_sum`: a scattered one as the all-reduce of every row, which the
+/// custom kernels serve in a deterministic group), then the local add + RMSNorm of the rows this
+/// rank holds.
 class UnfusedNorm final : public Composite {
  public:
-  UnfusedNorm(BackendChain& chain, const GroupShape& g) noexcept
+  UnfusedNorm(BackendChain& chain, const GroupShape& g, bool whole_sum) noexcept
       : Composite(chain, Op::kAllReduceAddRmsNorm, "only the fused norms", "all_reduce_add_rmsnorm",
                   "", "+add_rmsnorm"),
-        g_(g) {}
+        g_(g),
+        whole_sum_(whole_sum) {}
 
   std::string_view name() const noexcept override { return "all_reduce+add_rmsnorm"; }
 
@@ -59,6 +62,7 @@ class UnfusedNorm final : public Composite {
           kernels::launch_add_rmsnorm(summed, residual_out.data, f, count, x.dtype, stream);
       return s == Status::kOk ? s : failed(s, "the local add + RMSNorm failed");
     };
+    if (fused.scattered && whole_sum_) return via_temporary(r, plan, stream, f, count);
     // The sum goes where it destroys nothing the local kernel still needs.
     const TensorView& norm_out = *fused.norm_out;
     const TensorView& residual = *fused.residual;
@@ -71,7 +75,7 @@ class UnfusedNorm final : public Composite {
       return local(residual_out.data);
     }
     // f8e4m3 norm_out and residual_out == residual.
-    if (fused.scattered) return scattered_in_place(r, plan, stream, f, count);
+    if (fused.scattered) return via_temporary(r, plan, stream, f, count);
     // Rank 0 adds the residual (the same on every rank) into residual_out, the others put x
     // there, and the all-reduce sums that in place.
     if (g_.rank == 0) {
@@ -99,44 +103,55 @@ class UnfusedNorm final : public Composite {
 
   /// The sum of the fused call's `in`.
   Request planned(const Request& r, ExchangePlan* /*scratch*/) const noexcept override {
-    return reduce(r, r.in, r.out);
+    return reduce(r, r.in, whole(r) ? r.in : r.out);
+  }
+
+  /// Whether `r`'s sum is the all-reduce of every row.
+  [[nodiscard]] bool whole(const Request& r) const noexcept {
+    return !r.reduce()->scattered || whole_sum_;
   }
 
   /// The sum alone of `in` into `out`: the all-reduce, or the reduce-scatter of a scattered call.
-  static Request reduce(const Request& r, const TensorView& in, const TensorView& out) noexcept {
-    const bool scattered = r.reduce()->scattered;
+  [[nodiscard]] Request reduce(const Request& r, const TensorView& in,
+                               const TensorView& out) const noexcept {
+    const bool scattered = !whole(r);
     return inner(r, scattered ? Op::kReduceScatter : Op::kAllReduce, in, out,
                  Reduce{ReduceOp::kSum, scattered});
   }
 
-  /// A scattered call whose every output is taken (f8e4m3 norm_out, residual_out the residual,
-  /// each rank's own): the slice of the sum into a temporary of the call's own (stream-ordered,
-  /// which graphs capture), then the local add + RMSNorm from it.
-  Status scattered_in_place(const Request& r, const Plan& plan, Stream stream,
-                            const kernels::FusionParams& f, std::int64_t count) noexcept {
+  /// A scattered call whose sum has no output to go to (its outputs all taken: f8e4m3 norm_out,
+  /// residual_out the residual; or the sum of every row): the sum into a temporary of the call's
+  /// own (stream-ordered, which graphs capture), then the local add + RMSNorm of this rank's rows
+  /// from it.
+  Status via_temporary(const Request& r, const Plan& plan, Stream stream,
+                       const kernels::FusionParams& f, std::int64_t count) noexcept {
     const auto s = reinterpret_cast<cudaStream_t>(stream);
     const TensorView& residual_out = r.out;
-    TensorView slice = residual_out;
-    if (cudaMallocAsync(&slice.data, static_cast<std::size_t>(slice.nbytes()), s) != cudaSuccess)
-      return failed(Status::kCudaError, "allocating the sum's slice failed");
-    Status status = run_inner(reduce(r, r.in, slice), plan, stream);
+    const bool all_rows = whole(r);
+    TensorView sum = all_rows ? r.in.flattened() : residual_out;
+    if (cudaMallocAsync(&sum.data, static_cast<std::size_t>(sum.nbytes()), s) != cudaSuccess)
+      return failed(Status::kCudaError, "allocating the sum failed");
+    Status status = run_inner(reduce(r, all_rows ? r.in.flattened() : r.in, sum), plan, stream);
     if (status == Status::kOk) {
-      status =
-          kernels::launch_add_rmsnorm(slice.data, residual_out.data, f, count, r.in.dtype, stream);
+      const char* mine = static_cast<const char*>(sum.data) +
+                         (all_rows ? g_.rank * residual_out.nbytes() : std::int64_t{0});
+      status = kernels::launch_add_rmsnorm(mine, residual_out.data, f, count, r.in.dtype, stream);
       if (status != Status::kOk) status = failed(status, "the local add + RMSNorm failed");
     }
-    if (cudaFreeAsync(slice.data, s) != cudaSuccess && status == Status::kOk)
-      status = failed(Status::kCudaError, "freeing the sum's slice failed");
+    if (cudaFreeAsync(sum.data, s) != cudaSuccess && status == Status::kOk)
+      status = failed(Status::kCudaError, "freeing the sum failed");
     return status;
   }
 
   GroupShape g_;
+  bool whole_sum_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_unfused_norm_backend(BackendChain& chain, const GroupShape& g) {
-  return std::make_unique<UnfusedNorm>(chain, g);
+std::unique_ptr<Backend> make_unfused_norm_backend(BackendChain& chain, const GroupShape& g,
+                                                   bool whole_sum) {
+  return std::make_unique<UnfusedNorm>(chain, g, whole_sum);
 }
 
 }  // namespace tpcomm

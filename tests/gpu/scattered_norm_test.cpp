@@ -193,6 +193,52 @@ TEST(ReduceScatterAddRmsNorm, EachRankHasItsRowsOfTheUnscatteredResult) {
       for (std::int64_t hidden : {4096, 7168}) run_case({world, rows * world, hidden});
 }
 
+// In a deterministic group the sum is the all-reduce of every row (batch-invariant), and each
+// rank's rows are bitwise those of `all_reduce_add_rmsnorm` in the same group, whose fused
+// kernels launch the local norm's shape (docs/DETERMINISM.md).
+TEST(ReduceScatterAddRmsNorm, DeterministicGroupsGiveTheFusedCallsRows) {
+  for (int world : {2, 4, 8}) {
+    for (std::int64_t hidden : {4096, 7168}) {
+      const Case c{world, 4 * world, hidden};
+      SCOPED_TRACE(c.name());
+      const std::uint64_t seed = testing::fresh_seed();
+      run_ranks(world, [&](int rank, Bootstrap& boot) {
+        Options o = testing::options_for("auto", 32 << 20);
+        o.deterministic = Determinism::kStrict;
+        Group g(boot, 0, o);
+        StreamHolder stream;
+        const Stream s = stream.stream();
+        Buffers b(c);
+        fresh_inputs(c, rank, seed, b, stream.get());
+        ASSERT_EQ(scattered(g, c, b, s), Status::kOk) << g.last_error();
+        // The fused call over every row, with every rank's residual rows in place.
+        const std::int64_t rows = Buffers::rows(c);
+        const std::int64_t n = c.tokens * c.hidden;
+        DeviceBuffer residual(static_cast<std::size_t>(n) * 2),
+            norm(static_cast<std::size_t>(n) * 2), out(static_cast<std::size_t>(n) * 2);
+        upload(residual.get(), integers(n, seed ^ 0x5e5eull, 8), stream.get());
+        ASSERT_EQ(
+            g.all_reduce_add_rmsnorm(rows_of(b.x.get(), DType::kBF16, c.tokens, c.hidden),
+                                     rows_of(residual.get(), DType::kBF16, c.tokens, c.hidden),
+                                     TensorView::flat(b.gamma.get(), DType::kBF16, c.hidden, 0),
+                                     kEps, rows_of(norm.get(), DType::kBF16, c.tokens, c.hidden),
+                                     rows_of(out.get(), DType::kBF16, c.tokens, c.hidden), s),
+            Status::kOk)
+            << g.last_error();
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+        ASSERT_EQ(g.health(), Status::kOk) << g.last_error();
+        const auto bytes = static_cast<std::size_t>(rows * c.hidden) * 2;
+        const auto offset = static_cast<std::size_t>(rank) * bytes;
+        EXPECT_EQ(to_host(b.norm_out.get(), bytes), to_host(norm.bytes_ptr() + offset, bytes))
+            << "rank " << rank << ": norm_out";
+        EXPECT_EQ(to_host(b.residual_out.get(), bytes), to_host(out.bytes_ptr() + offset, bytes))
+            << "rank " << rank << ": residual_out";
+        boot.barrier();
+      });
+    }
+  }
+}
+
 TEST(ReduceScatterAddRmsNorm, Fp8RowScalesAndInPlace) {
   run_case({4, 16, 4096, DType::kF8E4M3});
   run_case({4, 16, 4096, DType::kF8E4M3, /*in_place=*/true});

@@ -385,8 +385,8 @@ TEST(MultiProcess, NcclCollectivesThroughTheGroup) {
 // and before launching anything, an all-reduce or a fused call that NCCL would reduce (past the
 // custom kernels' workspace), naming its size and the limit, and the group stays usable; `on`
 // serves the same calls (NCCL's sum, exact on integer data). The plain reduce-scatter is not
-// refused. The sequence-parallel fused norm, which NCCL's reduce-scatter serves, is refused under
-// `strict` and exact under `on`.
+// refused. The sequence-parallel fused norm sums by the custom all-reduce in a deterministic
+// group (not NCCL's reduce-scatter): served and exact in both.
 TEST(MultiProcess, DeterministicGroupsWhereNcclReduces) {
   if (!g_gpu_per_rank) GTEST_SKIP() << "ranks share a GPU: NCCL refuses that";
   const int rank = g_boot->rank();
@@ -467,14 +467,10 @@ TEST(MultiProcess, DeterministicGroupsWhereNcclReduces) {
         TensorView::contiguous(in.get(), DType::kBF16, {rows * world, hidden}, g_device),
         mine(residual), TensorView::flat(gamma.get(), DType::kBF16, hidden, g_device), 1e-6f,
         mine(norm_out), mine(residual_out), s);
-    if (strict) {
-      EXPECT_EQ(fused, Status::kInvalidArgument) << g.last_error();
-    } else {
-      ASSERT_EQ(fused, Status::kOk) << g.last_error();
-      EXPECT_EQ(count_wrong(residual_out.get(), DType::kBF16, rows * hidden, seed,
-                            kernels::Collective::kReduceScatter, 0, s),
-                0u);
-    }
+    ASSERT_EQ(fused, Status::kOk) << g.last_error();
+    EXPECT_EQ(count_wrong(residual_out.get(), DType::kBF16, rows * hidden, seed,
+                          kernels::Collective::kReduceScatter, 0, s),
+              0u);
     ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
     EXPECT_EQ(g.health(), Status::kOk) << g.last_error();
     g_boot->barrier();
