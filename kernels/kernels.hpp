@@ -60,7 +60,34 @@ enum class Fusion : std::uint8_t {
   kAdd,                 // residual_out = sum + residual, no norm
   kMoeAddRmsNorm,       // kAddRmsNorm of the sum of every rank's MoE combine (the prologue)
 };
+
+/// True for the values of `Fusion`. The switch has no default: a new value is a -Wswitch warning
+/// (an error under TPCOMM_WERROR) until it is listed here, and then a failed static_assert below
+/// until `kFusionCount` counts it.
+constexpr bool is_fusion(Fusion f) noexcept {
+  switch (f) {
+    case Fusion::kNone:
+    case Fusion::kAddRmsNorm:
+    case Fusion::kAddRmsNormFp8:
+    case Fusion::kAddRmsNormFp8Token:
+    case Fusion::kAddRmsNormFp8Group:
+    case Fusion::kAdd:
+    case Fusion::kMoeAddRmsNorm:
+      return true;
+  }
+  return false;
+}
+
+/// The number of `Fusion` values, which run from 0 to `kFusionCount - 1` (the dispatch and the
+/// warm-up walk them by number).
 inline constexpr int kFusionCount = 7;
+static_assert(
+    [] {
+      for (int f = 0; f < kFusionCount; ++f)
+        if (!is_fusion(static_cast<Fusion>(f))) return false;
+      return !is_fusion(static_cast<Fusion>(kFusionCount));
+    }(),
+    "kFusionCount counts every Fusion value, numbered from 0 without gaps");
 
 constexpr FusionTraits traits(Fusion f) noexcept {
   switch (f) {

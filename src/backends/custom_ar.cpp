@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// The custom all-reduce: building a rank's share of the group, warming streams up, running the
-// all-reduce and the exchange, and capture scopes (the failure report is in custom_ar_failure.cpp,
-// the tuner in custom_ar_tune.cpp).
+// The custom all-reduce's launches: warming streams up, the launch limits of ranks that share a
+// GPU, running the all-reduce and the exchange (the workspace, the peers and the registration of
+// captured buffers are in custom_ar_buffers.cpp, the failure report in custom_ar_failure.cpp, the
+// tuner in custom_ar_tune.cpp).
 #include "backends/custom_ar.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <vector>
 
 #include "backends/custom_ar_impl.hpp"
 #include "backends/exchange_plan.hpp"
+#include "core/check.hpp"
+#include "core/cuda_check.hpp"
 #include "core/overlap.hpp"
 
 namespace tpcomm {
@@ -72,95 +76,67 @@ Status launch_every_kernel(int world, Stream stream) noexcept {
   return kernels::warm_up_exchange(world, stream);
 }
 
-std::unique_ptr<CustomAllReduce> CustomAllReduce::create(Bootstrap& boot, int device,
-                                                         const Options& options,
-                                                         std::string* why_not) {
-  const int world = boot.world_size();
-  auto fail = [&](std::string why) -> std::unique_ptr<CustomAllReduce> {
-    if (why_not != nullptr) *why_not = std::move(why);
-    return nullptr;
-  };
-  // Rank-invariant refusals first: every rank sees the same options and world size.
-  if (options.disable_custom_ar) return fail("disabled by TPCOMM_DISABLE_CUSTOM_AR");
-  if (options.algo == "nccl") return fail("TPCOMM_ALGO=nccl");
-  if (world < 2 || world > kMaxRanks)
-    return fail("world size " + std::to_string(world) + " is outside 2.." +
-                std::to_string(kMaxRanks));
-
-  auto impl = std::make_unique<Impl>();
-  impl->boot = &boot;
-  impl->device = device;
-  impl->rank = boot.rank();
-  impl->world = world;
-  impl->register_min_bytes = options.custom_ar_register_min_bytes;
-  impl->programmatic = options.programmatic_launch;
-  // Clamped as Options documents, so that the product cannot overflow (far from it).
-  static_assert(Options::kMaxTimeoutMs <= std::numeric_limits<std::int64_t>::max() / 1000000);
-  impl->timeout_ns = static_cast<std::uint64_t>(
-                         std::clamp<std::int64_t>(options.timeout_ms, 1, Options::kMaxTimeoutMs)) *
-                     1000000ull;
-  const std::int64_t lamport_max_bytes = lamport_slot_bytes(options, world);
-  impl->layout = WorkspaceLayout::make(options.custom_ar_max_bytes, lamport_max_bytes, world);
-
-  // All-or-nothing on every rank (it votes internally).
-  try {
-    impl->workspace.emplace(boot, device, static_cast<std::size_t>(impl->layout.total));
-  } catch (const Error& e) {
-    return fail(e.what());
-  }
-  for (int r = 0; r < world; ++r)
-    impl->workspaces[r] = static_cast<char*>(impl->workspace->peer(r));
-
-  // Local setup and probe; then every rank votes.
-  std::string local_error;
-  try {
-    impl->setup_local();
-  } catch (const Error& e) {
-    local_error = e.what();
-  }
-  boot.barrier();  // every probe written before anyone reads
-  if (local_error.empty()) {
-    try {
-      impl->check_probes();
-    } catch (const Error& e) {
-      local_error = e.what();
+int CustomAllReduce::Impl::resident_blocks(int sharing) const {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int per_sm = 64;
+  for (const AlgoInfo& a : kAlgorithms) {
+    for (int f = 0; f < kernels::kFusionCount; ++f) {
+      const auto fusion = static_cast<kernels::Fusion>(f);
+      const int threads = fusion == kernels::Fusion::kNone ? kernels::max_threads(a.kernel)
+                                                           : kernels::kFusedMaxThreads;
+      if (kernels::kernel_function(a.kernel, DType::kBF16, world, fusion) != nullptr)
+        per_sm = std::min(
+            per_sm, kernels::max_blocks_per_sm(a.kernel, DType::kBF16, world, threads, fusion));
     }
   }
-  if (std::string why = agree(boot, local_error); !why.empty()) return fail(why);
-  const int sharing = impl->meet_peers();
-  SelectorCaps caps{};
-  caps.world_size = world;
-  caps.custom_available = true;
-  caps.max_bytes = options.custom_ar_max_bytes;
-  caps.lamport_max_bytes = lamport_max_bytes;
-  caps.deterministic = options.deterministic != Determinism::kOff;
-  caps.exchange_max_bytes = impl->layout.half_bytes;
-  impl->exchange_half = impl->layout.half_bytes;
-  for (int r = 0; r < world; ++r)
-    impl->exchange_staging[r] = impl->workspaces[r] + impl->layout.staging;
-  caps.max_blocks = std::min(kMaxBlocks, impl->resident_blocks(sharing));
-  caps.max_cluster_blocks = impl->resident_cluster_blocks(sharing);
-  // The smallest of the ranks' limits, so every rank launches the same grid.
-  std::array<std::int32_t, 4> mine{caps.max_blocks, caps.max_cluster_blocks[0],
-                                   caps.max_cluster_blocks[1], caps.max_cluster_blocks[2]};
-  for (const auto& v : boot.all_gather_value(mine)) {
-    caps.max_blocks = std::min(caps.max_blocks, static_cast<int>(v[0]));
-    for (std::size_t i = 0; i < 3; ++i)
-      caps.max_cluster_blocks[i] = std::min(caps.max_cluster_blocks[i], static_cast<int>(v[i + 1]));
-  }
-  TPCOMM_LOG_INFO("custom all-reduce ready: rank ", impl->rank, "/", world, ", ",
-                  impl->layout.total, " workspace bytes (Lamport up to ", caps.lamport_max_bytes,
-                  " bytes), up to ", caps.max_blocks, " blocks per kernel (",
-                  caps.max_cluster_blocks[0], ", ", caps.max_cluster_blocks[1], ", ",
-                  caps.max_cluster_blocks[2], " in clusters of 2, 4, 8)",
-                  sharing > 1 ? " (ranks share a GPU)" : "");
-  return std::unique_ptr<CustomAllReduce>(new CustomAllReduce(std::move(impl), caps));
+  per_sm = std::min(per_sm, kernels::exchange_max_blocks_per_sm(world, 1024));
+  return std::max(1, sms * std::max(per_sm, 1) / std::max(sharing, 1));
 }
 
-CustomAllReduce::CustomAllReduce(std::unique_ptr<Impl> impl, SelectorCaps caps)
-    : impl_(std::move(impl)), caps_(caps) {}
+ClusterBlocks CustomAllReduce::Impl::resident_cluster_blocks(int sharing) const {
+  ClusterBlocks out{};
+  for (int i = 0; i < 3; ++i) {
+    const int size = 2 << i;
+    int clusters = std::numeric_limits<int>::max();
+    for (const AlgoInfo& a : kAlgorithms) {
+      if (!kernels::fuses(a.kernel)) continue;
+      for (int f = 1; f < kernels::kFusionCount; ++f) {
+        const auto fusion = static_cast<kernels::Fusion>(f);
+        if (!kernels::traits(fusion).rows() ||
+            kernels::kernel_function(a.kernel, DType::kBF16, world, fusion) == nullptr)
+          continue;
+        clusters = std::min(clusters,
+                            kernels::max_active_clusters(a.kernel, DType::kBF16, world,
+                                                         kernels::kFusedMaxThreads, fusion, size));
+      }
+    }
+    if (clusters == std::numeric_limits<int>::max()) clusters = 0;
+    out[static_cast<std::size_t>(i)] = clusters / std::max(sharing, 1) * size;
+  }
+  return out;
+}
 
-CustomAllReduce::~CustomAllReduce() = default;
+kernels::AllReduceParams CustomAllReduce::Impl::params(const TensorView& in, const TensorView& out,
+                                                       const CallTag& tag) const {
+  kernels::AllReduceParams p{};
+  p.fingerprint = keyed_fingerprint(tag);
+  p.call = tag.call;
+  p.input = in.data;
+  p.output = out.data;
+  for (int r = 0; r < world; ++r) {
+    p.workspaces[r] = workspaces[r];
+    p.pads[r] = reinterpret_cast<SignalPad*>(workspaces[r] + layout.signal);
+  }
+  p.layout = layout;
+  p.count = in.numel();
+  p.dtype = in.dtype;
+  p.rank = rank;
+  p.world_size = world;
+  p.timeout_ns = timeout_ns;
+  p.error = error_dev;
+  return p;
+}
 
 Status CustomAllReduce::warm_up(Stream stream) noexcept {
   Impl& m = *impl_;
@@ -265,46 +241,6 @@ Status CustomAllReduce::check_call(const CallTag& tag, Stream stream) noexcept {
   // One block of the pull form's barrier: no regions, nothing staged.
   return exchange(ExchangePlan{}, TensorView{}, TensorView{},
                   ExchangeChoice{ExchangeAlgo::kPull, 1, 32}, false, stream, tag);
-}
-
-void CustomAllReduce::prepare_exchange(std::int64_t bytes) {
-  Impl& m = *impl_;
-  if (bytes <= m.exchange_half) return;
-  DeviceGuard guard(m.device);
-  const WorkspaceLayout layout = WorkspaceLayout::make(bytes);
-  PeerBuffer buffer(*m.boot, m.device, static_cast<std::size_t>(2 * layout.half_bytes));
-  m.exchange_buffer.reset();  // collective: every rank frees the old one alike
-  m.exchange_buffer.emplace(std::move(buffer));
-  for (int r = 0; r < m.world; ++r)
-    m.exchange_staging[r] = static_cast<char*>(m.exchange_buffer->peer(r));
-  m.exchange_half = layout.half_bytes;
-  caps_.exchange_max_bytes = layout.half_bytes;
-  TPCOMM_LOG_INFO("exchange staging: rank ", m.rank, " holds inputs of up to ", m.exchange_half,
-                  " bytes");
-}
-
-void CustomAllReduce::begin_capture() noexcept {
-  capture_open_ = true;
-  impl_->recorded.clear();
-  impl_->scope_first_slot = next_slot_;
-}
-
-Status CustomAllReduce::end_capture() noexcept {
-  Impl& m = *impl_;
-  capture_open_ = false;
-  try {
-    DeviceGuard guard(m.device);
-    m.register_recorded();
-  } catch (const Error& err) {
-    health_ = err.status();
-    error_message_ = err.what();
-    TPCOMM_LOG_ERROR(error_message_);
-    return health_;
-  }
-  TPCOMM_LOG_DEBUG("registered ", m.recorded.size(), " captured buffers (slots ",
-                   m.scope_first_slot, "..", next_slot_, ")");
-  m.recorded.clear();
-  return Status::kOk;
 }
 
 }  // namespace tpcomm

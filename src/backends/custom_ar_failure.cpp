@@ -1,8 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the custom all-reduce says when a kernel gave up (NOTE [bounded waits]): the failure read
 // from the host-mapped error word and the pads, and the abort that makes every kernel give up.
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
 #include "backends/custom_ar_impl.hpp"
 #include "backends/fingerprint.hpp"
+#include "core/check.hpp"
+#include "core/log.hpp"
 
 namespace tpcomm {
 

@@ -1,7 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // The custom all-reduce's tuner: every candidate of the registry timed in CUDA graphs.
+#include <algorithm>
+#include <array>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "backends/custom_ar_impl.hpp"
 #include "backends/exchange_plan.hpp"
+#include "core/check.hpp"
+#include "core/cuda_check.hpp"
 #include "tune/graph_timer.hpp"
 #include "tune/tuner.hpp"
 

@@ -19,17 +19,31 @@
 
 namespace tpcomm {
 
+/// Every all-reduce kernel of the library, as `X(name)`: the function `kernels::name` that finds
+/// its instantiations (`AllReduceKernel::instance`), defined in its own file (kernels/name.cu,
+/// listed in CMakeLists.txt). Its weak declaration and its entry of `kAllReduceInstances` are
+/// expanded from this list; each is the kernel of one row of `kAlgorithms` below, through which
+/// the selector, the tuner and the warm-up (`launch_every_kernel`) find it.
+/// tests/cpu/registry_test.cpp checks both directions: every row's kernel is in libtpcomm, and
+/// every kernel of this list is a row's.
+#define TPCOMM_ALL_REDUCE_KERNELS(X) \
+  X(all_reduce_one_shot)             \
+  X(all_reduce_two_shot)             \
+  X(all_reduce_lamport)              \
+  X(all_reduce_lamport_two_shot)
+
 namespace kernels {
-// Each kernel's instantiations (`AllReduceKernel::instance`), defined in its own file
-// (kernels/all_reduce_<name>.cu) and named by its algorithm's row below. Weak references: the
-// registry is host code that builds without the kernels (the cpu tier links it alone, where
-// these are null and nothing launches); in libtpcomm they are the kernels' own, and
-// tests/cpu/registry_test.cpp checks every row's there.
-[[gnu::weak]] const void* all_reduce_one_shot(DType, int, Fusion) noexcept;
-[[gnu::weak]] const void* all_reduce_two_shot(DType, int, Fusion) noexcept;
-[[gnu::weak]] const void* all_reduce_lamport(DType, int, Fusion) noexcept;
-[[gnu::weak]] const void* all_reduce_lamport_two_shot(DType, int, Fusion) noexcept;
+// Weak references: the registry is host code that builds without the kernels (the cpu tier links
+// it alone, where these are null and nothing launches); in libtpcomm they are the kernels' own.
+#define TPCOMM_DECLARE_KERNEL(name) [[gnu::weak]] const void* name(DType, int, Fusion) noexcept;
+TPCOMM_ALL_REDUCE_KERNELS(TPCOMM_DECLARE_KERNEL)
+#undef TPCOMM_DECLARE_KERNEL
 }  // namespace kernels
+
+/// Every kernel of `TPCOMM_ALL_REDUCE_KERNELS`, by its `AllReduceKernel::instance`.
+#define TPCOMM_KERNEL_INSTANCE(name) &kernels::name,
+inline constexpr std::array kAllReduceInstances{TPCOMM_ALL_REDUCE_KERNELS(TPCOMM_KERNEL_INSTANCE)};
+#undef TPCOMM_KERNEL_INSTANCE
 
 /// A custom all-reduce algorithm: a row of `kAlgorithms`, or `kNone`, meaning the custom kernels
 /// do not serve the request (NCCL does).
@@ -121,6 +135,11 @@ inline constexpr std::array<AlgoInfo, 4> kAlgorithms{{
      BuiltIn{},
      BuiltIn{2, std::int64_t{2} << 20, std::int64_t{2} << 20, std::int64_t{1} << 20}},
 }};
+
+// One row per kernel (which row's is checked where the kernels are linked: the addresses of weak
+// functions are not constants).
+static_assert(kAlgorithms.size() == kAllReduceInstances.size(),
+              "every kernel of TPCOMM_ALL_REDUCE_KERNELS is the kernel of one row of kAlgorithms");
 
 /// The row of `a`; `a` must not be `kNone`.
 constexpr const AlgoInfo& info(Algo a) noexcept {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The registry of algorithms, walked row by row: every name parses back to itself, every row has
-// a kernel for every dtype and world size it claims, and every launch shape is within limits.
+// a kernel for every dtype and world size it claims, every kernel of the library is a row's, and
+// every launch shape is within limits.
 // Links the library (for the kernel table) but makes no CUDA call: runs without a GPU.
 #include <gtest/gtest.h>
 
@@ -54,6 +55,24 @@ TEST(Registry, EveryRowHasAKernelForWhatItServes) {
     }
     EXPECT_EQ(kernels::kernel_function(a.kernel, DType::kBF16, 1), nullptr);
     EXPECT_EQ(kernels::kernel_function(a.kernel, DType::kBF16, kMaxRanks + 1), nullptr);
+  }
+}
+
+// The other direction: every kernel of the library (TPCOMM_ALL_REDUCE_KERNELS, the weak
+// declarations) is in libtpcomm and is the kernel of exactly one row, so the selector, the tuner
+// and the warm-up (`launch_every_kernel`, which walks the rows) all find it.
+TEST(Registry, EveryKernelIsServedByARow) {
+  for (std::size_t i = 0; i < kAllReduceInstances.size(); ++i) {
+    const auto instance = kAllReduceInstances[i];
+    ASSERT_NE(instance, nullptr) << "kernel " << i << ": its kernel file is not in libtpcomm";
+    int rows = 0;
+    for (const AlgoInfo& a : kAlgorithms) rows += a.kernel.instance == instance ? 1 : 0;
+    EXPECT_EQ(rows, 1) << "kernel " << i << " of TPCOMM_ALL_REDUCE_KERNELS";
+  }
+  for (const AlgoInfo& a : kAlgorithms) {
+    int listed = 0;
+    for (const auto instance : kAllReduceInstances) listed += a.kernel.instance == instance ? 1 : 0;
+    EXPECT_EQ(listed, 1) << a.name << ": its kernel is not in TPCOMM_ALL_REDUCE_KERNELS";
   }
 }
 
