@@ -384,9 +384,9 @@ TEST(MultiProcess, NcclCollectivesThroughTheGroup) {
 // A deterministic group where NCCL can run (one GPU per rank): `strict` refuses, on every rank
 // and before launching anything, an all-reduce or a fused call that NCCL would reduce (past the
 // custom kernels' workspace), naming its size and the limit, and the group stays usable; `on`
-// serves the same calls (NCCL's sum, exact on integer data). The plain reduce-scatter is not
-// refused. The sequence-parallel fused norm sums by the custom all-reduce in a deterministic
-// group (not NCCL's reduce-scatter): served and exact in both.
+// serves the same calls (NCCL's sum, exact on integer data), as a default group does. The plain
+// reduce-scatter is not refused. The sequence-parallel fused norm sums by the custom all-reduce in
+// a deterministic group, by NCCL's reduce-scatter in a default one: served and exact in all three.
 TEST(MultiProcess, DeterministicGroupsWhereNcclReduces) {
   if (!g_gpu_per_rank) GTEST_SKIP() << "ranks share a GPU: NCCL refuses that";
   const int rank = g_boot->rank();
@@ -397,9 +397,9 @@ TEST(MultiProcess, DeterministicGroupsWhereNcclReduces) {
   const std::int64_t hidden = 4096;
   DeviceBuffer in(big * 2 + 64), out(big * 2 + 64), residual(big * 2 + 64), gamma(hidden * 2);
   ASSERT_EQ(cudaMemset(gamma.get(), 0, hidden * 2), cudaSuccess);
-  for (const Determinism mode : {Determinism::kStrict, Determinism::kOn}) {
+  for (const Determinism mode : {Determinism::kStrict, Determinism::kOn, Determinism::kOff}) {
     const bool strict = mode == Determinism::kStrict;
-    SCOPED_TRACE(strict ? "strict" : "on");
+    SCOPED_TRACE(to_string(mode));
     Options o = mgpu_options("auto");
     o.deterministic = mode;
     Group g(*g_boot, g_device, o);
