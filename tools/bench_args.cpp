@@ -187,7 +187,9 @@ void add_algo_option(CLI::App& cmd, BenchOptions& o) {
              if (!a)
                throw CLI::ValidationError("--algo", "unknown algorithm " + n + " (" +
                                                         pinned_names() + ", " + exchange_names() +
-                                                        ", all_gather, nccl_direct, memcpy, all)");
+                                                        ", unfused, allreduce, prologue, "
+                                                        "combine_first, allreduce_add_rmsnorm, "
+                                                        "all_gather, nccl_direct, memcpy, all)");
              o.algos.push_back(*a);
            }
          },

@@ -85,7 +85,8 @@ Status Runner::run(const void* in, void* out, const Shape& s, Stream stream) {
     return Status::kInternal;
   }
   Group& g = *group_;
-  if (o_.add_rmsnorm) return run_fused(in, out, s, stream);
+  if (o_.add_rmsnorm)
+    return o_.scattered ? run_scattered(in, out, s, stream) : run_fused(in, out, s, stream);
   if (o_.lm_head) {
     const LmHead h = lm_head(s);
     return g.lm_head_exchange(
@@ -210,7 +211,6 @@ MoeCombine Runner::moe(const void* in, std::int64_t count) const {
 }
 
 Status Runner::run_fused(const void* in, void* out, const Shape& s, Stream stream) {
-  if (o_.scattered) return run_scattered(in, out, s, stream);
   Group& g = *group_;
   const TensorView x = rows(const_cast<void*>(in), s.out);
   const TensorView residual_out = rows(out, s.out);
