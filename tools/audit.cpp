@@ -23,7 +23,8 @@ struct Times {
 }  // namespace
 
 bool audited_algo(const std::string& algo) noexcept {
-  return algo != "nccl_direct" && algo != "memcpy" && algo != "allreduce";
+  return algo != "nccl_direct" && algo != "memcpy" && algo != "allreduce" &&
+         algo != "allreduce_add_rmsnorm";
 }
 
 std::vector<AuditPoint> audit_points(const nlohmann::json& rows) {

@@ -36,7 +36,7 @@ struct AuditPoint {
 
 /// True for the rows that are paths a group can take for its operation: not the peers and limits
 /// the bench puts beside them (`nccl_direct`, `memcpy`, the plain all-reduce of a fused
-/// operation).
+/// operation, the all-reduce form of the sequence-parallel one).
 [[nodiscard]] bool audited_algo(const std::string& algo) noexcept;
 
 /// Every point of `rows` (the bench's JSON rows, `auto` among them, repeats allowed: each row

@@ -136,10 +136,10 @@ class Bench {
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&bufs_.wrong), bufs_.wrong_host, 0));
   }
 
-  /// False, with a line saying why, for a row this run cannot serve.
   /// Rank 0 in the first round: the lines that would repeat each round.
   bool first_report() const { return boot_.rank() == 0 && round_ == 0; }
 
+  /// False, with a line saying why, for a row this run cannot serve.
   bool runs_here(const BenchAlgo& algo) {
     const bool nccl_path = algo.kind == BenchAlgo::Kind::kNcclDirect ||
                            (algo.kind == BenchAlgo::Kind::kGroup && algo.name == "nccl");
@@ -150,45 +150,8 @@ class Bench {
             algo.name.c_str());
       return false;
     }
-    const bool fused_row =
-        algo.kind == BenchAlgo::Kind::kUnfused || algo.kind == BenchAlgo::Kind::kAllReduceOnly;
-    if (fused_row && !o_.add_rmsnorm) {
-      if (first_report())
-        std::printf("#\n# %s: skipped: a row of --op allreduce_add_rmsnorm\n", algo.name.c_str());
-      return false;
-    }
-    if (o_.add_rmsnorm &&
-        (algo.kind == BenchAlgo::Kind::kMemcpy || algo.kind == BenchAlgo::Kind::kNcclDirect)) {
-      if (first_report())
-        std::printf("#\n# %s: skipped: not a way to run allreduce_add_rmsnorm\n",
-                    algo.name.c_str());
-      return false;
-    }
-    if (algo.kind == BenchAlgo::Kind::kExchange && !exchange_op(o_)) {
-      if (first_report())
-        std::printf(
-            "#\n# %s: skipped: the exchange serves allgather, alltoall and lm_head_exchange\n",
-            algo.name.c_str());
-      return false;
-    }
-    if ((algo.kind == BenchAlgo::Kind::kLmHeadAllGather && !o_.lm_head) ||
-        ((o_.lm_head || o_.gather) && algo.kind == BenchAlgo::Kind::kNcclDirect)) {
-      if (first_report())
-        std::printf("#\n# %s: skipped: %s\n", algo.name.c_str(),
-                    o_.lm_head  ? "NCCL has no LM-head exchange"
-                    : o_.gather ? "NCCL has no gather"
-                                : "a row of --op lm_head_exchange");
-      return false;
-    }
-    if (algo.kind == BenchAlgo::Kind::kMoeForm && !o_.moe) {
-      if (first_report())
-        std::printf("#\n# %s: skipped: a row of --op moe_finalize\n", algo.name.c_str());
-      return false;
-    }
-    if (algo.pins_custom() && o_.op != Collective::kAllReduce) {
-      if (first_report())
-        std::printf("#\n# %s: skipped: the custom kernels serve all-reduce only\n",
-                    algo.name.c_str());
+    if (const std::string why = row_refusal(o_, algo); !why.empty()) {
+      if (first_report()) std::printf("#\n# %s: skipped: %s\n", algo.name.c_str(), why.c_str());
       return false;
     }
     return true;
@@ -203,9 +166,9 @@ class Bench {
     const std::size_t sizes = sweep_size();
     for (std::size_t k = 0; k < sizes; ++k) {
       const Shape s = shape_at(k);
-      // The reported count: of the output for the LM head, of x for the fused operations, of
-      // the larger buffer otherwise.
-      const std::int64_t count = o_.lm_head || o_.add_rmsnorm ? s.out : std::max(s.in, s.out);
+      // The reported count: of the output for the LM head, of x for the fused operations (the
+      // MoE finalize's input is its expert rows), of the larger buffer otherwise.
+      const std::int64_t count = o_.lm_head || o_.moe ? s.out : std::max(s.in, s.out);
       const std::int64_t bytes = count * es;
       // A form of the exchange that does not serve this size (the push form's Lamport slots
       // hold small messages only) is not timed: its row says which path would serve it.
@@ -248,12 +211,7 @@ class Bench {
                : std::string();
   }
 
-  std::string op_name() const {
-    if (o_.lm_head) return "lm_head_exchange";
-    if (o_.gather) return "gather";
-    if (o_.moe) return "moe_finalize";
-    return o_.add_rmsnorm ? "allreduce_add_rmsnorm" : std::string(collective_name(o_.op));
-  }
+  std::string op_name() const { return bench_op_name(o_); }
 
   /// Points of the sweep: the sizes, or the LM head's token counts.
   std::size_t sweep_size() const { return o_.lm_head ? o_.tokens.size() : bench_sizes(o_).size(); }
@@ -268,15 +226,18 @@ class Bench {
     }
     const std::int64_t size = bench_sizes(o_)[k];
     if (o_.add_rmsnorm) {
-      // The MoE finalize's input is its expert rows: top-k a token (bench_runner.cpp).
-      const std::int64_t count = fused_count(size, o_.dtype, o_.hidden);
+      // The MoE finalize's input is its expert rows: top-k a token (bench_runner.cpp); the
+      // sequence-parallel form's outputs are this rank's rows.
+      const std::int64_t count = fused_count(o_, size, world);
+      if (o_.scattered) return {count, count / world};
       return {o_.moe ? count * o_.top_k : count, count};
     }
     return shape_of(o_.op, bench_count(o_.op, size, o_.dtype, world), world);
   }
 
-  /// Counts the wrong elements of `out` after one operation on `fill_data(seed)` inputs.
-  void check_output(const void* out, const Shape& s, std::uint64_t seed) {
+  /// Counts the wrong elements of `out` after one operation of `runner` on `fill_data(seed)`
+  /// inputs.
+  void check_output(const Runner& runner, const void* out, const Shape& s, std::uint64_t seed) {
     const int world = boot_.world_size();
     if (o_.lm_head) {
       const std::int64_t rows = s.out / o_.vocab;
@@ -285,7 +246,8 @@ class Bench {
       return;
     }
     if (o_.gather && boot_.rank() != o_.root) return;  // only the root receives
-    kernels::check_data(out, o_.dtype, s.out, seed, boot_.rank(), world, o_.redop, o_.op, o_.root,
+    const Runner::Checked c = runner.checked(s);
+    kernels::check_data(out, o_.dtype, c.count, seed, boot_.rank(), world, o_.redop, c.op, o_.root,
                         bufs_.wrong, stream());
   }
 
@@ -326,7 +288,7 @@ class Bench {
       failure = std::string(to_string(st)) + ": " + runner.last_error();
       return 0;
     }
-    check_output(out, s, seed);
+    check_output(runner, out, s, seed);
     if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
       failure = cudaGetErrorString(e);
     return bufs_.read_wrong();
@@ -459,7 +421,7 @@ class Bench {
     boot_.barrier();
     if (std::string f = graph_->replay(); !f.empty()) return f;
     cudaStreamSynchronize(stream_);
-    check_output(out, s, seed);
+    check_output(runner, out, s, seed);
     if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
       return cudaGetErrorString(e);
     wrong += bufs_.read_wrong();

@@ -102,11 +102,12 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
       "--op",
       [&o](const std::string& name) {
         o.moe = name == "moe_finalize";
-        o.add_rmsnorm = name == "allreduce_add_rmsnorm" || o.moe;
+        o.scattered = name == "reducescatter_add_rmsnorm";
+        o.add_rmsnorm = name == "allreduce_add_rmsnorm" || o.moe || o.scattered;
         o.lm_head = name == "lm_head_exchange";
         o.gather = name == "gather";
-        if (o.gather) {
-          o.op = kernels::Collective::kAllGather;
+        if (o.gather || o.scattered) {
+          o.op = o.gather ? kernels::Collective::kAllGather : kernels::Collective::kReduceScatter;
           return;
         }
         if (o.add_rmsnorm || o.lm_head) {
@@ -125,10 +126,15 @@ void add_collective_options(CLI::App& cmd, BenchOptions& o) {
       "reducescatter, alltoall, broadcast, "
       "allreduce_add_rmsnorm (the fused all-reduce + residual add + RMSNorm; sizes are of x, "
       "whole rows of --hidden), moe_finalize (the MoE combine of --top-k expert rows a token, "
-      "then the same; sizes are of x), lm_head_exchange (the vocabulary-sharded LM head's exchange "
-      "of "
-      "--vocab columns, swept over --tokens rows per rank; sizes are of each rank's output)");
-  cmd.add_option("--hidden", o.hidden, "row length of allreduce_add_rmsnorm, in elements")
+      "then the same; sizes are of x), reducescatter_add_rmsnorm (the sequence-parallel form: x "
+      "summed over the ranks, each keeping its tokens / world rows, then the add + RMSNorm of "
+      "those; sizes are of x, whole rows of --hidden rounded up to a multiple of the world size; "
+      "bus bandwidth as the reduce-scatter's), lm_head_exchange (the vocabulary-sharded LM head's "
+      "exchange of --vocab columns, swept over --tokens rows per rank; sizes are of each rank's "
+      "output)");
+  cmd.add_option("--hidden", o.hidden,
+                 "row length of allreduce_add_rmsnorm, moe_finalize and "
+                 "reducescatter_add_rmsnorm, in elements")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   cmd.add_option("--top-k", o.top_k, "expert rows a token of moe_finalize combines")
       ->capture_default_str()
@@ -156,9 +162,10 @@ void add_execution_options(CLI::App& cmd, BenchOptions& o) {
                "evict the L2 cache before each timed operation (write a buffer twice its size) "
                "and time the operations alone, as a decode step's calls find the cache");
   cmd.add_flag("--audit", o.audit,
-               "time every path the group can take (--algo all less nccl_direct, memcpy and the "
-               "plain all-reduce), --audit-repeats times alternating, and report each size where "
-               "the built-in choice (auto) is slower than the fastest by more than 3% and 0.2 us");
+               "time every path the group can take (--algo all less nccl_direct, memcpy, the "
+               "plain all-reduce and reducescatter_add_rmsnorm's all-reduce form), --audit-repeats "
+               "times alternating, and report each size where the built-in choice (auto) is "
+               "slower than the fastest by more than 3% and 0.2 us");
   cmd.add_option("--audit-repeats", o.audit_repeats, "rounds of --audit over every path")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
@@ -180,7 +187,9 @@ void add_algo_option(CLI::App& cmd, BenchOptions& o) {
              if (!a)
                throw CLI::ValidationError("--algo", "unknown algorithm " + n + " (" +
                                                         pinned_names() + ", " + exchange_names() +
-                                                        ", all_gather, nccl_direct, memcpy, all)");
+                                                        ", unfused, allreduce, prologue, "
+                                                        "combine_first, allreduce_add_rmsnorm, "
+                                                        "all_gather, nccl_direct, memcpy, all)");
              o.algos.push_back(*a);
            }
          },
@@ -192,7 +201,9 @@ void add_algo_option(CLI::App& cmd, BenchOptions& o) {
              "allreduce (with --op allreduce_add_rmsnorm: the all-reduce then add_rmsnorm, and the "
              "all-reduce alone; with --op moe_finalize: the combine, the all-reduce, then "
              "add_rmsnorm, and the all-reduce alone), prologue and combine_first (with --op "
-             "moe_finalize: the combine inside the fused kernel, or launched before it), "
+             "moe_finalize: the combine inside the fused kernel, or launched before it), unfused "
+             "and allreduce_add_rmsnorm (with --op reducescatter_add_rmsnorm: the reduce-scatter "
+             "then add_rmsnorm of this rank's rows, and the fused all-reduce + norm of every row), "
              "all_gather (with --op lm_head_exchange: an "
              "all-gather of the "
              "shards, then a copy of the local rows), all (give --op first)")
@@ -238,6 +249,15 @@ void add_sweep_checks(CLI::App& cmd, BenchOptions& o, std::function<void()> on_v
     if (o.step_factor == 1) throw CLI::ValidationError("-f", "a step factor of 1 never ends");
     if (o.step_factor == 0 && o.step_bytes <= 0)
       throw CLI::ValidationError("-i", "the step must be positive");
+    // The fused operations sum rows of floating point (tpcomm/group.hpp).
+    if (o.add_rmsnorm && o.redop != ReduceOp::kSum)
+      throw CLI::ValidationError("-o", "--op " + bench_op_name(o) + " sums; it takes no -o " +
+                                           std::string(to_string(o.redop)));
+    if (o.add_rmsnorm && o.dtype != DType::kF16 && o.dtype != DType::kBF16 &&
+        o.dtype != DType::kF32)
+      throw CLI::ValidationError("-d", "--op " + bench_op_name(o) +
+                                           " takes float, half or bfloat16, not " +
+                                           std::string(to_string(o.dtype)));
     if (o.audit) {
       o.algos.clear();
       for (const BenchAlgo& a : all_bench_algos(o))
@@ -258,6 +278,35 @@ bool exchange_op(const BenchOptions& o) noexcept {
                                           o.op == kernels::Collective::kAllToAll));
 }
 
+std::string bench_op_name(const BenchOptions& o) {
+  if (o.lm_head) return "lm_head_exchange";
+  if (o.gather) return "gather";
+  if (o.moe) return "moe_finalize";
+  if (o.scattered) return "reducescatter_add_rmsnorm";
+  return o.add_rmsnorm ? "allreduce_add_rmsnorm" : std::string(collective_name(o.op));
+}
+
+std::string row_refusal(const BenchOptions& o, const BenchAlgo& algo) {
+  using Kind = BenchAlgo::Kind;
+  const Kind k = algo.kind;
+  if ((k == Kind::kUnfused && !o.add_rmsnorm) ||
+      (k == Kind::kAllReduceOnly && (!o.add_rmsnorm || o.scattered)))
+    return "a row of --op allreduce_add_rmsnorm";
+  if (o.add_rmsnorm && (k == Kind::kMemcpy || k == Kind::kNcclDirect))
+    return "not a way to run " + bench_op_name(o);
+  if (k == Kind::kExchange && !exchange_op(o))
+    return "the exchange serves allgather, alltoall and lm_head_exchange";
+  if (k == Kind::kLmHeadAllGather && !o.lm_head) return "a row of --op lm_head_exchange";
+  if (o.lm_head && k == Kind::kNcclDirect) return "NCCL has no LM-head exchange";
+  if (o.gather && k == Kind::kNcclDirect) return "NCCL has no gather";
+  if (k == Kind::kMoeForm && !o.moe) return "a row of --op moe_finalize";
+  if (k == Kind::kUnscattered && !o.scattered) return "a row of --op reducescatter_add_rmsnorm";
+  if (algo.pins_custom() && o.op != kernels::Collective::kAllReduce)
+    return o.scattered ? "no custom kernel serves a scattered sum"
+                       : "the custom kernels serve all-reduce only";
+  return {};
+}
+
 std::vector<BenchAlgo> all_bench_algos(const BenchOptions& o) {
   std::vector<BenchAlgo> out{BenchAlgo{}};
   if (exchange_op(o)) {
@@ -267,6 +316,12 @@ std::vector<BenchAlgo> all_bench_algos(const BenchOptions& o) {
     out.push_back({BenchAlgo::Kind::kGroup, "nccl"});
     if (!o.lm_head && !o.gather) out.push_back({BenchAlgo::Kind::kNcclDirect, "nccl_direct"});
     out.push_back({BenchAlgo::Kind::kMemcpy, "memcpy"});
+    return out;
+  }
+  if (o.scattered) {
+    // No custom kernel serves a scattered sum: the algorithms that fuse would pin nothing.
+    out.push_back({BenchAlgo::Kind::kUnfused, "unfused"});
+    out.push_back({BenchAlgo::Kind::kUnscattered, "allreduce_add_rmsnorm"});
     return out;
   }
   if (o.op != kernels::Collective::kAllReduce) {
@@ -300,6 +355,8 @@ std::optional<BenchAlgo> parse_bench_algo(std::string_view name) {
   if (name == "memcpy") return BenchAlgo{BenchAlgo::Kind::kMemcpy, "memcpy"};
   if (name == "unfused") return BenchAlgo{BenchAlgo::Kind::kUnfused, "unfused"};
   if (name == "allreduce") return BenchAlgo{BenchAlgo::Kind::kAllReduceOnly, "allreduce"};
+  if (name == "allreduce_add_rmsnorm")
+    return BenchAlgo{BenchAlgo::Kind::kUnscattered, "allreduce_add_rmsnorm"};
   if (name == "prologue" || name == "combine_first" || name == "combine-first")
     return BenchAlgo{BenchAlgo::Kind::kMoeForm, name == "prologue" ? "prologue" : "combine_first"};
   if (name == "all_gather" || name == "all-gather")
@@ -331,6 +388,12 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o, std::function<void()> on_
 std::int64_t fused_count(std::int64_t bytes, DType dtype, std::int64_t hidden) noexcept {
   const std::int64_t rows = bytes / static_cast<std::int64_t>(dtype_size(dtype)) / hidden;
   return std::max<std::int64_t>(rows, 1) * hidden;
+}
+
+std::int64_t fused_count(const BenchOptions& o, std::int64_t bytes, int world) noexcept {
+  const std::int64_t rows = fused_count(bytes, o.dtype, o.hidden) / o.hidden;
+  const std::int64_t multiple = o.scattered ? std::max(world, 1) : 1;
+  return (rows + multiple - 1) / multiple * multiple * o.hidden;
 }
 
 std::vector<std::int64_t> bench_sizes(const BenchOptions& o) {

@@ -28,7 +28,8 @@ struct BenchAlgo {
     /// A device-to-device copy of the same bytes: the one-GPU physical limit.
     kMemcpy,
     /// With `--op allreduce_add_rmsnorm`: the group's all-reduce followed by `add_rmsnorm`, the
-    /// unfused pair the fused operation replaces.
+    /// unfused pair the fused operation replaces (with `--op reducescatter_add_rmsnorm`: the
+    /// group's reduce-scatter, then `add_rmsnorm` of this rank's rows).
     kUnfused,
     /// With `--op allreduce_add_rmsnorm`: the group's plain all-reduce of the same bytes.
     kAllReduceOnly,
@@ -42,6 +43,9 @@ struct BenchAlgo {
     /// combine inside the fused kernel) or off ("combine_first": the combine kernel, then the
     /// fused call).
     kMoeForm,
+    /// With `--op reducescatter_add_rmsnorm`: `all_reduce_add_rmsnorm` of every row, what an
+    /// engine without sequence parallelism calls in its place.
+    kUnscattered,
   };
   Kind kind = Kind::kGroup;
   /// The row's name, as `--algo` spells it canonically.
@@ -86,6 +90,11 @@ struct BenchOptions {
   bool moe = false;
   int top_k = 8;               // --top-k
   bool shared_expert = false;  // --shared-expert
+  /// --op reducescatter_add_rmsnorm: the sequence-parallel form, `reduce_scatter_add_rmsnorm`
+  /// (`add_rmsnorm` is set too; `op` is kReduceScatter: its bus factor, and residual_out is
+  /// checked as this rank's slice of the reduce-scatter). x's rows are rounded up to a multiple
+  /// of the world size (`fused_count`).
+  bool scattered = false;
   /// --op lm_head_exchange: the vocabulary-sharded LM head's exchange of `vocab` columns
   /// (`op` is kAllToAll, for the bus factor), swept over `tokens` rows per rank instead of sizes.
   bool lm_head = false;
@@ -117,15 +126,23 @@ struct BenchOptions {
 
 /// Every row `--algo all` runs for the collective `o` describes: for all-reduce auto, the
 /// registry's all-reduce algorithms, nccl, nccl_direct, memcpy; for allreduce_add_rmsnorm auto,
-/// the algorithms that fuse, unfused and allreduce; for allgather and alltoall auto, the exchange
-/// algorithms, nccl, nccl_direct, memcpy; for lm_head_exchange auto, the exchange algorithms,
-/// all_gather, nccl and memcpy; for moe_finalize auto, prologue, combine_first, the algorithms
-/// that fuse (each with the prologue), unfused and allreduce; for the others auto, nccl,
-/// nccl_direct, memcpy.
+/// the algorithms that fuse, unfused and allreduce; for reducescatter_add_rmsnorm auto, unfused
+/// and allreduce_add_rmsnorm (no custom kernel serves a scattered sum); for allgather and alltoall
+/// auto, the exchange algorithms, nccl, nccl_direct, memcpy; for lm_head_exchange auto, the
+/// exchange algorithms, all_gather, nccl and memcpy; for moe_finalize auto, prologue,
+/// combine_first, the algorithms that fuse (each with the prologue), unfused and allreduce; for the
+/// others auto, nccl, nccl_direct, memcpy.
 std::vector<BenchAlgo> all_bench_algos(const BenchOptions& o);
 
 /// True for the collectives the custom exchange serves (all-gather, all-to-all, the LM head's).
 [[nodiscard]] bool exchange_op(const BenchOptions& o) noexcept;
+
+/// Empty where the row `algo` is a way to run the collective `o` describes; else why not (the
+/// bench skips the row with that line).
+[[nodiscard]] std::string row_refusal(const BenchOptions& o, const BenchAlgo& algo);
+
+/// The `--op` name of the collective `o` describes ("allreduce", "moe_finalize", ...).
+[[nodiscard]] std::string bench_op_name(const BenchOptions& o);
 
 /// Adds the options to `cmd` (the `bench` subcommand) and validates them after parsing. The
 /// checks that involve several options run in `cmd`'s callback, which then calls `on_valid`
@@ -154,5 +171,10 @@ std::string_view collective_name(kernels::Collective op) noexcept;
 /// Elements of one fused operation for a sweep size of `bytes`: whole rows of `hidden`, at least
 /// one.
 std::int64_t fused_count(std::int64_t bytes, DType dtype, std::int64_t hidden) noexcept;
+
+/// Elements of x of one fused operation of `o` for a sweep size of `bytes` at `world` ranks:
+/// `fused_count`, its rows rounded up to a multiple of `world` for reducescatter_add_rmsnorm
+/// (whose tokens split evenly over the ranks).
+std::int64_t fused_count(const BenchOptions& o, std::int64_t bytes, int world) noexcept;
 
 }  // namespace tpcomm::tools

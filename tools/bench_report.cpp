@@ -17,6 +17,9 @@ const char* size_meaning(const BenchOptions& o) {
   if (o.lm_head) return "bytes of each rank's output ([tokens, vocab] logits)";
   if (o.moe)
     return "bytes of x, each rank's combined rows (its top-k expert rows are top-k times that)";
+  if (o.scattered)
+    return "bytes of x, each rank's [tokens, hidden] input, tokens rounded up to a multiple of the "
+           "world size (its outputs are its tokens / world rows)";
   if (o.add_rmsnorm) return "bytes of x, each rank's input rows";
   switch (o.op) {
     case kernels::Collective::kAllGather:
@@ -69,13 +72,11 @@ void print_banner(const BenchOptions& o, int world, const char* mode, std::uint6
   cudaGetDeviceCount(&devices);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  const std::string op =
-      o.lm_head  ? "lm_head_exchange, vocab " + std::to_string(o.vocab)
-      : o.gather ? "gather to rank " + std::to_string(o.root)
-      : o.moe    ? "moe_finalize, hidden " + std::to_string(o.hidden) + ", top-" +
-                    std::to_string(o.top_k) + (o.shared_expert ? ", shared expert" : "")
-      : o.add_rmsnorm ? "allreduce_add_rmsnorm, hidden " + std::to_string(o.hidden)
-                      : std::string(collective_name(o.op));
+  std::string op = bench_op_name(o);
+  if (o.lm_head) op += ", vocab " + std::to_string(o.vocab);
+  if (o.gather) op += " to rank " + std::to_string(o.root);
+  if (o.add_rmsnorm) op += ", hidden " + std::to_string(o.hidden);
+  if (o.moe) op += ", top-" + std::to_string(o.top_k) + (o.shared_expert ? ", shared expert" : "");
   std::printf("# tpcomm bench %s: %s, %d rank(s) (%s), %d GPU(s) visible: %s, driver %d\n",
               TPCOMM_VERSION, op.c_str(), world, mode, devices, prop.name, driver);
   std::string sweep =

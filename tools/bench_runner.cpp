@@ -85,7 +85,8 @@ Status Runner::run(const void* in, void* out, const Shape& s, Stream stream) {
     return Status::kInternal;
   }
   Group& g = *group_;
-  if (o_.add_rmsnorm) return run_fused(in, out, s, stream);
+  if (o_.add_rmsnorm)
+    return o_.scattered ? run_scattered(in, out, s, stream) : run_fused(in, out, s, stream);
   if (o_.lm_head) {
     const LmHead h = lm_head(s);
     return g.lm_head_exchange(
@@ -114,6 +115,7 @@ Status Runner::run(const void* in, void* out, const Shape& s, Stream stream) {
 std::string Runner::served_by(const Shape& s) const {
   if (algo_.kind == BenchAlgo::Kind::kMemcpy) return "cudaMemcpyAsync";
   if (direct_) return "nccl(direct)";
+  if (o_.scattered) return scattered_served_by(s);
   if (o_.add_rmsnorm) {
     const auto x = rows(reinterpret_cast<void*>(256), s.out);
     const std::string combine = o_.moe ? "moe_combine+" : "";
@@ -156,9 +158,9 @@ TensorView Runner::rows(void* p, std::int64_t count) const {
 }
 
 void Runner::allocate_fused() {
-  const std::int64_t bytes = fused_count(o_.max_bytes, o_.dtype, o_.hidden) *
-                                 static_cast<std::int64_t>(dtype_size(o_.dtype)) +
-                             256;
+  // The largest x: its residual, norm_out and sum hold every row for the all-reduce forms.
+  const std::int64_t bytes =
+      fused_count(o_, o_.max_bytes, world_) * static_cast<std::int64_t>(dtype_size(o_.dtype)) + 256;
   for (void** p : {&residual_, &norm_, &sum_}) {
     TPCOMM_CUDA_CHECK(cudaMalloc(p, static_cast<std::size_t>(bytes)));
     TPCOMM_CUDA_CHECK(cudaMemset(*p, 0, static_cast<std::size_t>(bytes)));
@@ -236,6 +238,36 @@ Status Runner::run_fused(const void* in, void* out, const Shape& s, Stream strea
       return g.all_reduce_add_rmsnorm(x, residual, gamma, kEps, rows(norm_, s.out), residual_out,
                                       stream);
   }
+}
+
+Status Runner::run_scattered(const void* in, void* out, const Shape& s, Stream stream) {
+  Group& g = *group_;
+  const TensorView x = rows(const_cast<void*>(in), s.in);
+  const TensorView gamma = TensorView::flat(gamma_, o_.dtype, o_.hidden, g.device());
+  if (algo_.kind == BenchAlgo::Kind::kUnscattered)
+    return g.all_reduce_add_rmsnorm(x, rows(residual_, s.in), gamma, kEps, rows(norm_, s.in),
+                                    rows(out, s.in), stream);
+  const TensorView residual = rows(residual_, s.out);
+  const TensorView residual_out = rows(out, s.out);
+  if (algo_.kind == BenchAlgo::Kind::kUnfused) {
+    const TensorView sum = rows(sum_, s.out);
+    TPCOMM_TRY(g.reduce_scatter(x, sum, stream));
+    return add_rmsnorm(sum, residual, gamma, kEps, sum, residual_out, stream);
+  }
+  return g.reduce_scatter_add_rmsnorm(x, residual, gamma, kEps, rows(norm_, s.out), residual_out,
+                                      stream);
+}
+
+std::string Runner::scattered_served_by(const Shape& s) const {
+  const auto p = reinterpret_cast<void*>(256);
+  const TensorView x = rows(p, s.in);
+  if (algo_.kind == BenchAlgo::Kind::kUnscattered)
+    return group_->backend_for_add_rmsnorm(x, x, o_.graph);
+  // The group serves the fused call as its reduce-scatter followed by the local add_rmsnorm
+  // (tpcomm/group.hpp), which is also the unfused row's pair.
+  return group_->backend_for_reduce_scatter(
+             x, rows(static_cast<char*>(p) + (std::int64_t{1} << 40), s.out)) +
+         "+add_rmsnorm";
 }
 
 }  // namespace tpcomm::tools

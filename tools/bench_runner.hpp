@@ -45,6 +45,19 @@ class Runner {
   /// The path the row's operation of shape `s` takes, in words.
   std::string served_by(const Shape& s) const;
 
+  /// What the row's output of shape `s` holds, for `check_data`: the result of `op`, `count`
+  /// elements.
+  struct Checked {
+    kernels::Collective op;
+    std::int64_t count;
+  };
+  Checked checked(const Shape& s) const {
+    // The all-reduce form of the sequence-parallel norm keeps every row: residual_out is the
+    // all-reduce of x, of which the scattered rows are this rank's slice.
+    if (algo_.kind == BenchAlgo::Kind::kUnscattered) return {kernels::Collective::kAllReduce, s.in};
+    return {o_.op, s.out};
+  }
+
   /// Prepares `stream` before the row's first operation (NOTE [first launch] in
   /// backends/custom_ar.cpp): the bench's own kernels (fill, check) once, then the group's.
   Status warm_up(Stream stream) {
@@ -74,6 +87,11 @@ class Runner {
   void allocate_fused();
   /// One fused operation on this row's path; `out` is residual_out.
   Status run_fused(const void* in, void* out, const Shape& s, Stream stream);
+  /// One operation of the sequence-parallel form's row (`s.in` elements of x, `s.out` of each
+  /// output); `out` is residual_out (of every row for the all-reduce form).
+  Status run_scattered(const void* in, void* out, const Shape& s, Stream stream);
+  /// The path of the sequence-parallel form's row.
+  std::string scattered_served_by(const Shape& s) const;
   /// The MoE combine's map and weights for the largest size, and the shared expert's output (of
   /// zeros): token t takes row t of the input with weight 1 and top-k - 1 rows of its own past
   /// the largest x with weight 0 (distinct rows; the map holds for every size), so that x is the

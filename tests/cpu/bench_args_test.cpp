@@ -140,6 +140,54 @@ TEST(BenchArgs, MoeFinalize) {
     EXPECT_THROW(parse({"--op", "moe_finalize", "--top-k", k}), CLI::Error) << k;
 }
 
+TEST(BenchArgs, ReduceScatterAddRmsNorm) {
+  BenchOptions o = parse(
+      {"--op", "reducescatter_add_rmsnorm", "--hidden", "4096", "-d", "bfloat16", "--algo", "all"});
+  EXPECT_TRUE(o.scattered);
+  EXPECT_TRUE(o.add_rmsnorm);  // the fused operation's outputs, checks and JSON shape
+  EXPECT_FALSE(o.moe);
+  EXPECT_EQ(o.op, kernels::Collective::kReduceScatter);  // its bus factor and check
+  EXPECT_EQ(bench_op_name(o), "reducescatter_add_rmsnorm");
+  // No custom kernel serves a scattered sum: the group's choice, the pair it replaces and the
+  // form without sequence parallelism.
+  EXPECT_EQ(names(o.algos), (std::vector<std::string>{"auto", "unfused", "allreduce_add_rmsnorm"}));
+  EXPECT_EQ(o.algos[2].kind, BenchAlgo::Kind::kUnscattered);
+  // The audit leaves the all-reduce form out: it is not a path of the operation.
+  EXPECT_EQ(names(parse({"--op", "reducescatter_add_rmsnorm", "--audit"}).algos),
+            (std::vector<std::string>{"auto", "unfused"}));
+  const BenchOptions plain = parse({"--op", "allreduce_add_rmsnorm", "-d", "bfloat16"});
+  EXPECT_FALSE(plain.scattered);
+  EXPECT_EQ(plain.op, kernels::Collective::kAllReduce);
+
+  // Whole rows of --hidden, at least one, rounded up to a multiple of the world size.
+  const std::int64_t row = 4096 * 2;
+  EXPECT_EQ(fused_count(o, 3 * row, 1), 3 * 4096);
+  EXPECT_EQ(fused_count(o, 3 * row, 2), 4 * 4096);
+  EXPECT_EQ(fused_count(o, 3 * row + row / 2, 4), 4 * 4096);
+  EXPECT_EQ(fused_count(o, 8 * row, 8), 8 * 4096);
+  EXPECT_EQ(fused_count(o, 1, 8), 8 * 4096);
+  EXPECT_EQ(fused_count(o, 9 * row, 8), 16 * 4096);
+  // The all-reduce form keeps the rows it is given.
+  EXPECT_EQ(fused_count(plain, 3 * row, 8), 3 * 4096);
+
+  // The rows that are not ways to run it are skipped, each with its reason.
+  for (const char* name : {"auto", "nccl", "unfused", "allreduce_add_rmsnorm"})
+    EXPECT_EQ(row_refusal(o, *parse_bench_algo(name)), "") << name;
+  EXPECT_NE(row_refusal(o, *parse_bench_algo("lamport")).find("scattered"), std::string::npos);
+  for (const char* name : {"allreduce", "prologue", "memcpy", "nccl_direct", "pull"})
+    EXPECT_NE(row_refusal(o, *parse_bench_algo(name)), "") << name;
+  EXPECT_NE(row_refusal(plain, *parse_bench_algo("allreduce_add_rmsnorm")), "");
+  EXPECT_EQ(row_refusal(plain, *parse_bench_algo("allreduce")), "");
+
+  // The fused operations sum floating-point rows.
+  for (const char* op : {"reducescatter_add_rmsnorm", "allreduce_add_rmsnorm", "moe_finalize"}) {
+    EXPECT_THROW(parse({"--op", op, "-o", "max"}), CLI::ValidationError) << op;
+    EXPECT_THROW(parse({"--op", op, "-d", "int32"}), CLI::ValidationError) << op;
+    EXPECT_NO_THROW(parse({"--op", op, "-d", "half"})) << op;
+  }
+  EXPECT_THROW(parse({"--op", "reducescatter_add_rmsnorm", "--hidden", "0"}), CLI::Error);
+}
+
 TEST(BenchArgs, BadInputIsRefused) {
   for (std::vector<std::string> bad :
        std::vector<std::vector<std::string>>{{"-b", "1X"},
@@ -189,7 +237,10 @@ TEST(BenchArgs, TheProgramRunsItsChecks) {
   const std::string cli = test::built_file(TPCOMM_CLI_PATH);
   if (test::run_program(cli + " --help").output.find("  bench") == std::string::npos)
     GTEST_SKIP() << "this tpcomm was built without bench (no nvcc)";
-  for (const char* bad : {"-b 1M -e 1K", "-b 0", "-f 1", "-b 1 -e 1G -i 1", "-r -1"}) {
+  for (const char* bad :
+       {"-b 1M -e 1K", "-b 0", "-f 1", "-b 1 -e 1G -i 1", "-r -1",
+        "--op reducescatter_add_rmsnorm -o max", "--op reducescatter_add_rmsnorm -d int32",
+        "--op reducescatter_add_rmsnorm --algo one_shot,bogus"}) {
     const auto r = test::run_program(cli + " bench " + std::string(bad) + " 2>&1");
     EXPECT_EQ(r.exit_code, 105) << bad << ": " << r.output;
     EXPECT_EQ(r.output.find("CUDA"), std::string::npos) << bad << ": " << r.output;
