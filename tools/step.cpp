@@ -59,19 +59,7 @@ std::size_t component_of(StepOpKind k) {
 }
 
 bool in_part(StepOpKind k, Part p) {
-  switch (p) {
-    case Part::kAll:
-      return true;
-    case Part::kAttn:
-      return k == StepOpKind::kAttnReduce;
-    case Part::kFfn:
-      return k == StepOpKind::kMlpReduce || k == StepOpKind::kMoeReduce;
-    case Part::kLmHead:
-      return k == StepOpKind::kLmHead;
-    case Part::kCompute:
-      return false;
-  }
-  return false;
+  return p == Part::kAll || (p != Part::kCompute && kComponents[component_of(k)] == p);
 }
 
 // NOTE [step data]

@@ -190,6 +190,21 @@ def _(x, group, counts=None):
     return x.new_empty(_all_to_all_shape(x, g, counts))
 
 
+def _run_fused(call, x, residual, gamma, eps, fp8_scale, fp8_row_scales, fp8_group_scales,
+               gamma_plus_one, shape=None):
+    """The outputs of a fused norm (of `shape`, else x's), written by `call` (a `Group` method
+    with `all_reduce_add_rmsnorm`'s arguments): (norm_out, residual_out, scales)."""
+    norm_out, residual_out, scales = _fused_outputs(x, fp8_scale, fp8_row_scales,
+                                                    fp8_group_scales, shape)
+    call(_desc(x), None if residual is None else _desc(residual), _desc(gamma), eps,
+         _desc(norm_out), _desc(residual_out),
+         fp8_scale=None if fp8_scale is None else _desc(fp8_scale),
+         fp8_row_scales=_desc(scales) if fp8_row_scales else None,
+         fp8_group_scales=_desc(scales) if fp8_group_scales else None,
+         gamma_plus_one=gamma_plus_one, stream=_stream(x.device))
+    return norm_out, residual_out, scales
+
+
 @torch.library.custom_op("tpcomm::all_reduce_add_rmsnorm", mutates_args=())
 def all_reduce_add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor],
                            gamma: torch.Tensor, eps: float, group: int,
@@ -204,16 +219,8 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor],
     [tokens]) or `fp8_group_scales` (one per 128 elements of a row, returned as
     [tokens, hidden / 128]); `scales` is empty otherwise."""
     g = _fused_checks(x, residual, gamma, group, fp8_scale, fp8_row_scales, fp8_group_scales)
-    norm_out, residual_out, scales = _fused_outputs(x, fp8_scale, fp8_row_scales,
-                                                    fp8_group_scales)
-    g.all_reduce_add_rmsnorm(
-        _desc(x), None if residual is None else _desc(residual), _desc(gamma), eps,
-        _desc(norm_out), _desc(residual_out),
-        fp8_scale=None if fp8_scale is None else _desc(fp8_scale),
-        fp8_row_scales=_desc(scales) if fp8_row_scales else None,
-        fp8_group_scales=_desc(scales) if fp8_group_scales else None,
-        gamma_plus_one=gamma_plus_one, stream=_stream(x.device))
-    return norm_out, residual_out, scales
+    return _run_fused(g.all_reduce_add_rmsnorm, x, residual, gamma, eps, fp8_scale,
+                      fp8_row_scales, fp8_group_scales, gamma_plus_one)
 
 
 @all_reduce_add_rmsnorm.register_fake
@@ -241,16 +248,8 @@ def reduce_scatter_add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor]
     ranks, this rank keeping its tokens / world rows, then the residual add (`residual` those
     rows) and RMSNorm of them; returns (norm_out, residual_out, scales) of those rows."""
     g = _fused_checks(x, residual, gamma, group, fp8_scale, fp8_row_scales, fp8_group_scales)
-    norm_out, residual_out, scales = _fused_outputs(x, fp8_scale, fp8_row_scales,
-                                                    fp8_group_scales, _scattered_rows(x, g))
-    g.reduce_scatter_add_rmsnorm(
-        _desc(x), None if residual is None else _desc(residual), _desc(gamma), eps,
-        _desc(norm_out), _desc(residual_out),
-        fp8_scale=None if fp8_scale is None else _desc(fp8_scale),
-        fp8_row_scales=_desc(scales) if fp8_row_scales else None,
-        fp8_group_scales=_desc(scales) if fp8_group_scales else None,
-        gamma_plus_one=gamma_plus_one, stream=_stream(x.device))
-    return norm_out, residual_out, scales
+    return _run_fused(g.reduce_scatter_add_rmsnorm, x, residual, gamma, eps, fp8_scale,
+                      fp8_row_scales, fp8_group_scales, gamma_plus_one, _scattered_rows(x, g))
 
 
 @reduce_scatter_add_rmsnorm.register_fake

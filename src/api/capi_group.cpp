@@ -249,14 +249,23 @@ tpcomm_status tpcomm_recv(tpcomm_group group, const tpcomm_tensor* buf, int peer
   });
 }
 
-tpcomm_status tpcomm_all_reduce_add_rmsnorm(
-    tpcomm_group group, const tpcomm_tensor* x, const tpcomm_tensor* residual,
-    const tpcomm_tensor* gamma, float eps, const tpcomm_tensor* norm_out,
-    const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
-    const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales, int weight,
-    void* stream) {
-  return tpcomm::capi::group_call("tpcomm_all_reduce_add_rmsnorm", group, [&](tpcomm::Group& g) {
-    return g.all_reduce_add_rmsnorm(
+namespace {
+
+/// `Group::all_reduce_add_rmsnorm` and its sequence-parallel form: one signature.
+using FusedNorm = Status (tpcomm::Group::*)(const TensorView&, const TensorView&, const TensorView&,
+                                            float, const TensorView&, const TensorView&,
+                                            tpcomm::Stream, const tpcomm::Fp8Scales&,
+                                            tpcomm::NormWeight) noexcept;
+
+/// The C entry point `name` of the fused norm `method`, its arguments converted and checked.
+tpcomm_status fused_norm(const char* name, FusedNorm method, tpcomm_group group,
+                         const tpcomm_tensor* x, const tpcomm_tensor* residual,
+                         const tpcomm_tensor* gamma, float eps, const tpcomm_tensor* norm_out,
+                         const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
+                         const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales,
+                         int weight, void* stream) {
+  return tpcomm::capi::group_call(name, group, [&](tpcomm::Group& g) {
+    return (g.*method)(
         tpcomm::capi::view_of(x, "x"), tpcomm::capi::optional_view(residual, "residual"),
         tpcomm::capi::view_of(gamma, "gamma"), eps, tpcomm::capi::view_of(norm_out, "norm_out"),
         tpcomm::capi::view_of(residual_out, "residual_out"), tpcomm::capi::stream_of(stream),
@@ -265,21 +274,28 @@ tpcomm_status tpcomm_all_reduce_add_rmsnorm(
   });
 }
 
+}  // namespace
+
+tpcomm_status tpcomm_all_reduce_add_rmsnorm(
+    tpcomm_group group, const tpcomm_tensor* x, const tpcomm_tensor* residual,
+    const tpcomm_tensor* gamma, float eps, const tpcomm_tensor* norm_out,
+    const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
+    const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales, int weight,
+    void* stream) {
+  return fused_norm("tpcomm_all_reduce_add_rmsnorm", &tpcomm::Group::all_reduce_add_rmsnorm, group,
+                    x, residual, gamma, eps, norm_out, residual_out, fp8_scale, fp8_row_scales,
+                    fp8_group_scales, weight, stream);
+}
+
 tpcomm_status tpcomm_reduce_scatter_add_rmsnorm(
     tpcomm_group group, const tpcomm_tensor* x, const tpcomm_tensor* residual,
     const tpcomm_tensor* gamma, float eps, const tpcomm_tensor* norm_out,
     const tpcomm_tensor* residual_out, const tpcomm_tensor* fp8_scale,
     const tpcomm_tensor* fp8_row_scales, const tpcomm_tensor* fp8_group_scales, int weight,
     void* stream) {
-  return tpcomm::capi::group_call(
-      "tpcomm_reduce_scatter_add_rmsnorm", group, [&](tpcomm::Group& g) {
-        return g.reduce_scatter_add_rmsnorm(
-            tpcomm::capi::view_of(x, "x"), tpcomm::capi::optional_view(residual, "residual"),
-            tpcomm::capi::view_of(gamma, "gamma"), eps, tpcomm::capi::view_of(norm_out, "norm_out"),
-            tpcomm::capi::view_of(residual_out, "residual_out"), tpcomm::capi::stream_of(stream),
-            tpcomm::capi::fp8_of(fp8_scale, fp8_row_scales, fp8_group_scales),
-            tpcomm::capi::weight_of(weight));
-      });
+  return fused_norm("tpcomm_reduce_scatter_add_rmsnorm", &tpcomm::Group::reduce_scatter_add_rmsnorm,
+                    group, x, residual, gamma, eps, norm_out, residual_out, fp8_scale,
+                    fp8_row_scales, fp8_group_scales, weight, stream);
 }
 
 tpcomm_status tpcomm_add_rmsnorm(const tpcomm_tensor* x, const tpcomm_tensor* residual,

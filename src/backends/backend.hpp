@@ -226,6 +226,18 @@ class Backend {
   }
 };
 
+/// `s`; where it is a failure and `out` is given, with `message()` in `*out` (the status stands
+/// without its message when the message cannot be made). For the hooks that report a failure.
+template <class F>
+[[nodiscard]] Status with_message(Status s, std::string* out, F&& message) noexcept {
+  if (s == Status::kOk || out == nullptr) return s;
+  try {
+    *out = message();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the status stands without its message
+  }
+  return s;
+}
+
 /// Whether `backend` runs a step of `plan`: its own, or one of a composite's inner calls.
 [[nodiscard]] bool runs_on(const Plan& plan, const Backend* backend) noexcept;
 

@@ -60,14 +60,7 @@ Status CustomArBackend::run(const Request& r, const Plan& plan, Stream stream) n
 }
 
 Status CustomArBackend::health(std::string* message) noexcept {
-  const Status h = ar_->health();
-  if (h != Status::kOk && message != nullptr) {
-    try {
-      *message = ar_->error_message();
-    } catch (...) {  // NOLINT(bugprone-empty-catch): the status stands without its message
-    }
-  }
-  return h;
+  return with_message(ar_->health(), message, [&] { return ar_->error_message(); });
 }
 
 std::string CustomArBackend::describe(const Plan& plan) const {

@@ -53,26 +53,14 @@ void NcclBackend::poison_after_failure(std::uint32_t checked) noexcept {
 }
 
 Status NcclBackend::health(std::string* message) noexcept {
-  const Status h = comm_->health();
-  if (h != Status::kOk && message != nullptr) {
-    try {
-      *message = detail::concat("NCCL: ", comm_->last_error());
-    } catch (...) {  // NOLINT(bugprone-empty-catch): the status stands without its message
-    }
-  }
-  return h;
+  return with_message(comm_->health(), message,
+                      [&] { return detail::concat("NCCL: ", comm_->last_error()); });
 }
 
 Status NcclBackend::failure(std::string* message) noexcept {
   std::string what;
   const Status s = comm_->poll(&what);
-  if (s != Status::kOk && message != nullptr) {
-    try {
-      *message = detail::concat("NCCL: ", what);
-    } catch (...) {  // NOLINT(bugprone-empty-catch): the status stands without its message
-    }
-  }
-  return s;
+  return with_message(s, message, [&] { return detail::concat("NCCL: ", what); });
 }
 
 void NcclBackend::begin_capture() noexcept {
