@@ -76,13 +76,6 @@ Status BackendChain::run(const Request& request, const Plan& plan, Stream stream
   }
 }
 
-bool runs_on(const Plan& plan, const Backend* backend) noexcept {
-  if (backend == nullptr) return false;
-  bool runs = plan.step.backend == backend;
-  for (const Step& s : plan.inner) runs = runs || s.backend == backend;
-  return runs;
-}
-
 std::string not_batch_invariant(const Request& req, const Plan& plan,
                                 std::int64_t invariant_max_bytes) {
   // The plain reduce-scatter is outside what deterministic groups keep (docs/DETERMINISM.md).

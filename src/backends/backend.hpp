@@ -238,10 +238,8 @@ template <class F>
   return s;
 }
 
-/// Whether `backend` runs a step of `plan`: its own, or one of a composite's inner calls.
-[[nodiscard]] bool runs_on(const Plan& plan, const Backend* backend) noexcept;
-
-/// Whether some step of `plan` runs on a backend for which `pred` is true.
+/// Whether some step of `plan` (its own, or one of a composite's inner calls) runs on a backend
+/// for which `pred` is true.
 template <class Pred>
 [[nodiscard]] bool any_step(const Plan& plan, Pred pred) noexcept {
   if (plan.step.backend != nullptr && pred(*plan.step.backend)) return true;
