@@ -25,6 +25,11 @@ Status launch_all_reduce(const AllReduceParams& params, const AllReduceKernel& k
       (fusion.hidden < 1 || params.count % fusion.hidden != 0 || shape.threads > kFusedMaxThreads ||
        (traits(fusion.kind).quant == Quant::kFp8Group && fusion.hidden % kFp8Group != 0)))
     return Status::kInvalidArgument;
+  // NOTE [scattered rows]: each slice is whole rows, starting on a pack boundary.
+  if (params.scattered && (!scatters(kernel) || !traits(fusion.kind).rows() ||
+                           params.count % (std::int64_t{params.world_size} * fusion.hidden) != 0 ||
+                           bytes / params.world_size % 16 != 0))
+    return Status::kInvalidArgument;
   const void* function = kernel_function(kernel, params.dtype, params.world_size, fusion.kind);
   if (function == nullptr) return Status::kInvalidArgument;
   // NOTE [row groups]: only a row step shares rows among blocks.

@@ -3,7 +3,8 @@
 // input into slot `rank` of rank s's receive buffer; rank s reduces its slice as it arrives and
 // pushes the sum into slot s of every rank's buffer, after the slice area; every rank copies
 // the sums out as they arrive. About 2n bytes sent per rank, like two-shot, with no barrier
-// round trip: data is its own flag (NOTE [lamport] in ipc/layout.hpp). 16-bit types only.
+// round trip: data is its own flag (NOTE [lamport] in ipc/layout.hpp). 16-bit types only. With
+// a row epilogue it also serves the reduce-scatter form (NOTE [scattered rows]).
 #pragma once
 
 #include "kernels/common/epilogue.cuh"
@@ -57,10 +58,41 @@ __global__ void __launch_bounds__(Epilogue::kMaxThreads, 1)
     lamport_refill<R>(p, f);
   }
   LamportHeader<R> header(p, f);  // NOTE [fingerprints]
+  const char* mine = lamport_buffer(p, p.rank, f.buffer);
+
+  // NOTE [scattered rows]
+  // The reduce-scatter form of a fused call (`p.scattered`: the sequence-parallel fused norm)
+  // ends where its slice is reduced. Its slices are whole rows (rank r's are rows
+  // [r, r + 1) * rows / R, starting on a pack boundary: `launch_all_reduce` checks), so the owner
+  // of a slice finishes its rows with the row step itself, from the sums of the packs it polls,
+  // into outputs that hold its rows alone, and shares nothing: no second push, no gather, half
+  // the bytes of the all-reduce form, and only the slice area of each slot to refill. The row
+  // step and its launch shape are the all-reduce form's over this rank's rows, so each row's
+  // result is bitwise the same as there.
+  if constexpr (Epilogue::kRows) {
+    if (p.scattered) {
+      const std::int64_t own = slice * Pack<T>::kElems;  // this rank's elements
+      const Epilogue own_rows(p.fusion, own);
+      const std::uint32_t seen = header.load();
+      const bool live = !f.failed;
+      const bool ok = finish_rows<T, /*kBareSums=*/true>(
+          own_rows, static_cast<T*>(p.output), own, p.early_launch,
+          [&](std::int64_t v, Pack<T>& x) {
+            Pack<T> got[R];
+            NoHeader none;
+            if (!live || !lamport_poll<T, R>(mine, slot_bytes, v * 16, got, none, f.wait))
+              return false;
+            x = sum_packs<T, R>(got);
+            return true;
+          });
+      header.see(seen);
+      lamport_end<T, R>(p, f, ok, slice * 16, header);
+      return;
+    }
+  }
 
   // Reduce this rank's slice in rank order, finish it with the epilogue, and push each result to
   // slot `rank` of every rank.
-  const char* mine = lamport_buffer(p, p.rank, f.buffer);
   const Epilogue epilogue(p);
   bool ok = !f.failed;
   NoHeader none;

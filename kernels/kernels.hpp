@@ -134,6 +134,10 @@ constexpr bool sliced(const AllReduceKernel& k) noexcept { return k.sliced; }
 /// True for the kernels that carry the fused epilogues (`on_lamport`): the Lamport ones.
 constexpr bool fuses(const AllReduceKernel& k) noexcept { return k.pushes; }
 
+/// True for the kernels that can end a fused call with the owner of each slice
+/// (`AllReduceParams::scattered`): the Lamport two-shot.
+constexpr bool scatters(const AllReduceKernel& k) noexcept { return k.pushes && k.sliced; }
+
 /// Bytes of every Lamport slot that kernel `k` needs for a message of `bytes` bytes among
 /// `world_size` ranks; 0 for the kernels that do not push.
 constexpr std::int64_t lamport_slot_need(const AllReduceKernel& k, std::int64_t bytes,
@@ -258,6 +262,12 @@ struct AllReduceParams {
   /// Let the next kernel on the stream be scheduled once the last wait is passed: where every
   /// rank sharing the GPU holds room for two kernels at once (NOTE [programmatic launch]).
   bool early_launch;
+  /// The reduce-scatter form of a fused call (`scatters(kernel)`, a row epilogue only): rank r's
+  /// outputs (`output`, the fusion's residual, `norm_out` and row scales) hold rows
+  /// [r, r + 1) * rows / world_size of the message alone, finished where their slice is reduced
+  /// (NOTE [scattered rows] in kernels/all_reduce_lamport_two_shot.cuh). `count` is still the
+  /// whole message's, a multiple of world_size * hidden whose slices start on pack boundaries.
+  bool scattered;
   /// Give up waiting for a peer after this many nanoseconds (0 = never).
   std::uint64_t timeout_ns;
   /// Host-mapped error report and abort flag (NOTE [bounded waits], kernels/common/sync.cuh).

@@ -262,6 +262,12 @@ class Group {
   [[nodiscard]] std::string backend_for_add_rmsnorm(const TensorView& x, const TensorView& norm_out,
                                                     bool capturing = false) const noexcept;
 
+  /// The path that would serve this `reduce_scatter_add_rmsnorm` (`x` [tokens, hidden], the
+  /// whole input): "custom_ar:<name>" (a fused kernel whose ranks finish their own rows), or the
+  /// reduce-scatter's path followed by "+add_rmsnorm", or "none". Pure.
+  [[nodiscard]] std::string backend_for_reduce_scatter_add_rmsnorm(
+      const TensorView& x, const TensorView& norm_out, bool capturing = false) const noexcept;
+
   /// The path that would serve this `moe_finalize_all_reduce_add_rmsnorm` (`x` is the combine's
   /// output, [tokens, hidden] in the experts' dtype): "custom_ar:<name>" (the combine the fused
   /// kernel's prologue), or "moe_combine+" and the path of the fused call after it, or "none".

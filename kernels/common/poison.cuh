@@ -49,20 +49,22 @@ __device__ __forceinline__ void poison_block(void* out, std::int64_t bytes, int 
 }
 
 /// Poisons every output of an all-reduce kernel over elements of type `T`: the sum (or
-/// residual_out), and with a fused epilogue the normalised rows and the per-row scales.
+/// residual_out), and with a fused epilogue the normalised rows and the per-row scales; of this
+/// rank's rows alone where the call is `scattered`.
 template <class T>
 __device__ __forceinline__ void poison_outputs_block(const AllReduceParams& p) {
-  poison_block(p.output, p.count * static_cast<std::int64_t>(sizeof(T)), sizeof(T));
+  const std::int64_t count = p.scattered ? p.count / p.world_size : p.count;
+  poison_block(p.output, count * static_cast<std::int64_t>(sizeof(T)), sizeof(T));
   const FusionParams& f = p.fusion;
   if (f.kind == Fusion::kNone) return;
   const FusionTraits t = traits(f.kind);
   if (t.rows() && f.norm_out != p.output) {
     const int elem = t.quant == Quant::kNone ? static_cast<int>(sizeof(T)) : 1;
-    poison_block(f.norm_out, p.count * elem, elem);
+    poison_block(f.norm_out, count * elem, elem);
   }
   if (t.quant == Quant::kFp8Token && f.hidden > 0)
-    poison_block(f.row_scales, p.count / f.hidden * 4, 4);
-  if (t.quant == Quant::kFp8Group) poison_block(f.row_scales, p.count / kFp8Group * 4, 4);
+    poison_block(f.row_scales, count / f.hidden * 4, 4);
+  if (t.quant == Quant::kFp8Group) poison_block(f.row_scales, count / kFp8Group * 4, 4);
 }
 
 }  // namespace tpcomm::kernels

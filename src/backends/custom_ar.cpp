@@ -172,10 +172,11 @@ bool CustomAllReduce::early_launch(int blocks, int group) const noexcept {
 
 Status CustomAllReduce::run(const TensorView& in, const TensorView& out, Choice choice,
                             bool capturing, Stream stream, const CallTag& tag,
-                            const kernels::FusionParams* fusion) noexcept {
+                            const kernels::FusionParams* fusion, bool scattered) noexcept {
   Impl& m = *impl_;
   kernels::AllReduceParams p = m.params(in, out, tag);
   if (fusion != nullptr) p.fusion = *fusion;
+  p.scattered = scattered;
   // Lamport always copies the input into the peers' buffers: nothing to register.
   const kernels::AllReduceKernel& kernel = info(choice.algo).kernel;
   if (capturing && capture_open_ && !kernels::pushes(kernel) &&

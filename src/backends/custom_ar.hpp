@@ -44,9 +44,12 @@ class CustomAllReduce {
   /// only give up at their start); kUnsupported when the registry is full. With `fusion`, the
   /// Lamport kernel of `choice` also runs that epilogue (`out` is then residual_out). `tag` is what
   /// the kernels check against their peers' (NOTE [fingerprints] in kernels/common/sync.cuh).
+  /// `scattered`: the reduce-scatter form of a fused call, whose outputs hold this rank's rows
+  /// alone (`kernels::AllReduceParams::scattered`).
   [[nodiscard]] Status run(const TensorView& in, const TensorView& out, Choice choice,
                            bool capturing, Stream stream, const CallTag& tag,
-                           const kernels::FusionParams* fusion = nullptr) noexcept;
+                           const kernels::FusionParams* fusion = nullptr,
+                           bool scattered = false) noexcept;
 
   /// Runs this rank's part of an exchange (all-gather, all-to-all, the LM-head exchange):
   /// copies `plan.from[s]` of rank s's input into `out` for every rank s (NOTE [exchange] in

@@ -20,7 +20,17 @@ Plan CustomArBackend::plan(const Request& r) const noexcept {
   }
   const Reduce* sum = r.reduce();
   if (sum == nullptr) return Plan::no("broadcast, send and recv are NCCL's");
-  if (sum->scattered) return Plan::no("the custom kernels keep every rank's sum");
+  if (sum->scattered) {
+    // NOTE [scattered rows]: the reduce-scatter form of the fused norm.
+    if (sum->fusion == nullptr || sum->moe != nullptr)
+      return Plan::no("the custom kernels reduce-scatter only with the fused norm");
+    const char* why = nullptr;
+    const Choice c =
+        select_reduce_scatter_add_rmsnorm(r.in.numel() / sum->fusion->hidden, sum->fusion->hidden,
+                                          r.in.dtype, ar_->caps(), pinned_, &why);
+    if (c.algo == Algo::kNone) return Plan::no(why);
+    return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
+  }
   if (sum->moe != nullptr) {
     // NOTE [the combine's launch]
     if (!moe_prologue_) return Plan::no("TPCOMM_MOE_PROLOGUE is not 1");
@@ -56,7 +66,7 @@ Status CustomArBackend::run(const Request& r, const Plan& plan, Stream stream) n
     fusion.moe = *sum.moe;
     return ar_->run(r.in, r.out, choice, r.capturing, stream, r.tag, &fusion);
   }
-  return ar_->run(r.in, r.out, choice, r.capturing, stream, r.tag, sum.fusion);
+  return ar_->run(r.in, r.out, choice, r.capturing, stream, r.tag, sum.fusion, sum.scattered);
 }
 
 Status CustomArBackend::health(std::string* message) noexcept {

@@ -123,7 +123,7 @@ std::optional<Request> fused_request(Op op, const TensorView& x, const TensorVie
   f.hidden = x.shape[x.ndim - 1];
   // The MoE finalize's prologue as plans see it: there, not what it points at.
   static constexpr kernels::MoeCombineParams kCombine{};
-  Reduce sum;
+  Reduce sum{ReduceOp::kSum, /*scattered=*/op == Op::kReduceScatterAddRmsNorm};
   sum.fusion = &f;
   sum.norm_out = &norm_out;
   if (op == Op::kMoeFinalize) sum.moe = &kCombine;
@@ -136,6 +136,14 @@ std::string Group::backend_for_add_rmsnorm(const TensorView& x, const TensorView
                                            bool capturing) const noexcept {
   kernels::FusionParams f{};
   const auto req = fused_request(Op::kAllReduceAddRmsNorm, x, norm_out, capturing, f);
+  return req ? impl_->describe(*req) : "none";
+}
+
+std::string Group::backend_for_reduce_scatter_add_rmsnorm(const TensorView& x,
+                                                          const TensorView& norm_out,
+                                                          bool capturing) const noexcept {
+  kernels::FusionParams f{};
+  const auto req = fused_request(Op::kReduceScatterAddRmsNorm, x, norm_out, capturing, f);
   return req ? impl_->describe(*req) : "none";
 }
 

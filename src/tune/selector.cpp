@@ -139,9 +139,12 @@ Choice fused_launch(Algo algo, std::int64_t rows, std::int64_t hidden, int max_b
   return Choice{algo, blocks, threads, group};
 }
 
-Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
-                          const SelectorCaps& caps, Pinned pinned, const TuneTable* table,
-                          const char** why) noexcept {
+namespace {
+
+/// `select_add_rmsnorm`, or with `scattered` `select_reduce_scatter_add_rmsnorm`.
+Choice select_fused(std::int64_t rows, std::int64_t hidden, DType dtype, const SelectorCaps& caps,
+                    Pinned pinned, const TuneTable* table, const char** why,
+                    bool scattered) noexcept {
   const char* ignored = nullptr;
   if (why == nullptr) why = &ignored;
   *why = nullptr;
@@ -156,22 +159,31 @@ Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
   if (dtype != DType::kF16 && dtype != DType::kBF16) return no("the fused kernels take f16/bf16");
   if (rows < 1 || hidden < 1) return no("empty");
   const std::int64_t bytes = rows * hidden * 2;
+  if (scattered && (rows % caps.world_size != 0 || bytes / caps.world_size % kVectorBytes != 0))
+    return no("each rank's rows do not start on a 16-byte boundary of the message");
+  // The rows a rank finishes: its own where the call is scattered (NOTE [scattered rows]).
+  const std::int64_t finished = scattered ? rows / caps.world_size : rows;
   // NOTE [batch invariance]: no groups of blocks, so the sum of squares' order is the hidden
   // size's alone.
   const ClusterBlocks clusters = caps.deterministic ? ClusterBlocks{} : caps.max_cluster_blocks;
   auto usable = [&](Algo a) {
     return a != Algo::kNone && kernels::fuses(info(a).kernel) &&
+           (!scattered || kernels::scatters(info(a).kernel)) &&
            fits(a, bytes, dtype, caps.world_size, caps.lamport_max_bytes);
+  };
+  auto launch = [&](Algo a) {
+    return fused_launch(a, finished, hidden, caps.max_blocks, clusters);
   };
   if (pinned) {
     if (*pinned == Algo::kNone) return no("TPCOMM_ALGO=nccl");
-    if (usable(*pinned)) return fused_launch(*pinned, rows, hidden, caps.max_blocks, clusters);
-  } else if (table != nullptr && table->key().world_size == caps.world_size) {
+    if (usable(*pinned)) return launch(*pinned);
+    if (scattered && kernels::fuses(info(*pinned).kernel))
+      return no("the pinned algorithm keeps every rank's sum");
+  } else if (!scattered && table != nullptr && table->key().world_size == caps.world_size) {
     if (auto tuned = table->lookup_fused(bytes)) {
       if (tuned->algo == Algo::kNone && !caps.deterministic)
         return no("the tuned table: the unfused pair was faster");
-      if (usable(tuned->algo))
-        return fused_launch(tuned->algo, rows, hidden, caps.max_blocks, clusters);
+      if (usable(tuned->algo)) return launch(tuned->algo);
     }
   }
   const AlgoInfo* best = nullptr;
@@ -187,7 +199,21 @@ Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
   if (best == nullptr && caps.deterministic) best = first_fit;  // NOTE [batch invariance]
   if (best == nullptr)
     return no("rows x hidden past the built-in bounds, where the unfused pair is faster");
-  return fused_launch(best->algo, rows, hidden, caps.max_blocks, clusters);
+  return launch(best->algo);
+}
+
+}  // namespace
+
+Choice select_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
+                          const SelectorCaps& caps, Pinned pinned, const TuneTable* table,
+                          const char** why) noexcept {
+  return select_fused(rows, hidden, dtype, caps, pinned, table, why, /*scattered=*/false);
+}
+
+Choice select_reduce_scatter_add_rmsnorm(std::int64_t rows, std::int64_t hidden, DType dtype,
+                                         const SelectorCaps& caps, Pinned pinned,
+                                         const char** why) noexcept {
+  return select_fused(rows, hidden, dtype, caps, pinned, nullptr, why, /*scattered=*/true);
 }
 
 ExchangeChoice exchange_launch(ExchangeAlgo algo, std::int64_t largest_output,

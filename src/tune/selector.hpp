@@ -169,6 +169,18 @@ inline constexpr std::int64_t kLamportWideBlocks = 16;
                                         const TuneTable* table,
                                         const char** why = nullptr) noexcept;
 
+/// The same for the reduce-scatter form (`reduce_scatter_add_rmsnorm`: each rank finishes its
+/// own `rows / world size` rows; NOTE [scattered rows] in kernels/all_reduce_lamport_two_shot.cuh):
+/// only the kernels that `scatters` serve it, and only where each rank's rows start on a 16-byte
+/// boundary of the message; a pinned algorithm that fuses but cannot scatter gives `kNone`; the
+/// tuned table's fused buckets (measured for the all-reduce form) are not read; the built-in
+/// bounds are the all-reduce form's, by the bytes of the whole input; `fused_launch` shapes the
+/// rows a rank finishes.
+[[nodiscard]] Choice select_reduce_scatter_add_rmsnorm(std::int64_t rows, std::int64_t hidden,
+                                                       DType dtype, const SelectorCaps& caps,
+                                                       Pinned pinned,
+                                                       const char** why = nullptr) noexcept;
+
 /// The sizes of an exchange that its choice depends on, the same on every rank (an
 /// `ExchangePlan`'s): the largest rank's input, the most bytes a rank receives, the most bytes a
 /// rank sends another, and the Lamport slot the push form needs (0: it cannot push).

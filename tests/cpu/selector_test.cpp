@@ -488,5 +488,58 @@ TEST(SelectAddRmsNorm, RowsOfOneBlockSpreadTheirPushes) {
   EXPECT_EQ(fused_launch(Algo::kLamport, 1, 7168, kMaxBlocks).group, 4);
 }
 
+// ---- the reduce-scatter form (reduce_scatter_add_rmsnorm) -------------------------------------
+
+TEST(SelectReduceScatterAddRmsNorm, TheTwoShotFinishesEachRanksRows) {
+  for (int world : {2, 4, 8}) {
+    const SelectorCaps caps = fused_caps(world, 8 * kMiB);
+    const char* why = "unset";
+    // One row a rank: the Lamport two-shot, shaped for that one row.
+    const Choice one = select_reduce_scatter_add_rmsnorm(world, 4096, DType::kBF16, caps, {}, &why);
+    EXPECT_EQ(one.algo, Algo::kLamportTwoShot) << world;
+    EXPECT_EQ(why, nullptr);
+    EXPECT_EQ(one, fused_launch(Algo::kLamportTwoShot, 1, 4096, kMaxBlocks)) << world;
+    // Past the all-reduce form's bound: the fallback.
+    const std::int64_t bound = info(Algo::kLamportTwoShot).fused.bound(world);
+    const std::int64_t rows = (bound / (4096 * 2) / world + 1) * world;
+    EXPECT_EQ(select_reduce_scatter_add_rmsnorm(rows, 4096, DType::kBF16, caps, {}).algo,
+              Algo::kNone)
+        << world;
+    // A deterministic group takes it wherever it fits (NOTE [batch invariance]).
+    SelectorCaps det = caps;
+    det.deterministic = true;
+    EXPECT_EQ(select_reduce_scatter_add_rmsnorm(rows, 4096, DType::kBF16, det, {}).algo,
+              Algo::kLamportTwoShot)
+        << world;
+  }
+}
+
+TEST(SelectReduceScatterAddRmsNorm, WhatItDeclines) {
+  const SelectorCaps caps = fused_caps(4, 8 * kMiB);
+  auto why_none = [&](std::int64_t rows, std::int64_t hidden, DType t, Pinned pinned = {}) {
+    const char* why = nullptr;
+    EXPECT_EQ(select_reduce_scatter_add_rmsnorm(rows, hidden, t, caps, pinned, &why).algo,
+              Algo::kNone)
+        << rows << " x " << hidden;
+    return std::string(why != nullptr ? why : "");
+  };
+  // Rows that do not split evenly, or slices that do not start on a pack.
+  EXPECT_NE(why_none(6, 4096, DType::kBF16).find("16-byte"), std::string::npos);
+  EXPECT_NE(why_none(4, 2884, DType::kBF16).find("16-byte"), std::string::npos);
+  // ... but rows off packs are fine where the slices are on them (8 rows of 2884).
+  EXPECT_EQ(select_reduce_scatter_add_rmsnorm(32, 2884, DType::kBF16, caps, {}).algo,
+            Algo::kLamportTwoShot);
+  EXPECT_FALSE(why_none(4, 4096, DType::kF32).empty());
+  EXPECT_NE(why_none(4, 4096, DType::kBF16, Algo::kNone).find("nccl"), std::string::npos);
+  // A pin that fuses but keeps every rank's sum declines; one that cannot fuse is ignored.
+  EXPECT_NE(why_none(4, 4096, DType::kBF16, Algo::kLamport).find("every rank's sum"),
+            std::string::npos);
+  EXPECT_EQ(select_reduce_scatter_add_rmsnorm(4, 4096, DType::kBF16, caps, Algo::kOneShot).algo,
+            Algo::kLamportTwoShot);
+  EXPECT_EQ(
+      select_reduce_scatter_add_rmsnorm(4, 4096, DType::kBF16, caps, Algo::kLamportTwoShot).algo,
+      Algo::kLamportTwoShot);
+}
+
 }  // namespace
 }  // namespace tpcomm

@@ -151,14 +151,23 @@ void expect_same(const Case& c, int rank, const Buffers& b, const char* how) {
   }
 }
 
-void run_case(const Case& c) {
-  SCOPED_TRACE(c.name());
+/// `c` on the path `algo` gives: "auto" the custom kernel whose ranks finish their own rows
+/// (NOTE [scattered rows]), "lamport" (a kernel that keeps every rank's sum) the fallback.
+void run_case(const Case& c, const std::string& algo = "auto") {
+  SCOPED_TRACE(c.name() + " " + algo);
   const std::uint64_t seed = testing::fresh_seed();
   run_ranks(c.world, [&](int rank, Bootstrap& boot) {
-    Group g(boot, 0, testing::options_for("auto", 32 << 20));
+    Group g(boot, 0, testing::options_for(algo, 32 << 20));
     StreamHolder stream;
     const Stream s = stream.stream();
     Buffers b(c);
+    const std::string path = g.backend_for_reduce_scatter_add_rmsnorm(
+        rows_of(b.x.get(), DType::kBF16, c.tokens, c.hidden),
+        rows_of(b.norm_out.get(), c.norm_dtype, Buffers::rows(c), c.hidden));
+    if (algo == "auto" && Buffers::rows(c) * c.hidden * 2 % 16 == 0)
+      EXPECT_EQ(path, "custom_ar:lamport_two_shot");
+    else
+      EXPECT_NE(path.find("+add_rmsnorm"), std::string::npos) << path;
     // Eager.
     fresh_inputs(c, rank, seed, b, stream.get());
     ASSERT_EQ(reference(g, c, rank, b, s), Status::kOk) << g.last_error();
@@ -190,7 +199,15 @@ void run_case(const Case& c) {
 TEST(ReduceScatterAddRmsNorm, EachRankHasItsRowsOfTheUnscatteredResult) {
   for (int world : {2, 4, 8})
     for (std::int64_t rows : {1, 4, 16})
-      for (std::int64_t hidden : {4096, 7168}) run_case({world, rows * world, hidden});
+      for (std::int64_t hidden : {4096, 7168})
+        for (const char* algo : {"auto", "lamport"}) run_case({world, rows * world, hidden}, algo);
+}
+
+// A hidden size whose rows do not start on packs, and one whose slices do not either: the custom
+// kernel where its slices start on packs (its rows need not), the fallback where they do not.
+TEST(ReduceScatterAddRmsNorm, RowsOffPackBoundaries) {
+  run_case({2, 16, 2884});  // a slice of 8 rows of 2884 elements starts on a pack
+  run_case({4, 4, 2884});   // one row a rank: 2884 * 2 bytes is not a multiple of 16
 }
 
 // In a deterministic group the sum is the all-reduce of every row (batch-invariant), and each
@@ -240,9 +257,11 @@ TEST(ReduceScatterAddRmsNorm, DeterministicGroupsGiveTheFusedCallsRows) {
 }
 
 TEST(ReduceScatterAddRmsNorm, Fp8RowScalesAndInPlace) {
-  run_case({4, 16, 4096, DType::kF8E4M3});
-  run_case({4, 16, 4096, DType::kF8E4M3, /*in_place=*/true});
-  run_case({2, 8, 7168, DType::kBF16, /*in_place=*/true});
+  for (const char* algo : {"auto", "lamport"}) {
+    run_case({4, 16, 4096, DType::kF8E4M3}, algo);
+    run_case({4, 16, 4096, DType::kF8E4M3, /*in_place=*/true}, algo);
+    run_case({2, 8, 7168, DType::kBF16, /*in_place=*/true}, algo);
+  }
 }
 
 // Shapes the call cannot take are refused on every rank before anything runs; the outputs are
