@@ -11,7 +11,7 @@
 
 namespace tpcomm {
 
-/// The groups of one rank, with SGLang's rank layouts (see src/parallel_layout.hpp for the
+/// The groups of one rank, with SGLang's rank layouts (see src/policy/parallel_layout.hpp for the
 /// rules): TP (contiguous ranks; NCCL and the custom all-reduce), attention TP, MoE EP (strided)
 /// and MoE TP. A group whose layout equals TP's is the same object as `tp()` (compare
 /// addresses); the others get NCCL only (but see below), and a group of one rank gets no
