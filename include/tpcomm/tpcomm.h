@@ -305,7 +305,8 @@ typedef enum tpcomm_op {
   TPCOMM_OP_ALL_REDUCE_ADD_RMSNORM = 1, /* in: x, out: norm_out */
   TPCOMM_OP_ALL_GATHER = 2,
   TPCOMM_OP_ALL_TO_ALL = 3,
-  TPCOMM_OP_MOE_FINALIZE = 4 /* in: x, the combine's output [tokens, hidden]; out: norm_out */
+  TPCOMM_OP_MOE_FINALIZE = 4, /* in: x, the combine's output [tokens, hidden]; out: norm_out */
+  TPCOMM_OP_REDUCE_SCATTER_ADD_RMSNORM = 5 /* in: x [tokens, hidden], all of it; out: norm_out */
 } tpcomm_op;
 /* Copies the backend's name into `buf` (NUL-terminated, truncated to `capacity`). */
 tpcomm_status tpcomm_group_backend_for(tpcomm_group group, int op, const tpcomm_tensor* in,

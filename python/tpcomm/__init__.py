@@ -58,7 +58,7 @@ DTYPES = {
 REDUCE_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 #: Operations `Group.backend_for` knows (`tpcomm_op`).
 _OPS = {"all_reduce": 0, "all_reduce_add_rmsnorm": 1, "all_gather": 2, "all_to_all": 3,
-        "moe_finalize": 4}
+        "moe_finalize": 4, "reduce_scatter_add_rmsnorm": 5}
 
 #: What a group's watchdog does when the group fails (`tpcomm_failure_mode`).
 FAILURE_MODES = {"raise": 0, "teardown": 1, "callback": 2}
@@ -351,8 +351,8 @@ class Group(_Handle):
 
     def backend_for(self, op, inp, out, capturing=False):
         """Which path would serve `op` ("all_reduce", "all_reduce_add_rmsnorm", "all_gather",
-        "all_to_all", "moe_finalize": `inp` its combine's output) for these tensors: "local",
-        "custom_ar:<name>", "nccl", ..."""
+        "all_to_all", "moe_finalize": `inp` its combine's output, "reduce_scatter_add_rmsnorm":
+        `inp` all of x) for these tensors: "local", "custom_ar:<name>", "nccl", ..."""
         if op not in _OPS:
             raise InvalidArgumentError(2, f"op {op!r} is not one of {sorted(_OPS)}")
         buf = ctypes.create_string_buffer(128)

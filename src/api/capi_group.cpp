@@ -137,6 +137,8 @@ static_assert(tpcomm::row(tpcomm::Op::kAllReduceAddRmsNorm).c_code ==
 static_assert(tpcomm::row(tpcomm::Op::kAllGather).c_code == TPCOMM_OP_ALL_GATHER);
 static_assert(tpcomm::row(tpcomm::Op::kAllToAll).c_code == TPCOMM_OP_ALL_TO_ALL);
 static_assert(tpcomm::row(tpcomm::Op::kMoeFinalize).c_code == TPCOMM_OP_MOE_FINALIZE);
+static_assert(tpcomm::row(tpcomm::Op::kReduceScatterAddRmsNorm).c_code ==
+              TPCOMM_OP_REDUCE_SCATTER_ADD_RMSNORM);
 
 tpcomm_status tpcomm_group_backend_for(tpcomm_group group, int op, const tpcomm_tensor* in,
                                        const tpcomm_tensor* out, int capturing, char* buf,
@@ -155,6 +157,9 @@ tpcomm_status tpcomm_group_backend_for(tpcomm_group group, int op, const tpcomm_
         break;
       case TPCOMM_OP_MOE_FINALIZE:
         name = g.backend_for_moe_finalize(i, o, capturing != 0);
+        break;
+      case TPCOMM_OP_REDUCE_SCATTER_ADD_RMSNORM:
+        name = g.backend_for_reduce_scatter_add_rmsnorm(i, o, capturing != 0);
         break;
       case TPCOMM_OP_ALL_GATHER:
         name = g.backend_for_all_gather(i, o);

@@ -40,8 +40,7 @@ namespace tpcomm {
   X(kMoeFinalize, "moe_finalize_all_reduce_add_rmsnorm", "moe_finalize", 4, kFused)              \
   /* The sequence-parallel fused norm: the reduce-scatter of x's rows, then the residual add     \
      and RMSNorm of the rank's own rows (`Reduce::scattered`, ops/fused_norm.hpp). */            \
-  X(kReduceScatterAddRmsNorm, "reduce_scatter_add_rmsnorm", "reduce_scatter_add_rmsnorm", -1,    \
-    kFused)
+  X(kReduceScatterAddRmsNorm, "reduce_scatter_add_rmsnorm", "reduce_scatter_add_rmsnorm", 5, kFused)
 
 /// What the shape word of an operation's fingerprint holds (backends/fingerprint.hpp).
 enum class OpWord : std::uint8_t {
