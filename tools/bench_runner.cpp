@@ -263,11 +263,11 @@ std::string Runner::scattered_served_by(const Shape& s) const {
   const TensorView x = rows(p, s.in);
   if (algo_.kind == BenchAlgo::Kind::kUnscattered)
     return group_->backend_for_add_rmsnorm(x, x, o_.graph);
-  // The group serves the fused call as its reduce-scatter followed by the local add_rmsnorm
-  // (tpcomm/group.hpp), which is also the unfused row's pair.
-  return group_->backend_for_reduce_scatter(
-             x, rows(static_cast<char*>(p) + (std::int64_t{1} << 40), s.out)) +
-         "+add_rmsnorm";
+  const TensorView mine = rows(static_cast<char*>(p) + (std::int64_t{1} << 40), s.out);
+  if (algo_.kind == BenchAlgo::Kind::kGroup)
+    return group_->backend_for_reduce_scatter_add_rmsnorm(x, mine, o_.graph);
+  // The unfused row's pair: the reduce-scatter, then the local add_rmsnorm.
+  return group_->backend_for_reduce_scatter(x, mine) + "+add_rmsnorm";
 }
 
 }  // namespace tpcomm::tools
