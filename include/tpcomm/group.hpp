@@ -198,8 +198,11 @@ class Group {
   /// / world); then on those rows `residual_out = sum + residual` and `norm_out =
   /// RMSNorm(residual_out) * gamma`, with `all_reduce_add_rmsnorm`'s arguments and rules
   /// (`residual`, `norm_out` and `residual_out` are [tokens / world, hidden]: this rank's rows).
-  /// `tokens` must be a multiple of the world size, and no output may overlap `x`. Served as the
-  /// group's reduce-scatter followed by the local `add_rmsnorm`.
+  /// `tokens` must be a multiple of the world size, and no output may overlap `x`. Served by the
+  /// Lamport two-shot kernel, each rank finishing its own rows, where they start on a 16-byte
+  /// boundary of `x` within the fusion bounds (`backend_for_reduce_scatter_add_rmsnorm` says
+  /// which); otherwise, with the same result, by the group's reduce-scatter followed by the local
+  /// `add_rmsnorm`.
   [[nodiscard]] Status reduce_scatter_add_rmsnorm(const TensorView& x, const TensorView& residual,
                                                   const TensorView& gamma, float eps,
                                                   const TensorView& norm_out,

@@ -20,17 +20,9 @@ Plan CustomArBackend::plan(const Request& r) const noexcept {
   }
   const Reduce* sum = r.reduce();
   if (sum == nullptr) return Plan::no("broadcast, send and recv are NCCL's");
-  if (sum->scattered) {
-    // NOTE [scattered rows]: the reduce-scatter form of the fused norm.
-    if (sum->fusion == nullptr || sum->moe != nullptr)
-      return Plan::no("the custom kernels reduce-scatter only with the fused norm");
-    const char* why = nullptr;
-    const Choice c =
-        select_reduce_scatter_add_rmsnorm(r.in.numel() / sum->fusion->hidden, sum->fusion->hidden,
-                                          r.in.dtype, ar_->caps(), pinned_, &why);
-    if (c.algo == Algo::kNone) return Plan::no(why);
-    return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
-  }
+  // NOTE [scattered rows]: the reduce-scatter form of the fused norm only.
+  if (sum->scattered && (sum->fusion == nullptr || sum->moe != nullptr))
+    return Plan::no("the custom kernels reduce-scatter only with the fused norm");
   if (sum->moe != nullptr) {
     // NOTE [the combine's launch]
     if (!moe_prologue_) return Plan::no("TPCOMM_MOE_PROLOGUE is not 1");
@@ -40,8 +32,12 @@ Plan CustomArBackend::plan(const Request& r) const noexcept {
   }
   if (sum->fusion != nullptr) {
     const char* why = nullptr;
-    const Choice c = select_add_rmsnorm(r.in.numel() / sum->fusion->hidden, sum->fusion->hidden,
-                                        r.in.dtype, ar_->caps(), pinned_, *table_, &why);
+    const std::int64_t hidden = sum->fusion->hidden;
+    const std::int64_t rows = r.in.numel() / hidden;
+    const Choice c = sum->scattered ? select_reduce_scatter_add_rmsnorm(rows, hidden, r.in.dtype,
+                                                                        ar_->caps(), pinned_, &why)
+                                    : select_add_rmsnorm(rows, hidden, r.in.dtype, ar_->caps(),
+                                                         pinned_, *table_, &why);
     if (c.algo == Algo::kNone) return Plan::no(why);
     return Plan::yes({this, c.algo, ExchangeAlgo::kNone, c.shape()});
   }
